@@ -1,0 +1,339 @@
+"""`rayeval`: evaluate models on benchmark tasks over vLLM engine replicas on a Ray cluster."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from evaluators.errors import EvalInputError
+
+EPILOG = """examples:
+  rayeval run                                  # embedded SmolLM2-135M on IFEval (20 prompts), local CPU cluster
+  rayeval run --model Qwen/Qwen2.5-7B-Instruct --tasks ifeval,gsm8k --limit 100 \\
+              --num-samples 4 --temperature 0.7 --replicas 2 --output-dir runs --run-id my_run
+  rayeval run --config run.yaml --replicas 4   # flags override the file
+  rayeval run --dry-run --tasks gsm8k --data-path gsm8k=data/gsm8k/test.jsonl
+Rerunning the same command with the same --output-dir and --run-id resumes: finished requests are reused."""
+
+
+def _run_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="evaluate a model on tasks",
+        description="Evaluate a model on benchmark tasks with vLLM engine replicas on a Ray cluster.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML run config; flags given here override its values")
+    m = p.add_argument_group("model and engine")
+    m.add_argument(
+        "--model",
+        dest="model.path",
+        metavar="PATH_OR_HF_ID",
+        help="model folder or HF hub id (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    m.add_argument(
+        "--revision", dest="model.revision", help="model revision (branch, tag or commit) on the hub"
+    )
+    m.add_argument(
+        "--dtype",
+        dest="model.dtype",
+        help="weights dtype: auto, bfloat16, float16, float32 (default auto; bfloat16 on CPU)",
+    )
+    m.add_argument(
+        "--max-model-len",
+        dest="model.max_model_len",
+        type=int,
+        metavar="TOKENS",
+        help="context length per sequence (default 2048); longer prompts fail and are counted",
+    )
+    m.add_argument(
+        "--max-num-seqs",
+        dest="model.max_num_seqs",
+        type=int,
+        metavar="N",
+        help="sequences batched per engine step (default 64); the dispatcher keeps at least this many in flight per replica",
+    )
+    m.add_argument(
+        "--tensor-parallel-size",
+        dest="model.tensor_parallel_size",
+        type=int,
+        metavar="N",
+        help="GPUs (or CPU workers) a replica's layers are split over (default 1)",
+    )
+    m.add_argument(
+        "--pipeline-parallel-size",
+        dest="model.pipeline_parallel_size",
+        type=int,
+        metavar="N",
+        help="pipeline stages per replica (default 1)",
+    )
+    m.add_argument(
+        "--gpu-memory-utilization",
+        dest="model.gpu_memory_utilization",
+        type=float,
+        metavar="F",
+        help="fraction of each GPU vLLM may use (default 0.9)",
+    )
+    m.add_argument(
+        "--kv-cache-gib",
+        dest="model.cpu_kv_cache_gib",
+        type=int,
+        metavar="GIB",
+        help="KV cache per replica on CPU (default 1)",
+    )
+    m.add_argument(
+        "--chat-template",
+        dest="model.chat_template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="apply the tokenizer's chat template (default: when the tokenizer has one)",
+    )
+    m.add_argument(
+        "--enforce-eager",
+        dest="model.enforce_eager",
+        action="store_true",
+        default=None,
+        help="disable CUDA graphs / compilation (slower, starts faster)",
+    )
+    t = p.add_argument_group("tasks and sampling")
+    t.add_argument(
+        "--tasks",
+        metavar="NAMES",
+        help="comma-separated task names (default ifeval; `rayeval tasks` lists them)",
+    )
+    t.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="evaluate the first N questions of each task (default: all; 20 for the embedded demo model)",
+    )
+    t.add_argument(
+        "--num-fewshot", type=int, metavar="K", help="few-shot examples per prompt (default: each task's own)"
+    )
+    t.add_argument(
+        "--data-path",
+        action="append",
+        metavar="[TASK=]PATH",
+        help="local data file/folder or hf://org/name for a task; repeat per task",
+    )
+    t.add_argument(
+        "--num-samples", type=int, metavar="N", help="samples per question: scores are mean@N (default 1)"
+    )
+    t.add_argument(
+        "--temperature",
+        dest="sampling.temperature",
+        type=float,
+        help="sampling temperature (default 0 = greedy)",
+    )
+    t.add_argument("--top-p", dest="sampling.top_p", type=float, help="nucleus sampling (default 1.0)")
+    t.add_argument(
+        "--max-tokens",
+        dest="sampling.max_tokens",
+        type=int,
+        metavar="N",
+        help="max new tokens (default: each task's own)",
+    )
+    t.add_argument(
+        "--seed",
+        dest="sampling.seed",
+        type=int,
+        help="base seed; sample i of a question uses seed+i (default 1234)",
+    )
+    c = p.add_argument_group("cluster")
+    c.add_argument(
+        "--address",
+        dest="cluster.address",
+        metavar="ADDR",
+        help="connect to an existing Ray cluster (e.g. auto or ray://head:10001) instead of starting a local one",
+    )
+    c.add_argument(
+        "--replicas",
+        dest="cluster.replicas",
+        type=int,
+        metavar="N",
+        help="engine replicas, each a full copy of the model (default 1)",
+    )
+    c.add_argument(
+        "--device",
+        dest="cluster.device",
+        choices=["auto", "cpu", "gpu"],
+        help="where engines run (default auto: GPU if the cluster has any)",
+    )
+    c.add_argument(
+        "--cpus-per-worker",
+        dest="cluster.cpus_per_worker",
+        type=float,
+        metavar="N",
+        help="logical Ray CPUs per engine worker (default 1)",
+    )
+    o = p.add_argument_group("output")
+    o.add_argument(
+        "--output-dir", dest="output_dir", metavar="DIR", help="where run folders go (default runs)"
+    )
+    o.add_argument(
+        "--run-id",
+        dest="run_id",
+        metavar="ID",
+        help="run folder name; reuse it to resume (default MODEL-TIMESTAMP)",
+    )
+    o.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved plan (tasks, samples, requests, replicas) and exit without starting engines",
+    )
+    o.add_argument("--verbose", action="store_true", help="show Ray and vLLM logs")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rayeval", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_parser(sub)
+    sub.add_parser("tasks", help="list the tasks with their data sources and metrics")
+    v = sub.add_parser("validate", help="check a YAML run config and name every bad field")
+    v.add_argument("config", metavar="FILE")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    skip = {"command", "config", "data_path", "dry_run", "verbose", "no_progress"}
+    values = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+    if "tasks" in values:
+        values["tasks"] = [n.strip() for n in values["tasks"].split(",") if n.strip()]
+    return values
+
+
+def _apply_data_paths(
+    file_data: dict[str, Any], overrides: dict[str, Any], data_paths: list[str] | None
+) -> None:
+    if not data_paths:
+        return
+    from cluster.config import RunConfig
+
+    names = overrides.get("tasks") or [
+        t if isinstance(t, str) else t.get("name")
+        for t in RunConfig._names_or_mappings(file_data.get("tasks", ["ifeval"]))
+    ]
+    tasks = [{"name": n} for n in names]
+    existing = {
+        t.get("name"): t
+        for t in RunConfig._names_or_mappings(file_data.get("tasks", []))
+        if isinstance(t, dict)
+    }
+    tasks = [{**existing.get(t["name"], {}), **t} for t in tasks]
+    for entry in data_paths:
+        name, sep, path = entry.partition("=")
+        if not sep:
+            if len(tasks) != 1:
+                raise EvalInputError(
+                    f"--data-path {entry} does not say which task it is for, and the run has {len(tasks)} tasks. "
+                    "Write it as TASK=PATH, e.g. --data-path gsm8k=data/gsm8k/test.jsonl."
+                )
+            name, path = tasks[0]["name"], entry
+        matches = [t for t in tasks if t["name"] == name]
+        if not matches:
+            raise EvalInputError(
+                f"--data-path {entry} names task '{name}', which is not among the run's tasks."
+            )
+        matches[0]["data_path"] = path
+    file_data["tasks"] = tasks
+    overrides.pop("tasks", None)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cluster.config import build_config, load_config_file
+
+    file_data = load_config_file(args.config) if args.config else {}
+    overrides = _overrides(args)
+    _apply_data_paths(file_data, overrides, args.data_path)
+    config = build_config(file_data, overrides, args.config or "the command line")
+
+    from cluster.plan import build_plan
+
+    plan = build_plan(config, materialise_model=not args.dry_run)
+    if args.dry_run:
+        print(plan.describe())
+        return 0
+
+    from cluster.coordinator import run_evaluation
+    from cluster.plan import replica_plan
+    from cluster.session import cluster_has_gpus, ray_session
+
+    with ray_session(config.cluster.address, plan.replica, config.cluster.replicas, args.verbose):
+        if config.cluster.address and config.cluster.device == "auto":
+            plan.device = "gpu" if cluster_has_gpus() else "cpu"
+            plan.replica = replica_plan(config, plan.device)
+        result = run_evaluation(plan, verbose=args.verbose, progress=not args.no_progress)
+    print(result.table)
+    print(
+        f"results in {result.run_dir} ({result.requests_reused} of {result.requests_total} requests reused, "
+        f"{result.requests_failed} failed, {result.wall_s:.1f} s)"
+    )
+    return 0
+
+
+def cmd_tasks() -> int:
+    from evaluators.tasks.registry import all_tasks
+
+    for task in all_tasks():
+        metrics = ", ".join(m.key for m in task.metrics)
+        print(f"{task.name} (v{task.version}): {task.description}")
+        print(f"    data:    {task.source.description}")
+        print(f"    fields:  {', '.join(task.source.required_fields)}")
+        print(f"    metrics: {metrics}")
+        print(f"    defaults: max_tokens={task.defaults.max_tokens} num_fewshot={task.defaults.num_fewshot}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from cluster.config import build_config, load_config_file
+    from evaluators.tasks.registry import get_task
+
+    config = build_config(load_config_file(args.config), {}, args.config)
+    for task in config.tasks:
+        get_task(task.name)
+    names = ", ".join(t.name + ("" if t.enabled else " (disabled)") for t in config.tasks)
+    print(
+        f"{args.config} is valid: tasks {names}; {config.cluster.replicas} replica(s); N={config.num_samples}"
+    )
+    return 0
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    for name in ("cluster", "sharding", "evaluators"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(getattr(args, "verbose", False))
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "tasks":
+            return cmd_tasks()
+        return cmd_validate(args)
+    except EvalInputError as exc:
+        print(f"rayeval: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            "rayeval: interrupted. Rerun the same command (same --output-dir and --run-id) to resume.",
+            file=sys.stderr,
+        )
+        return 130
+    except Exception as exc:  # noqa: BLE001 - runtime failures get one readable paragraph, not a traceback
+        from cluster.pool import ClusterError
+
+        if isinstance(exc, ClusterError):
+            print(f"rayeval: error: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""One evaluation run, end to end: plan → requests → resume → replicas → dispatch → score → report.
+
+The CLI, a Ray job entrypoint and a Python session all call `run_evaluation`; it needs a connected Ray
+session (see `cluster.session`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster.engine import EngineInfo, EngineSettings
+from cluster.model import PromptRenderer
+from cluster.plan import RunPlan, TaskPlan
+from cluster.pool import ReplicaPool
+from evaluators.records import SampleRecord
+from evaluators.report import (
+    TaskSummary,
+    render_table,
+    results_json,
+    summarize_task,
+    summary_json,
+    write_samples,
+)
+from sharding.dispatcher import Dispatcher, DispatchStats
+from sharding.requests import Completion, GenerationRequest, PromptGroup, RequestKey, build_group
+from sharding.store import ResultStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PlannedSample:
+    """One (question, sample index) of one task, with the request that produces it."""
+
+    task_plan: TaskPlan
+    doc_index: int
+    request: GenerationRequest
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summaries: list[TaskSummary]
+    table: str
+    wall_s: float
+    generation_s: float
+    requests_total: int
+    requests_reused: int
+    requests_generated: int
+    requests_failed: int
+    output_tokens: int
+    engines: list[EngineInfo] = field(default_factory=list)
+    dispatch: DispatchStats | None = None
+
+
+def run_dir_for(plan: RunPlan) -> Path:
+    run_id = plan.config.run_id or f"{plan.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(plan.config.output_dir).expanduser() / run_id
+
+
+def build_requests(plan: RunPlan, renderer: PromptRenderer) -> list[PlannedSample]:
+    n = plan.config.num_samples
+    seed = plan.config.sampling.seed
+    planned: list[PlannedSample] = []
+    for task_plan in plan.tasks:
+        for doc_index, sample in enumerate(task_plan.samples):
+            prompt = renderer.render(task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed)))
+            for index in range(n):
+                key = RequestKey(plan.model.path, None, prompt, task_plan.sampling, seed + index, index)
+                request = GenerationRequest(key.request_id(), prompt, task_plan.sampling, seed + index, index)
+                planned.append(PlannedSample(task_plan, doc_index, request))
+    return planned
+
+
+def group_missing(planned: list[PlannedSample], store: ResultStore) -> list[PromptGroup]:
+    """One group per distinct prompt and sampling, holding the samples not yet in the store."""
+    by_prompt: dict[tuple[str, Any], dict[str, GenerationRequest]] = {}
+    for item in planned:
+        request = item.request
+        if request.request_id in store:
+            continue
+        by_prompt.setdefault((request.prompt, request.sampling), {})[request.request_id] = request
+    return [build_group(prompt, list(requests.values())) for (prompt, _), requests in by_prompt.items()]
+
+
+class SampleWriter:
+    """Scores completions as they arrive and appends their records to the task's live JSONL file."""
+
+    def __init__(self, plan: RunPlan, planned: list[PlannedSample], directory: Path) -> None:
+        self.directory = directory
+        self.by_request: dict[str, list[PlannedSample]] = {}
+        for item in planned:
+            self.by_request.setdefault(item.request.request_id, []).append(item)
+        self.records: dict[tuple[str, int, int], SampleRecord] = {}
+        directory.mkdir(parents=True, exist_ok=True)
+        self.handles = {
+            t.task.name: (directory / f"{t.task.name}.jsonl").open("w", encoding="utf-8") for t in plan.tasks
+        }
+
+    def add(self, completion: Completion) -> None:
+        for item in self.by_request.get(completion.request_id, []):
+            record = self._record(item, completion)
+            self.records[(record.task, record.doc_id, record.sample_index)] = record
+            handle = self.handles[record.task]
+            handle.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
+            handle.flush()
+
+    def _record(self, item: PlannedSample, completion: Completion) -> SampleRecord:
+        task = item.task_plan.task
+        sample = item.task_plan.samples[item.doc_index]
+        record = SampleRecord(
+            task=task.name,
+            doc_id=sample.doc_id,
+            sample_index=item.request.sample_index,
+            request_id=completion.request_id,
+            prompt=item.request.prompt,
+            output=completion.text,
+            target=task.target(sample),
+            replica=completion.replica,
+            latency_s=round(completion.latency_s, 4),
+            prompt_tokens=completion.prompt_tokens,
+            output_tokens=completion.output_tokens,
+            finish_reason=completion.finish_reason,
+            error=completion.error,
+        )
+        if completion.ok:
+            try:
+                for key, metric in task.score(sample, completion.text).items():
+                    record.scores[key] = metric.value / metric.weight if metric.weight else 0.0
+                    record.weights[key] = metric.weight
+            except Exception as exc:  # noqa: BLE001 - a scorer crash is a failed sample, not a failed run
+                record.error = f"ScoringError: {type(exc).__name__}: {exc}"
+        return record
+
+    def task_records(self, task: str) -> list[SampleRecord]:
+        return [r for (name, _, _), r in self.records.items() if name == task]
+
+    def close(self) -> None:
+        for handle in self.handles.values():
+            handle.close()
+
+
+def run_evaluation(plan: RunPlan, verbose: bool = False, progress: bool = True) -> RunResult:
+    """Run the plan on the connected Ray cluster and write every output file; returns the summaries."""
+    started = time.perf_counter()
+    config = plan.config
+    run_dir = run_dir_for(plan)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump(
+            {**config.model_dump(mode="json"), "resolved_model_path": plan.model.path}, sort_keys=False
+        )
+    )
+    renderer = PromptRenderer(plan.model, config.model.chat_template, config.model.revision)
+    planned = build_requests(plan, renderer)
+    store = ResultStore(run_dir / "cache" / "completions.jsonl")
+    writer = SampleWriter(plan, planned, run_dir / "samples" / plan.model.name)
+    unique_ids = {p.request.request_id for p in planned}
+    reused = [store.get(rid) for rid in unique_ids if rid in store]
+    for completion in reused:
+        if completion is not None:
+            writer.add(completion)
+    groups = group_missing(planned, store)
+    to_generate = sum(g.size for g in groups)
+    log.info(
+        "run %s: %d requests, %d reused from %s, %d to generate",
+        run_dir,
+        len(unique_ids),
+        len(reused),
+        store.path,
+        to_generate,
+    )
+
+    engines: list[EngineInfo] = []
+    dispatch: DispatchStats | None = None
+    generation_s = 0.0
+    if groups:
+        engines, dispatch, generation_s = _generate(plan, groups, store, writer, verbose, progress)
+    writer.close()
+    store.close()
+    return _finish(
+        plan, run_dir, writer, started, generation_s, len(unique_ids), len(reused), engines, dispatch
+    )
+
+
+def _generate(
+    plan: RunPlan,
+    groups: list[PromptGroup],
+    store: ResultStore,
+    writer: SampleWriter,
+    verbose: bool,
+    progress: bool,
+) -> tuple[list[EngineInfo], DispatchStats, float]:
+    config = plan.config
+    settings = EngineSettings(
+        model=plan.model.path,
+        revision=config.model.revision,
+        dtype=config.model.dtype,
+        max_model_len=config.model.max_model_len,
+        max_num_seqs=config.model.max_num_seqs,
+        tensor_parallel_size=config.model.tensor_parallel_size,
+        pipeline_parallel_size=config.model.pipeline_parallel_size,
+        gpu_memory_utilization=config.model.gpu_memory_utilization,
+        enforce_eager=config.model.enforce_eager,
+        device=plan.device,
+    )
+    pool = ReplicaPool(
+        settings, plan.replica, config.cluster.replicas, config.model.cpu_kv_cache_gib, verbose
+    )
+    log.info("starting %d engine replica(s) of %s", config.cluster.replicas, plan.replica.describe())
+    engines = pool.start(config.cluster.placement_timeout_s)
+    for info in engines:
+        log.info(
+            "%s ready on node %s in %.1f s (vLLM %s)",
+            info.name,
+            info.node_id[:8],
+            info.start_s,
+            info.vllm_version,
+        )
+    total = sum(g.size for g in groups)
+    try:
+        began = time.perf_counter()
+        stats = asyncio.run(_dispatch(pool, groups, store, writer, total, progress))
+        return engines, stats, time.perf_counter() - began
+    finally:
+        pool.shutdown()
+
+
+async def _dispatch(
+    pool: ReplicaPool,
+    groups: list[PromptGroup],
+    store: ResultStore,
+    writer: SampleWriter,
+    total: int,
+    progress: bool,
+) -> DispatchStats:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(
+        TextColumn("generating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        disable=not progress,
+        transient=False,
+    )
+    job = bar.add_task("generate", total=total)
+
+    def done(group: PromptGroup, completions: list[Completion]) -> None:
+        store.add(completions)
+        for completion in completions:
+            writer.add(completion)
+        bar.advance(job, len(completions))
+
+    with bar:
+        return await Dispatcher(pool.replicas(), on_group_done=done).run(groups)
+
+
+def _finish(
+    plan: RunPlan,
+    run_dir: Path,
+    writer: SampleWriter,
+    started: float,
+    generation_s: float,
+    total: int,
+    reused: int,
+    engines: list[EngineInfo],
+    dispatch: DispatchStats | None,
+) -> RunResult:
+    config = plan.config
+    summaries = []
+    failed = 0
+    output_tokens = 0
+    for task_plan in plan.tasks:
+        records = writer.task_records(task_plan.task.name)
+        write_samples(writer.directory, task_plan.task.name, records)
+        summaries.append(summarize_task(task_plan.task, records, config.num_samples, task_plan.num_fewshot))
+        failed += sum(1 for r in records if r.error)
+        output_tokens += sum(r.output_tokens for r in records)
+    wall = time.perf_counter() - started
+    run_info: dict[str, Any] = {
+        "run_id": run_dir.name,
+        "model": plan.model.name,
+        "model_path": plan.model.path,
+        "device": plan.device,
+        "replicas": config.cluster.replicas,
+        "replica_resources": plan.replica.bundle,
+        "num_samples": config.num_samples,
+        "requests": total,
+        "requests_reused": reused,
+        "requests_generated": total - reused,
+        "samples_failed": failed,
+        "wall_s": round(wall, 3),
+        "generation_s": round(generation_s, 3),
+        "engines": [asdict(e) for e in engines],
+        "dispatch": asdict(dispatch) if dispatch else None,
+    }
+    if any(t.task.name == "ifeval" for t in plan.tasks):
+        from evaluators.sentence_splitting import sentence_backend
+
+        run_info["ifeval_sentence_splitter"] = sentence_backend()
+    _write_json(run_dir / "summary.json", summary_json(summaries, run_info))
+    _write_json(
+        run_dir / "results.json",
+        results_json(summaries, config.model_dump(mode="json"), plan.model.name, time.time()),
+    )
+    table = render_table(summaries)
+    (run_dir / "results.txt").write_text(table)
+    return RunResult(
+        run_dir=run_dir,
+        summaries=summaries,
+        table=table,
+        wall_s=wall,
+        generation_s=generation_s,
+        requests_total=total,
+        requests_reused=reused,
+        requests_generated=total - reused,
+        requests_failed=failed,
+        output_tokens=output_tokens,
+        engines=engines,
+        dispatch=dispatch,
+    )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    tmp.replace(path)

@@ -1,0 +1,149 @@
+"""The engine replica: a Ray actor that owns one vLLM AsyncLLM for the whole run.
+
+The engine is built once when the actor starts and serves every task, every sample round and every batch
+of the run; it is never reloaded. Requests of one prompt group run concurrently inside the engine, so
+vLLM's continuous batching and prefix cache see all N samples of a prompt together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from sharding.requests import Completion, GenerationRequest, PromptGroup
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What one replica needs to build its engine; plain data so it travels to the actor."""
+
+    model: str
+    revision: str | None
+    dtype: str
+    max_model_len: int
+    max_num_seqs: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    device: str
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    name: str
+    node_id: str
+    pid: int
+    start_s: float
+    max_num_seqs: int
+    max_model_len: int
+    vllm_version: str
+
+
+class EngineDead(RuntimeError):
+    """The vLLM engine inside the actor has died; the caller treats the replica as lost."""
+
+
+@ray.remote(max_restarts=0)
+class EngineActor:
+    def __init__(self, name: str, settings: EngineSettings, env: dict[str, str]) -> None:
+        os.environ.update(env)
+        self.name = name
+        self.settings = settings
+        self.engine: Any = None
+        self.info: EngineInfo | None = None
+
+    async def start(self) -> EngineInfo:
+        import vllm
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        began = time.perf_counter()
+        s = self.settings
+        workers = s.tensor_parallel_size * s.pipeline_parallel_size
+        args = AsyncEngineArgs(
+            model=s.model,
+            revision=s.revision,
+            dtype=("bfloat16" if s.device == "cpu" and s.dtype == "auto" else s.dtype),
+            max_model_len=s.max_model_len,
+            max_num_seqs=s.max_num_seqs,
+            tensor_parallel_size=s.tensor_parallel_size,
+            pipeline_parallel_size=s.pipeline_parallel_size,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            enforce_eager=s.enforce_eager,
+            enable_prefix_caching=True,
+            distributed_executor_backend="mp" if workers > 1 else None,
+            disable_log_stats=True,
+        )
+        self.engine = AsyncLLM.from_engine_args(args)
+        config = self.engine.vllm_config
+        self.info = EngineInfo(
+            name=self.name,
+            node_id=ray.get_runtime_context().get_node_id(),
+            pid=os.getpid(),
+            start_s=time.perf_counter() - began,
+            max_num_seqs=config.scheduler_config.max_num_seqs,
+            max_model_len=config.model_config.max_model_len,
+            vllm_version=vllm.__version__,
+        )
+        return self.info
+
+    async def generate(self, group: PromptGroup) -> list[Completion]:
+        """Generate every request of the group; a request that fails is returned as a failed completion."""
+        return list(await asyncio.gather(*(self._one(group.prompt, r) for r in group.requests)))
+
+    async def _one(self, prompt: str, request: GenerationRequest) -> Completion:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        began = time.perf_counter()
+        params = SamplingParams(
+            n=1,
+            temperature=request.sampling.temperature,
+            top_p=request.sampling.top_p,
+            max_tokens=request.sampling.max_tokens,
+            stop=list(request.sampling.stop) or None,
+            seed=request.seed,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        final = None
+        try:
+            # The engine id must be unique among in-flight requests; the stable id stays in the Completion.
+            engine_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
+            async for output in self.engine.generate(prompt, params, request_id=engine_id):
+                final = output
+        except EngineDeadError as exc:
+            raise EngineDead(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - a bad request is a failed sample, never a dead run
+            return Completion(
+                request_id=request.request_id,
+                latency_s=time.perf_counter() - began,
+                replica=self.name,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        if final is None or not final.outputs:
+            return Completion(
+                request.request_id, replica=self.name, error="EmptyOutput: the engine returned nothing"
+            )
+        out = final.outputs[0]
+        return Completion(
+            request_id=request.request_id,
+            text=out.text,
+            prompt_tokens=len(final.prompt_token_ids or []),
+            output_tokens=len(out.token_ids),
+            finish_reason=out.finish_reason,
+            latency_s=time.perf_counter() - began,
+            replica=self.name,
+        )
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

@@ -1,0 +1,132 @@
+"""The resolved plan of a run: tasks, their samples and sampling, the replicas and their resources.
+
+Building it loads the datasets but starts nothing, so `rayeval run --dry-run` prints it for free.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from cluster.config import DEMO_LIMIT, RunConfig, TaskOptions
+from cluster.model import ResolvedModel, resolve_model
+from evaluators.errors import EvalInputError
+from evaluators.tasks.base import Sample, Task
+from evaluators.tasks.registry import get_task
+from sharding.requests import SamplingSpec
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """Resources of one replica: one bundle, packed on one node, held by the engine actor."""
+
+    bundle: dict[str, float]
+    workers: int
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{v:g} {k}" for k, v in sorted(self.bundle.items()))
+        return f"{{{parts}}} for {self.workers} engine worker(s)"
+
+
+@dataclass
+class TaskPlan:
+    task: Task
+    options: TaskOptions
+    samples: list[Sample]
+    fewshot_pool: list[Sample]
+    num_fewshot: int
+    sampling: SamplingSpec
+
+    def fewshot_for(self, sample: Sample, seed: int) -> list[Sample]:
+        if self.num_fewshot == 0:
+            return []
+        candidates = [s for s in self.fewshot_pool if s.doc != sample.doc]
+        if len(candidates) < self.num_fewshot:
+            raise EvalInputError(
+                f"Task '{self.task.name}': {self.num_fewshot} few-shot examples asked for, but the few-shot "
+                f"source has only {len(candidates)}. Lower num_fewshot or give a larger fewshot_path."
+            )
+        return random.Random(seed + sample.doc_id).sample(candidates, self.num_fewshot)
+
+
+@dataclass
+class RunPlan:
+    config: RunConfig
+    model: ResolvedModel
+    device: str
+    replica: ReplicaPlan
+    tasks: list[TaskPlan]
+
+    @property
+    def num_requests(self) -> int:
+        return sum(len(t.samples) for t in self.tasks) * self.config.num_samples
+
+    def describe(self) -> str:
+        c = self.config
+        lines = [
+            f"model     {self.model.name}  ({self.model.path})",
+            f"replicas  {c.cluster.replicas} x {self.replica.describe()} on {self.device}"
+            f" (TP={c.model.tensor_parallel_size}, PP={c.model.pipeline_parallel_size}),"
+            f" cluster: {c.cluster.address or 'local (started by rayeval)'}",
+            f"sampling  N={c.num_samples} temperature={c.sampling.temperature} top_p={c.sampling.top_p} "
+            f"seed={c.sampling.seed}",
+        ]
+        for t in self.tasks:
+            lines.append(
+                f"task      {t.task.name:<10} samples={len(t.samples):<6} requests={len(t.samples) * c.num_samples:<7}"
+                f" fewshot={t.num_fewshot} max_tokens={t.sampling.max_tokens} temperature={t.sampling.temperature}"
+            )
+        lines.append(f"total     {self.num_requests} requests")
+        return "\n".join(lines)
+
+
+def resolve_device(config: RunConfig, cluster_has_gpus: bool | None) -> str:
+    if config.cluster.device != "auto":
+        return config.cluster.device
+    if cluster_has_gpus is None:  # not connected yet: a local cluster has GPUs iff torch sees them
+        import torch
+
+        cluster_has_gpus = torch.cuda.is_available()
+    return "gpu" if cluster_has_gpus else "cpu"
+
+
+def replica_plan(config: RunConfig, device: str) -> ReplicaPlan:
+    workers = config.model.tensor_parallel_size * config.model.pipeline_parallel_size
+    per_worker = config.cluster.cpus_per_worker
+    if device == "gpu":
+        return ReplicaPlan({"CPU": per_worker, "GPU": float(workers)}, workers)
+    return ReplicaPlan({"CPU": per_worker * workers}, workers)
+
+
+def build_plan(config: RunConfig, materialise_model: bool = True, device: str | None = None) -> RunPlan:
+    model = resolve_model(config.model.path, materialise=materialise_model)
+    tasks = config.enabled_tasks()
+    if not tasks:
+        raise EvalInputError("No task is enabled. Pass --tasks NAME[,NAME] or enable one in the config file.")
+    default_limit = config.limit
+    if default_limit is None and model.is_default and all(t.limit is None for t in tasks):
+        default_limit = DEMO_LIMIT  # the bundled demo model on CPU: a quick look, not a full benchmark
+    plans = []
+    for options in tasks:
+        task = get_task(options.name)
+        samples = task.load_samples(options.data_path)
+        limit = options.limit or default_limit
+        if limit is not None:
+            samples = samples[:limit]
+        num_fewshot = next(
+            v for v in (options.num_fewshot, config.num_fewshot, task.defaults.num_fewshot) if v is not None
+        )
+        pool = task.load_fewshot(options.fewshot_path) if num_fewshot else []
+        sampling = SamplingSpec(
+            temperature=next(v for v in (options.temperature, config.sampling.temperature) if v is not None),
+            top_p=next(v for v in (options.top_p, config.sampling.top_p) if v is not None),
+            max_tokens=next(
+                v
+                for v in (options.max_tokens, config.sampling.max_tokens, task.defaults.max_tokens)
+                if v is not None
+            ),
+            stop=task.defaults.stop,
+        )
+        plans.append(TaskPlan(task, options, samples, pool, num_fewshot, sampling))
+    chosen = device or resolve_device(config, None)
+    return RunPlan(config, model, chosen, replica_plan(config, chosen), plans)

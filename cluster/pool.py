@@ -1,0 +1,160 @@
+"""Engine replicas on a Ray cluster: placement groups, fail-fast resource checks, and dispatch wrappers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from cluster.engine import EngineActor, EngineDead, EngineInfo, EngineSettings
+from cluster.plan import ReplicaPlan
+from sharding.dispatcher import Replica, ReplicaDead
+from sharding.requests import Completion, PromptGroup
+
+log = logging.getLogger(__name__)
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot host what the run asks for; the message says what to change."""
+
+
+def check_feasible(plan: ReplicaPlan, replicas: int) -> None:
+    """Fail at once, with the numbers, when no node could ever hold one replica or the cluster all of them."""
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if not any(all(node.get(k, 0) >= v for k, v in plan.bundle.items()) for node in nodes):
+        largest = {k: max((node.get(k, 0) for node in nodes), default=0) for k in plan.bundle}
+        raise ClusterError(
+            f"Each replica needs {plan.describe()} on one node, but the largest node of this cluster offers "
+            f"{', '.join(f'{v:g} {k}' for k, v in largest.items())}. Lower --tensor-parallel-size / "
+            "--pipeline-parallel-size or --cpus-per-worker, pick --device to match the hardware, or add a node "
+            "that big (ray-config.yaml's worker node type)."
+        )
+    total = {k: sum(node.get(k, 0) for node in nodes) for k in plan.bundle}
+    short = {k: v * replicas for k, v in plan.bundle.items() if v * replicas > total[k]}
+    if short:
+        raise ClusterError(
+            f"{replicas} replicas need {', '.join(f'{v:g} {k}' for k, v in short.items())} in all, but the cluster "
+            f"has {', '.join(f'{total[k]:g} {k}' for k in short)}. Lower --replicas or grow the cluster."
+        )
+
+
+def cpu_thread_binding(local_index: int, local_count: int, workers: int, cores: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for one CPU replica: its own cores, one core list per worker rank.
+
+    Replicas sharing a node get disjoint cores while there are enough; with fewer cores than workers the
+    ranks share cores round-robin (`0|1|0` runs a TP=3 replica on two cores).
+    """
+    per_replica = max(1, cores // max(1, local_count))
+    first = (local_index * per_replica) % cores
+    mine = [(first + i) % cores for i in range(per_replica)]
+    if len(mine) >= workers:
+        per_worker = len(mine) // workers
+        groups = [mine[i * per_worker : (i + 1) * per_worker] for i in range(workers)]
+    else:
+        groups = [[mine[i % len(mine)]] for i in range(workers)]
+    return "|".join(",".join(str(c) for c in group) for group in groups)
+
+
+class ReplicaPool:
+    """Starts `count` engine replicas, each in its own placement group, and hands them to the dispatcher."""
+
+    def __init__(
+        self, settings: EngineSettings, plan: ReplicaPlan, count: int, kv_cache_gib: int, verbose: bool
+    ) -> None:
+        self.settings = settings
+        self.plan = plan
+        self.count = count
+        self.kv_cache_gib = kv_cache_gib
+        self.verbose = verbose
+        self.groups: list[PlacementGroup] = []
+        self.actors: list[ray.actor.ActorHandle] = []
+        self.infos: list[EngineInfo] = []
+
+    def start(self, placement_timeout_s: float) -> list[EngineInfo]:
+        check_feasible(self.plan, self.count)
+        self.groups = [placement_group([self.plan.bundle], strategy="STRICT_PACK") for _ in range(self.count)]
+        try:
+            ray.get([g.ready() for g in self.groups], timeout=placement_timeout_s)
+        except GetTimeoutError:
+            raise ClusterError(
+                f"{self.count} replica(s) of {self.plan.describe()} could not be placed within "
+                f"{placement_timeout_s:g} s: the resources exist but other work holds them. Wait for it, lower "
+                "--replicas, or raise cluster.placement_timeout_s."
+            ) from None
+        nodes = [self._node_of(g) for g in self.groups]
+        for index, group in enumerate(self.groups):
+            same_node = [i for i, n in enumerate(nodes) if n == nodes[index]]
+            env = self._env(same_node.index(index), len(same_node))
+            actor = EngineActor.options(
+                name=None,
+                num_cpus=self.plan.bundle.get("CPU", 0),
+                num_gpus=self.plan.bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
+            ).remote(f"replica-{index}", self.settings, env)
+            self.actors.append(actor)
+        try:
+            self.infos = ray.get([a.start.remote() for a in self.actors])
+        except Exception as exc:
+            self.shutdown()
+            raise ClusterError(
+                f"The vLLM engine for '{self.settings.model}' failed to start: {_first_line(exc)}. Check that the "
+                "model path or HF id is right and reachable from every node, and that max_model_len fits."
+            ) from exc
+        return self.infos
+
+    def _node_of(self, group: PlacementGroup) -> str:
+        table = ray.util.placement_group_table(group)
+        return str(table.get("bundles_to_node_id", {}).get(0, ""))
+
+    def _env(self, local_index: int, local_count: int) -> dict[str, str]:
+        env = {"VLLM_LOGGING_LEVEL": "INFO" if self.verbose else "WARNING"}
+        if self.settings.device == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+            cores = os.cpu_count() or 1
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(
+                local_index, local_count, self.plan.workers, cores
+            )
+        return env
+
+    def replicas(self, min_in_flight: int = 0) -> list[Replica]:
+        out = []
+        for actor, info in zip(self.actors, self.infos, strict=True):
+            window = max(info.max_num_seqs, min_in_flight)
+            out.append(Replica(info.name, _caller(actor, info.name), window))
+        return out
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            try:
+                ray.get(actor.shutdown.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - it may already be gone
+                pass
+            ray.kill(actor)
+        for group in self.groups:
+            remove_placement_group(group)
+        self.actors, self.groups = [], []
+
+
+def _caller(actor: ray.actor.ActorHandle, name: str):  # noqa: ANN202 - returns the dispatcher's ReplicaCall
+    async def generate(group: PromptGroup) -> list[Completion]:
+        try:
+            return await actor.generate.remote(group)
+        except (RayActorError, EngineDead) as exc:
+            ray.kill(actor, no_restart=True)
+            raise ReplicaDead(f"{name}: {_first_line(exc)}") from exc
+        except asyncio.CancelledError:
+            raise
+
+    return generate
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    # Ray wraps remote errors in a traceback; the last line carries the actual message.
+    return lines[-1].strip() if lines else type(exc).__name__

@@ -1,0 +1,114 @@
+"""Dataset rows from a local file or folder, the Hugging Face hub, or data an installed package ships."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from evaluators.errors import DataError
+
+HUB_PREFIX = "hf://"
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def package_data_file(package: str, relative: str) -> Path | None:
+    """A data file shipped inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package.split(".")[0])
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    candidate = Path(next(iter(spec.submodule_search_locations))).joinpath(*package.split(".")[1:], relative)
+    return candidate if candidate.is_file() else None
+
+
+def load_rows(source: str, task: str, required: tuple[str, ...], split: str = "test") -> list[dict[str, Any]]:
+    """Rows of `source`: a local .jsonl/.json/.parquet file, a folder holding one, or `hf://org/name[:config]`."""
+    if source.startswith(HUB_PREFIX):
+        rows = _load_hub(source[len(HUB_PREFIX) :], task, split)
+    else:
+        rows = _load_local(_resolve_local(Path(source).expanduser(), task, split), task)
+    _check_fields(rows, required, source, task)
+    return rows
+
+
+def _resolve_local(path: Path, task: str, split: str) -> Path:
+    if path.is_file():
+        return path
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in LOCAL_SUFFIXES)
+        preferred = [p for p in files if p.stem.startswith(split)]
+        if preferred or files:
+            return (preferred or files)[0]
+        raise DataError(
+            f"Task '{task}': the folder {path} holds no .jsonl, .json or .parquet file. "
+            f"Point --data-path at the data file itself, or put a '{split}.jsonl' in that folder."
+        )
+    raise DataError(
+        f"Task '{task}': the data path {path} does not exist. Give an existing .jsonl/.json/.parquet "
+        f"file or folder, or 'hf://org/name' to load from the Hugging Face hub."
+    )
+
+
+def _load_local(path: Path, task: str) -> list[dict[str, Any]]:
+    if path.suffix == ".jsonl":
+        return _read_jsonl(path, task)
+    try:
+        import datasets
+
+        kind = "parquet" if path.suffix == ".parquet" else "json"
+        return list(datasets.load_dataset(kind, data_files=str(path), split="train"))
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types; the user needs one message
+        raise DataError(
+            f"Task '{task}': could not read {path} ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
+            "Check that the file is valid JSON/Parquet with one record per row."
+        ) from exc
+
+
+def _read_jsonl(path: Path, task: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"Task '{task}': line {line_no} of {path} is not valid JSON ({exc.msg}). "
+                    "Fix or delete that line; every line must be one JSON object."
+                ) from exc
+            if not isinstance(row, dict):
+                raise DataError(
+                    f"Task '{task}': line {line_no} of {path} is a JSON {type(row).__name__}, not an object. "
+                    "Every line must be one JSON object with the task's fields."
+                )
+            rows.append(row)
+    if not rows:
+        raise DataError(f"Task '{task}': {path} holds no rows. Point --data-path at a file with data.")
+    return rows
+
+
+def _load_hub(name: str, task: str, split: str) -> list[dict[str, Any]]:
+    repo, _, config = name.partition(":")
+    try:
+        import datasets
+
+        return list(datasets.load_dataset(repo, config or None, split=split))
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(
+            f"Task '{task}': could not load '{repo}' from the Hugging Face hub "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}). "
+            "This machine may be offline: download the split once elsewhere and pass its local "
+            ".jsonl or .parquet with --data-path (or `data_path` in the task's config)."
+        ) from exc
+
+
+def _check_fields(rows: list[dict[str, Any]], required: tuple[str, ...], source: str, task: str) -> None:
+    for index, row in enumerate(rows):
+        missing = [f for f in required if f not in row or row[f] is None]
+        if missing:
+            raise DataError(
+                f"Task '{task}': row {index + 1} of {source} lacks the field(s) {', '.join(missing)} "
+                f"(it has: {', '.join(sorted(row)) or 'nothing'}). Every row needs {', '.join(required)}."
+            )

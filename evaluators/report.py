@@ -1,0 +1,154 @@
+"""Run outputs: per-sample JSONL and Parquet, lm-eval compatible results.json, summary.json, a table."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evaluators.records import SampleRecord
+from evaluators.stats import MetricSummary, ScoredItem, summarize
+from evaluators.tasks.base import Task
+
+
+@dataclass
+class TaskSummary:
+    task: str
+    version: str
+    num_fewshot: int
+    num_questions: int
+    num_samples: int
+    num_runs: int
+    failed: int
+    failure_reasons: dict[str, int]
+    metrics: dict[str, MetricSummary] = field(default_factory=dict)
+
+
+def summarize_task(task: Task, records: list[SampleRecord], num_runs: int, num_fewshot: int) -> TaskSummary:
+    failed = [r for r in records if r.error is not None]
+    reasons = Counter(_reason(r.error or "") for r in failed)
+    summary = TaskSummary(
+        task=task.name,
+        version=task.version,
+        num_fewshot=num_fewshot,
+        num_questions=len({r.doc_id for r in records}),
+        num_samples=len(records),
+        num_runs=num_runs,
+        failed=len(failed),
+        failure_reasons=dict(reasons),
+    )
+    for metric in task.metrics:
+        items = [
+            ScoredItem(
+                r.doc_id, r.sample_index, r.scores[metric.key] * r.weights[metric.key], r.weights[metric.key]
+            )
+            for r in records
+            if r.error is None and metric.key in r.scores
+        ]
+        summary.metrics[metric.key] = summarize(items, num_runs)
+    return summary
+
+
+def _reason(error: str) -> str:
+    return error.split(":", 1)[0] if ":" in error else error
+
+
+def write_samples(directory: Path, task: str, records: list[SampleRecord]) -> tuple[Path, Path]:
+    """Final per-sample files, in (question, sample) order so a resumed run writes the same bytes of data."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ordered = sorted(records, key=lambda r: r.sort_key)
+    jsonl = directory / f"{task}.jsonl"
+    tmp = jsonl.with_suffix(".jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        for record in ordered:
+            handle.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
+    tmp.replace(jsonl)
+    parquet = directory / f"{task}.parquet"
+    rows = [record.to_dict() for record in ordered]
+    for row in rows:  # score keys hold commas; Parquet structs take them, but JSON text is easier to query
+        row["scores"] = json.dumps(row["scores"])
+        row["weights"] = json.dumps(row["weights"])
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    return jsonl, parquet
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def results_json(
+    summaries: list[TaskSummary], config: dict[str, Any], model_name: str, date: float
+) -> dict[str, Any]:
+    """lm-eval's results.json layout: `results[task]["metric,filter"]` and `"metric_stderr,filter"`."""
+    results: dict[str, dict[str, Any]] = {}
+    for s in summaries:
+        entry: dict[str, Any] = {"alias": s.task}
+        for key, m in s.metrics.items():
+            name, _, filt = key.partition(",")
+            entry[key] = _finite(m.mean)
+            entry[f"{name}_stderr,{filt}"] = _finite(m.sem)
+        results[s.task] = entry
+    return {
+        "results": results,
+        "versions": {s.task: s.version for s in summaries},
+        "n-shot": {s.task: s.num_fewshot for s in summaries},
+        "higher_is_better": {s.task: {k.split(",")[0]: True for k in s.metrics} for s in summaries},
+        "n-samples": {s.task: {"original": s.num_questions, "effective": s.num_questions} for s in summaries},
+        "config": config,
+        "model_name": model_name,
+        "date": date,
+    }
+
+
+def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict[str, Any]:
+    tasks: dict[str, Any] = {}
+    for s in summaries:
+        body = asdict(s)
+        body["metrics"] = {
+            key: {
+                "mean": _finite(m.mean),
+                "std_across_runs": _finite(m.std_across_runs),
+                "sem": _finite(m.sem),
+                "sem_method": "question-clustered standard error (Miller 2024)",
+                "ci95": [_finite(m.ci95_low), _finite(m.ci95_high)],
+                "ci95_method": m.ci_method,
+                "run_means": list(m.run_means),
+                "n": m.num_runs,
+                "questions": m.num_questions,
+                "scored_samples": m.num_scored,
+            }
+            for key, m in s.metrics.items()
+        }
+        tasks[s.task] = body
+    return {"run": run_info, "tasks": tasks}
+
+
+def render_table(summaries: list[TaskSummary]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="rayeval results (mean@N)")
+    for column in ("task", "metric", "N", "questions", "mean", "± SEM", "CI95", "std across runs", "failed"):
+        table.add_column(column, justify="left" if column in ("task", "metric") else "right")
+    for s in summaries:
+        for key, m in s.metrics.items():
+            table.add_row(
+                s.task,
+                key,
+                str(m.num_runs),
+                str(m.num_questions),
+                f"{m.mean:.4f}",
+                f"{m.sem:.4f}",
+                f"[{m.ci95_low:.3f}, {m.ci95_high:.3f}]",
+                f"{m.std_across_runs:.4f}",
+                str(s.failed),
+            )
+    console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(table)
+    return console.export_text()

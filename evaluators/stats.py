@@ -1,0 +1,88 @@
+"""mean@N statistics: the benchmark score, its error bar, and run-to-run noise, named apart.
+
+Two uncertainties are reported and never mixed up:
+- `sem`: the standard error of the benchmark score over questions, treating the N samples of one question
+  as a cluster (average per question first, then the spread across questions; Miller 2024, "Adding Error
+  Bars to Evals", arXiv 2411.00640). Metrics that are rates over several items per question (IFEval's
+  instruction-level accuracy) use the cluster-robust form of the same estimator, weighted by item count.
+- `std_across_runs`: the standard deviation of the N per-run scores, i.e. sampling noise between runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+CI_METHOD = "t-interval on the question-clustered SEM, df = questions - 1"
+
+
+@dataclass(frozen=True)
+class ScoredItem:
+    """One scored sample of one metric: question, which of the N runs, and its (value, weight)."""
+
+    question: int
+    run: int
+    value: float
+    weight: float
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    mean: float
+    sem: float
+    ci95_low: float
+    ci95_high: float
+    ci_method: str
+    std_across_runs: float
+    run_means: tuple[float, ...]
+    num_runs: int
+    num_questions: int
+    num_scored: int
+
+
+def summarize(items: list[ScoredItem], num_runs: int) -> MetricSummary:
+    """Reduce scored samples to mean@N with its clustered SEM, CI95 and the std of the per-run means."""
+    if not items:
+        nan = float("nan")
+        return MetricSummary(nan, nan, nan, nan, CI_METHOD, nan, (), num_runs, 0, 0)
+    questions = np.array([i.question for i in items])
+    runs = np.array([i.run for i in items])
+    values = np.array([i.value for i in items], dtype=float)
+    weights = np.array([i.weight for i in items], dtype=float)
+
+    _, q_index = np.unique(questions, return_inverse=True)
+    q_value = np.bincount(q_index, weights=values)
+    q_weight = np.bincount(q_index, weights=weights)
+    keep = q_weight > 0
+    q_value, q_weight = q_value[keep], q_weight[keep]
+    n_q = len(q_weight)
+    mean = float(q_value.sum() / q_weight.sum())
+
+    if n_q > 1:
+        # Cluster-robust SE of a ratio estimator; equals std(per-question means, ddof=1)/sqrt(n) for weight 1.
+        residual = q_value - mean * q_weight
+        sem = float(np.sqrt(n_q / (n_q - 1) * np.sum(residual**2)) / q_weight.sum())
+        half = float(stats.t.ppf(0.975, df=n_q - 1)) * sem
+    else:
+        sem, half = float("nan"), float("nan")
+
+    run_means = []
+    for run in sorted(set(runs.tolist())):
+        mask = runs == run
+        if weights[mask].sum() > 0:
+            run_means.append(float(values[mask].sum() / weights[mask].sum()))
+    std_runs = float(np.std(run_means, ddof=1)) if len(run_means) > 1 else 0.0
+    return MetricSummary(
+        mean=mean,
+        sem=sem,
+        ci95_low=mean - half,
+        ci95_high=mean + half,
+        ci_method=CI_METHOD,
+        std_across_runs=std_runs,
+        run_means=tuple(run_means),
+        num_runs=num_runs,
+        num_questions=n_q,
+        num_scored=len(items),
+    )

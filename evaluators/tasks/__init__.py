@@ -1,0 +1,1 @@
+"""Native rayeval tasks and their registry."""

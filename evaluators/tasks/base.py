@@ -1,0 +1,95 @@
+"""The typed contract every task fulfils: samples in, prompts out, completions scored."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One benchmark item: its position in the dataset and the raw row."""
+
+    doc_id: int
+    doc: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt in both forms: chat messages for chat-templated models, plain text for base models."""
+
+    messages: tuple[ChatMessage, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """A score and its weight: a rate over k items of one sample has value = hits and weight = k."""
+
+    value: float
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A reported metric: lm-eval's `name,filter` key, and which way is better."""
+
+    name: str
+    filter: str = "none"
+    higher_is_better: bool = True
+
+    @property
+    def key(self) -> str:
+        return f"{self.name},{self.filter}"
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    max_tokens: int
+    num_fewshot: int = 0
+    stop: tuple[str, ...] = ()
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class DataSourceInfo:
+    """Where a task's data comes from, in the order tried, for `rayeval tasks` and error messages."""
+
+    description: str
+    required_fields: tuple[str, ...] = field(default_factory=tuple)
+
+
+class Task(ABC):
+    name: str
+    version: str
+    description: str
+    metrics: tuple[MetricSpec, ...]
+    defaults: TaskDefaults
+    source: DataSourceInfo
+
+    @abstractmethod
+    def load_samples(self, data_path: str | None) -> list[Sample]:
+        """Every sample of the evaluation split, in dataset order."""
+
+    def load_fewshot(self, data_path: str | None) -> list[Sample]:
+        """Samples few-shot examples are drawn from; tasks without few-shot support keep the default."""
+        return []
+
+    @abstractmethod
+    def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
+        """The prompt for one sample, with the given few-shot examples in front."""
+
+    @abstractmethod
+    def score(self, sample: Sample, output: str) -> dict[str, MetricValue]:
+        """Score one completion; keys are the metric keys of `metrics`."""
+
+    def target(self, sample: Sample) -> str:
+        """The reference answer recorded beside each output (empty where the task has none)."""
+        return ""

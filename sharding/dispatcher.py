@@ -1,0 +1,174 @@
+"""Dynamic dispatch of prompt groups over engine replicas from one shared queue.
+
+Each replica pulls the longest remaining group whenever it has room in its in-flight window, so ragged
+output lengths never leave a replica idle while another holds a backlog (work stealing by construction).
+A replica that dies hands its in-flight groups back to the queue for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from sharding.requests import Completion, PromptGroup
+
+log = logging.getLogger(__name__)
+
+ReplicaCall = Callable[[PromptGroup], Awaitable[list[Completion]]]
+GroupDone = Callable[[PromptGroup, list[Completion]], None]
+
+
+class ReplicaDead(Exception):
+    """Raised by a replica call when the replica is gone: its work goes back on the queue."""
+
+
+@dataclass
+class Replica:
+    """A named engine replica: an async call that generates one prompt group, and its in-flight window.
+
+    `max_in_flight` counts sequences (samples), and should be at least the engine's max_num_seqs so that
+    continuous batching always has a full batch to pick from.
+    """
+
+    name: str
+    generate: ReplicaCall
+    max_in_flight: int
+
+
+@dataclass
+class ReplicaStats:
+    groups: int = 0
+    sequences: int = 0
+    requeued: int = 0
+    peak_in_flight: int = 0
+    dead: bool = False
+
+
+@dataclass
+class DispatchStats:
+    groups_done: int = 0
+    groups_failed: int = 0
+    requeues: int = 0
+    per_replica: dict[str, ReplicaStats] = field(default_factory=dict)
+
+
+@dataclass
+class _ReplicaState:
+    replica: Replica
+    stats: ReplicaStats
+    in_flight: int = 0
+
+
+class Dispatcher:
+    """Feeds replicas from one longest-first queue until every group has finished or failed."""
+
+    def __init__(
+        self,
+        replicas: list[Replica],
+        on_group_done: GroupDone | None = None,
+        max_attempts: int = 3,
+    ) -> None:
+        if not replicas:
+            raise ValueError("the dispatcher needs at least one replica")
+        self._states = [_ReplicaState(r, ReplicaStats()) for r in replicas]
+        self._on_group_done = on_group_done
+        self._max_attempts = max_attempts
+        self._heap: list[tuple[int, int, PromptGroup]] = []
+        self._attempts: dict[str, int] = {}
+        self._unfinished = 0
+        self._cond = asyncio.Condition()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.stats = DispatchStats(per_replica={s.replica.name: s.stats for s in self._states})
+
+    async def run(self, groups: Iterable[PromptGroup]) -> DispatchStats:
+        for order, group in enumerate(groups):
+            self._heap.append((-group.expected_cost, order, group))
+        heapq.heapify(self._heap)
+        self._unfinished = len(self._heap)
+        feeders = [asyncio.create_task(self._feed(state)) for state in self._states]
+        await asyncio.gather(*feeders)
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks))
+        return self.stats
+
+    def _live(self) -> list[_ReplicaState]:
+        return [s for s in self._states if not s.stats.dead]
+
+    def _has_room(self, state: _ReplicaState) -> bool:
+        if not self._heap:
+            return False
+        next_size = self._heap[0][2].size
+        # A group larger than the whole window still runs, alone, so it can never starve.
+        return state.in_flight == 0 or state.in_flight + next_size <= state.replica.max_in_flight
+
+    async def _feed(self, state: _ReplicaState) -> None:
+        while True:
+            async with self._cond:
+                await self._cond.wait_for(
+                    lambda: self._unfinished == 0 or state.stats.dead or self._has_room(state)
+                )
+                if self._unfinished == 0 or state.stats.dead:
+                    return
+                _, _, group = heapq.heappop(self._heap)
+                state.in_flight += group.size
+                state.stats.peak_in_flight = max(state.stats.peak_in_flight, state.in_flight)
+            task = asyncio.create_task(self._run_group(state, group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run_group(self, state: _ReplicaState, group: PromptGroup) -> None:
+        name = state.replica.name
+        completions: list[Completion] | None = None
+        try:
+            completions = await state.replica.generate(group)
+        except ReplicaDead as exc:
+            log.warning("replica %s died (%s); putting its in-flight work back on the queue", name, exc)
+        except Exception as exc:  # noqa: BLE001 - any other failure is recorded against the group
+            completions = _failed(group, name, f"{type(exc).__name__}: {exc}")
+        async with self._cond:
+            state.in_flight -= group.size
+            if completions is None:
+                self._replica_died(state, group)
+            else:
+                self._finish(state, group, completions)
+            self._cond.notify_all()
+
+    def _replica_died(self, state: _ReplicaState, group: PromptGroup) -> None:
+        if not state.stats.dead:
+            state.stats.dead = True
+        attempts = self._attempts.get(group.group_id, 0) + 1
+        self._attempts[group.group_id] = attempts
+        if not self._live():
+            self._fail_everything_queued(reason="every replica has died")
+            self._finish(state, group, _failed(group, state.replica.name, "every replica has died"))
+        elif attempts >= self._max_attempts:
+            reason = f"the replicas running this prompt died {attempts} times"
+            self._finish(state, group, _failed(group, state.replica.name, reason))
+        else:
+            state.stats.requeued += 1
+            self.stats.requeues += 1
+            heapq.heappush(self._heap, (-group.expected_cost, -attempts, group))
+
+    def _fail_everything_queued(self, reason: str) -> None:
+        while self._heap:
+            _, _, group = heapq.heappop(self._heap)
+            self._finish(None, group, _failed(group, "", reason))
+
+    def _finish(self, state: _ReplicaState | None, group: PromptGroup, completions: list[Completion]) -> None:
+        self._unfinished -= 1
+        if state is not None:
+            state.stats.groups += 1
+            state.stats.sequences += group.size
+        if all(c.ok for c in completions):
+            self.stats.groups_done += 1
+        else:
+            self.stats.groups_failed += 1
+        if self._on_group_done is not None:
+            self._on_group_done(group, completions)
+
+
+def _failed(group: PromptGroup, replica: str, reason: str) -> list[Completion]:
+    return [Completion(request_id=r.request_id, replica=replica, error=reason) for r in group.requests]

@@ -1,0 +1,68 @@
+"""Append-only, content-addressed store of completions: the basis of resume.
+
+A completion is keyed by its request id (a hash of model, adapter, prompt, sampling params, seed and sample
+index), so a second run over the same folder reads back what is done and only generates what is missing.
+Only successful completions are stored: a failed request is tried again on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from sharding.requests import Completion
+
+log = logging.getLogger(__name__)
+
+
+class ResultStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._completions: dict[str, Completion] = {}
+        self._load()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = self.path.open("a", encoding="utf-8")
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        raw = self.path.read_bytes()
+        complete_until = raw.rfind(b"\n") + 1
+        if complete_until < len(raw):
+            # A run killed mid-write leaves half a line; drop it so appends start on a clean line.
+            log.warning("dropping a partial last record in %s (the previous run was interrupted)", self.path)
+            with self.path.open("r+b") as handle:
+                handle.truncate(complete_until)
+        for line in raw[:complete_until].decode("utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                completion = Completion.from_json(line)
+            except (json.JSONDecodeError, TypeError):
+                log.warning("skipping an unreadable record in %s", self.path)
+                continue
+            if completion.ok:
+                self._completions[completion.request_id] = completion
+
+    def get(self, request_id: str) -> Completion | None:
+        return self._completions.get(request_id)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._completions
+
+    def __len__(self) -> int:
+        return len(self._completions)
+
+    def add(self, completions: list[Completion]) -> None:
+        """Persist successful completions at once (flushed), so a kill loses at most the line being written."""
+        fresh = [c for c in completions if c.ok and c.request_id not in self._completions]
+        if not fresh:
+            return
+        self._handle.write("".join(c.to_json() + "\n" for c in fresh))
+        self._handle.flush()
+        for completion in fresh:
+            self._completions[completion.request_id] = completion
+
+    def close(self) -> None:
+        self._handle.close()
