@@ -35,7 +35,10 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         help="model folder or HF hub id (default: the embedded SmolLM2-135M-Instruct)",
     )
     m.add_argument(
-        "--revision", dest="model.revision", help="model revision (branch, tag or commit) on the hub"
+        "--revision",
+        dest="model.revision",
+        metavar="REV",
+        help="model revision (branch, tag or commit) on the hub",
     )
     m.add_argument(
         "--dtype",
@@ -184,6 +187,11 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the resolved plan (tasks, samples, requests, replicas) and exit without starting engines",
     )
+    o.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="on resume, generate again the requests that failed last time (default: keep them as failed)",
+    )
     o.add_argument("--verbose", action="store_true", help="show Ray and vLLM logs")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -199,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    skip = {"command", "config", "data_path", "dry_run", "verbose", "no_progress"}
+    skip = {"command", "config", "data_path", "dry_run", "verbose", "no_progress", "retry_failed"}
     values = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
     if "tasks" in values:
         values["tasks"] = [n.strip() for n in values["tasks"].split(",") if n.strip()]
@@ -266,7 +274,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if config.cluster.address and config.cluster.device == "auto":
             plan.device = "gpu" if cluster_has_gpus() else "cpu"
             plan.replica = replica_plan(config, plan.device)
-        result = run_evaluation(plan, verbose=args.verbose, progress=not args.no_progress)
+        result = run_evaluation(
+            plan, verbose=args.verbose, progress=not args.no_progress, retry_failed=args.retry_failed
+        )
     print(result.table)
     print(
         f"results in {result.run_dir} ({result.requests_reused} of {result.requests_total} requests reused, "

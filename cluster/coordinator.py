@@ -80,12 +80,12 @@ def build_requests(plan: RunPlan, renderer: PromptRenderer) -> list[PlannedSampl
     return planned
 
 
-def group_missing(planned: list[PlannedSample], store: ResultStore) -> list[PromptGroup]:
+def group_missing(planned: list[PlannedSample], store: ResultStore, retry_failed: bool) -> list[PromptGroup]:
     """One group per distinct prompt and sampling, holding the samples not yet in the store."""
     by_prompt: dict[tuple[str, Any], dict[str, GenerationRequest]] = {}
     for item in planned:
         request = item.request
-        if request.request_id in store:
+        if store.is_done(request.request_id, retry_failed):
             continue
         by_prompt.setdefault((request.prompt, request.sampling), {})[request.request_id] = request
     return [build_group(prompt, list(requests.values())) for (prompt, _), requests in by_prompt.items()]
@@ -148,7 +148,9 @@ class SampleWriter:
             handle.close()
 
 
-def run_evaluation(plan: RunPlan, verbose: bool = False, progress: bool = True) -> RunResult:
+def run_evaluation(
+    plan: RunPlan, verbose: bool = False, progress: bool = True, retry_failed: bool = False
+) -> RunResult:
     """Run the plan on the connected Ray cluster and write every output file; returns the summaries."""
     started = time.perf_counter()
     config = plan.config
@@ -164,18 +166,23 @@ def run_evaluation(plan: RunPlan, verbose: bool = False, progress: bool = True) 
     store = ResultStore(run_dir / "cache" / "completions.jsonl")
     writer = SampleWriter(plan, planned, run_dir / "samples" / plan.model.name)
     unique_ids = {p.request.request_id for p in planned}
-    reused = [store.get(rid) for rid in unique_ids if rid in store]
+    reused = [
+        c
+        for c in (store.get(rid) for rid in unique_ids)
+        if c is not None and store.is_done(c.request_id, retry_failed)
+    ]
     for completion in reused:
-        if completion is not None:
-            writer.add(completion)
-    groups = group_missing(planned, store)
+        writer.add(completion)
+    groups = group_missing(planned, store, retry_failed)
     to_generate = sum(g.size for g in groups)
     log.info(
-        "run %s: %d requests, %d reused from %s, %d to generate",
+        "run %s: %d requests, %d reused from %s (%d of them failed before%s), %d to generate",
         run_dir,
         len(unique_ids),
         len(reused),
         store.path,
+        sum(1 for c in reused if not c.ok),
+        "" if retry_failed else "; --retry-failed redoes them",
         to_generate,
     )
 

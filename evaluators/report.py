@@ -129,6 +129,10 @@ def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict
     return {"run": run_info, "tasks": tasks}
 
 
+def _fmt(value: float, digits: int) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
 def render_table(summaries: list[TaskSummary]) -> str:
     from rich.console import Console
     from rich.table import Table
@@ -143,10 +147,10 @@ def render_table(summaries: list[TaskSummary]) -> str:
                 key,
                 str(m.num_runs),
                 str(m.num_questions),
-                f"{m.mean:.4f}",
-                f"{m.sem:.4f}",
-                f"[{m.ci95_low:.3f}, {m.ci95_high:.3f}]",
-                f"{m.std_across_runs:.4f}",
+                _fmt(m.mean, 4),
+                _fmt(m.sem, 4),
+                f"[{_fmt(m.ci95_low, 3)}, {_fmt(m.ci95_high, 3)}]",
+                _fmt(m.std_across_runs, 4),
                 str(s.failed),
             )
     console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115

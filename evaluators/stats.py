@@ -73,7 +73,7 @@ def summarize(items: list[ScoredItem], num_runs: int) -> MetricSummary:
         mask = runs == run
         if weights[mask].sum() > 0:
             run_means.append(float(values[mask].sum() / weights[mask].sum()))
-    std_runs = float(np.std(run_means, ddof=1)) if len(run_means) > 1 else 0.0
+    std_runs = float(np.std(run_means, ddof=1)) if len(run_means) > 1 else float("nan")
     return MetricSummary(
         mean=mean,
         sem=sem,

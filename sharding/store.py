@@ -2,7 +2,8 @@
 
 A completion is keyed by its request id (a hash of model, adapter, prompt, sampling params, seed and sample
 index), so a second run over the same folder reads back what is done and only generates what is missing.
-Only successful completions are stored: a failed request is tried again on resume.
+Failed completions are stored too, so a resumed run reports the same failures without redoing them;
+`retry_failed` makes them count as missing instead. A later success for the same id replaces a failure.
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ class ResultStore:
             except (json.JSONDecodeError, TypeError):
                 log.warning("skipping an unreadable record in %s", self.path)
                 continue
-            if completion.ok:
-                self._completions[completion.request_id] = completion
+            self._completions[completion.request_id] = completion
 
     def get(self, request_id: str) -> Completion | None:
         return self._completions.get(request_id)
@@ -51,12 +51,17 @@ class ResultStore:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._completions
 
+    def is_done(self, request_id: str, retry_failed: bool) -> bool:
+        """Whether a request needs no generation: stored, and (with `retry_failed`) stored as a success."""
+        completion = self._completions.get(request_id)
+        return completion is not None and (completion.ok or not retry_failed)
+
     def __len__(self) -> int:
         return len(self._completions)
 
     def add(self, completions: list[Completion]) -> None:
-        """Persist successful completions at once (flushed), so a kill loses at most the line being written."""
-        fresh = [c for c in completions if c.ok and c.request_id not in self._completions]
+        """Persist completions at once (flushed), so a kill loses at most the line being written."""
+        fresh = [c for c in completions if not self.is_done(c.request_id, retry_failed=True)]
         if not fresh:
             return
         self._handle.write("".join(c.to_json() + "\n" for c in fresh))

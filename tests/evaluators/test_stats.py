@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from evaluators.stats import ScoredItem, summarize
+
+
+def test_single_run_sem_is_the_plain_standard_error():
+    values = [1, 0, 1, 1, 0, 1, 0, 1]
+    items = [ScoredItem(q, 0, v, 1.0) for q, v in enumerate(values)]
+    s = summarize(items, num_runs=1)
+    assert s.mean == pytest.approx(np.mean(values))
+    assert s.sem == pytest.approx(np.std(values, ddof=1) / math.sqrt(len(values)))
+    t = scipy_stats.t.ppf(0.975, df=len(values) - 1)
+    assert s.ci95_low == pytest.approx(s.mean - t * s.sem)
+    assert math.isnan(s.std_across_runs)
+
+
+def test_n_samples_are_clustered_by_question():
+    # 3 questions x 2 runs: per-question means 1.0, 0.5, 0.0
+    items = [
+        ScoredItem(0, 0, 1, 1), ScoredItem(0, 1, 1, 1),
+        ScoredItem(1, 0, 1, 1), ScoredItem(1, 1, 0, 1),
+        ScoredItem(2, 0, 0, 1), ScoredItem(2, 1, 0, 1),
+    ]  # fmt: skip
+    s = summarize(items, num_runs=2)
+    assert s.mean == pytest.approx(0.5)
+    assert s.sem == pytest.approx(np.std([1.0, 0.5, 0.0], ddof=1) / math.sqrt(3))
+    assert s.run_means == (pytest.approx(2 / 3), pytest.approx(1 / 3))
+    assert s.std_across_runs == pytest.approx(np.std([2 / 3, 1 / 3], ddof=1))
+    assert s.num_questions == 3 and s.num_scored == 6
+
+
+def test_weighted_rate_matches_the_flattened_mean():
+    # instruction-level accuracy: 2 of 3 instructions, then 1 of 1
+    items = [ScoredItem(0, 0, 2, 3), ScoredItem(1, 0, 1, 1)]
+    assert summarize(items, 1).mean == pytest.approx(3 / 4)
+
+
+def test_no_items_gives_nan_not_a_crash():
+    s = summarize([], num_runs=4)
+    assert math.isnan(s.mean) and s.num_scored == 0

@@ -1,0 +1,151 @@
+"""The dispatcher with plain async callables standing in for engine replicas (no Ray, no vLLM)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sharding.dispatcher import Dispatcher, Replica, ReplicaDead
+from sharding.requests import Completion, GenerationRequest, PromptGroup, SamplingSpec, build_group
+
+
+def make_group(prompt: str, n: int = 1, max_tokens: int = 16) -> PromptGroup:
+    spec = SamplingSpec(max_tokens=max_tokens)
+    requests = [GenerationRequest(f"{prompt}#{i}", prompt, spec, seed=i, sample_index=i) for i in range(n)]
+    return build_group(prompt, requests)
+
+
+class FakeReplica:
+    """Records what it was sent and how many sequences it held at once."""
+
+    def __init__(
+        self,
+        name: str,
+        delay: float = 0.0,
+        die_after: int | None = None,
+        fail_prompts: set[str] | None = None,
+    ):
+        self.name = name
+        self.delay = delay
+        self.die_after = die_after
+        self.fail_prompts = fail_prompts or set()
+        self.seen: list[PromptGroup] = []
+        self.in_flight = 0
+        self.peak = 0
+
+    async def __call__(self, group: PromptGroup) -> list[Completion]:
+        self.seen.append(group)
+        self.in_flight += group.size
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            if self.die_after is not None and len(self.seen) > self.die_after:
+                raise ReplicaDead(f"{self.name} lost")
+            if group.prompt in self.fail_prompts:
+                raise RuntimeError("engine rejected the prompt")
+            return [
+                Completion(r.request_id, text=f"out:{r.request_id}", replica=self.name)
+                for r in group.requests
+            ]
+        finally:
+            self.in_flight -= group.size
+
+
+def run(dispatcher: Dispatcher, groups: list[PromptGroup]):
+    return asyncio.run(dispatcher.run(groups))
+
+
+def collect() -> tuple[dict[str, Completion], callable]:
+    results: dict[str, Completion] = {}
+
+    def done(group: PromptGroup, completions: list[Completion]) -> None:
+        for completion in completions:
+            assert completion.request_id not in results, "a request finished twice"
+            results[completion.request_id] = completion
+
+    return results, done
+
+
+def test_longest_expected_first_on_a_single_replica():
+    fake = FakeReplica("r0")
+    groups = [
+        make_group("short", max_tokens=8),
+        make_group("x" * 400, max_tokens=8),
+        make_group("mid", max_tokens=64),
+    ]
+    dispatcher = Dispatcher([Replica("r0", fake, max_in_flight=1)])
+    run(dispatcher, groups)
+    assert [g.prompt for g in fake.seen] == ["x" * 400, "mid", "short"]
+
+
+def test_in_flight_window_is_filled_but_never_exceeded():
+    fake = FakeReplica("r0", delay=0.01)
+    groups = [make_group(f"p{i}", n=2) for i in range(20)]
+    dispatcher = Dispatcher([Replica("r0", fake, max_in_flight=8)])
+    stats = run(dispatcher, groups)
+    assert fake.peak == 8
+    assert stats.per_replica["r0"].peak_in_flight == 8
+    assert stats.groups_done == 20
+
+
+def test_group_larger_than_window_still_runs_alone():
+    fake = FakeReplica("r0")
+    dispatcher = Dispatcher([Replica("r0", fake, max_in_flight=2)])
+    stats = run(dispatcher, [make_group("big", n=5), make_group("small", n=1)])
+    assert stats.groups_done == 2
+    assert fake.peak == 5
+
+
+def test_every_request_finishes_exactly_once_and_n_samples_stay_together():
+    fast, slow = FakeReplica("fast", delay=0.001), FakeReplica("slow", delay=0.02)
+    results, done = collect()
+    groups = [make_group(f"prompt-{i}", n=4) for i in range(30)]
+    dispatcher = Dispatcher([Replica("fast", fast, 8), Replica("slow", slow, 8)], on_group_done=done)
+    run(dispatcher, groups)
+    assert len(results) == 30 * 4
+    for group in groups:
+        replicas = {results[r.request_id].replica for r in group.requests}
+        assert len(replicas) == 1, "the N samples of one prompt were split across replicas"
+    # Work stealing: the fast replica takes more groups than a static half split would give it.
+    assert len(fast.seen) > len(slow.seen)
+
+
+def test_dead_replica_work_goes_back_on_the_queue():
+    dying = FakeReplica("dying", delay=0.005, die_after=2)
+    healthy = FakeReplica("healthy", delay=0.005)
+    results, done = collect()
+    groups = [make_group(f"q{i}", n=2) for i in range(12)]
+    dispatcher = Dispatcher([Replica("dying", dying, 4), Replica("healthy", healthy, 4)], on_group_done=done)
+    stats = run(dispatcher, groups)
+    assert len(results) == 24
+    assert all(c.ok for c in results.values())
+    assert stats.per_replica["dying"].dead
+    assert stats.requeues >= 1
+    assert {c.replica for c in results.values()} <= {"dying", "healthy"}
+
+
+def test_all_replicas_dead_fails_the_rest_instead_of_hanging():
+    results, done = collect()
+    groups = [make_group(f"q{i}") for i in range(5)]
+    dispatcher = Dispatcher([Replica("r0", FakeReplica("r0", die_after=0), 2)], on_group_done=done)
+    stats = asyncio.run(asyncio.wait_for(dispatcher.run(groups), timeout=5))
+    assert len(results) == 5
+    assert all(c.error == "every replica has died" for c in results.values())
+    assert stats.groups_failed == 5
+
+
+def test_a_failing_request_is_recorded_and_the_run_goes_on():
+    fake = FakeReplica("r0", fail_prompts={"bad"})
+    results, done = collect()
+    dispatcher = Dispatcher([Replica("r0", fake, 4)], on_group_done=done)
+    stats = run(dispatcher, [make_group("good"), make_group("bad", n=2), make_group("fine")])
+    failed = [c for c in results.values() if not c.ok]
+    assert len(results) == 4 and len(failed) == 2
+    assert all("engine rejected the prompt" in (c.error or "") for c in failed)
+    assert stats.groups_done == 2 and stats.groups_failed == 1
+
+
+def test_needs_a_replica():
+    with pytest.raises(ValueError):
+        Dispatcher([])

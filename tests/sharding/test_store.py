@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from sharding.requests import Completion, RequestKey, SamplingSpec
+from sharding.store import ResultStore
+
+
+def test_request_id_changes_with_every_input_that_matters():
+    base = RequestKey("m", None, "prompt", SamplingSpec(temperature=0.7), seed=1, sample_index=0)
+    variants = [
+        RequestKey("m2", None, "prompt", SamplingSpec(temperature=0.7), 1, 0),
+        RequestKey("m", "lora-a", "prompt", SamplingSpec(temperature=0.7), 1, 0),
+        RequestKey("m", None, "prompt!", SamplingSpec(temperature=0.7), 1, 0),
+        RequestKey("m", None, "prompt", SamplingSpec(temperature=0.8), 1, 0),
+        RequestKey("m", None, "prompt", SamplingSpec(temperature=0.7), 2, 0),
+        RequestKey("m", None, "prompt", SamplingSpec(temperature=0.7), 1, 1),
+    ]
+    ids = {v.request_id() for v in variants}
+    assert (
+        base.request_id() == RequestKey("m", None, "prompt", SamplingSpec(temperature=0.7), 1, 0).request_id()
+    )
+    assert base.request_id() not in ids and len(ids) == len(variants)
+
+
+def test_store_round_trip_keeps_failures_and_survives_a_torn_write(tmp_path):
+    path = tmp_path / "cache" / "completions.jsonl"
+    store = ResultStore(path)
+    store.add([Completion("a", text="A", output_tokens=3), Completion("b", error="boom")])
+    store.add([Completion("a", text="again")])  # already stored: not written twice
+    store.close()
+    with path.open("a") as handle:
+        handle.write('{"request_id": "c", "te')  # killed mid-write
+    reopened = ResultStore(path)
+    assert "a" in reopened and "b" in reopened and "c" not in reopened
+    assert reopened.get("a").text == "A"
+    assert reopened.is_done("b", retry_failed=False) and not reopened.is_done("b", retry_failed=True)
+    reopened.add([Completion("d", text="D"), Completion("b", text="B now")])
+    reopened.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 4 and all(line.endswith("}") for line in lines)
+    final = ResultStore(path)
+    assert len(final) == 3 and final.get("b").ok and final.get("b").text == "B now"
