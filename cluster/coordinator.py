@@ -175,15 +175,15 @@ def run_evaluation(
         writer.add(completion)
     groups = group_missing(planned, store, retry_failed)
     to_generate = sum(g.size for g in groups)
+    failed_before = sum(1 for c in reused if not c.ok)
     log.info(
-        "run %s: %d requests, %d reused from %s (%d of them failed before%s), %d to generate",
+        "run %s: %d requests, %d reused from %s, %d to generate%s",
         run_dir,
         len(unique_ids),
         len(reused),
         store.path,
-        sum(1 for c in reused if not c.ok),
-        "" if retry_failed else "; --retry-failed redoes them",
         to_generate,
+        f" ({failed_before} reused requests had failed; --retry-failed redoes them)" if failed_before else "",
     )
 
     engines: list[EngineInfo] = []

@@ -118,6 +118,7 @@ class Dispatcher:
             task = asyncio.create_task(self._run_group(state, group))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            await asyncio.sleep(0)  # let the other feeders pull too, so a small run spreads over all replicas
 
     async def _run_group(self, state: _ReplicaState, group: PromptGroup) -> None:
         name = state.replica.name

@@ -146,6 +146,13 @@ def test_a_failing_request_is_recorded_and_the_run_goes_on():
     assert stats.groups_done == 2 and stats.groups_failed == 1
 
 
+def test_a_small_run_spreads_over_every_replica():
+    replicas = [FakeReplica(f"r{i}", delay=0.01) for i in range(3)]
+    dispatcher = Dispatcher([Replica(f.name, f, max_in_flight=64) for f in replicas])
+    run(dispatcher, [make_group(f"p{i}") for i in range(6)])
+    assert [len(f.seen) for f in replicas] == [2, 2, 2]
+
+
 def test_needs_a_replica():
     with pytest.raises(ValueError):
         Dispatcher([])

@@ -1,0 +1,176 @@
+"""End to end on a real local Ray cluster with real vLLM CPU engines of the embedded SmolLM2-135M-Instruct.
+
+Nothing is mocked: `rayeval` runs as a user runs it (the console script in a subprocess), starts its own
+Ray cluster or joins one started with `ray start`, and its engines generate for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL_DIR = "SmolLM2-135M-Instruct"
+ENGINE_FLAGS = ["--enforce-eager", "--max-tokens", "48", "--max-model-len", "1024", "--no-progress"]
+
+
+def rayeval(*args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cluster.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def gsm8k_with_a_bad_prompt(tmp_path_factory, shared_gsm8k) -> Path:
+    rows = shared_gsm8k.read_text().splitlines()[:3]
+    too_long = json.dumps({"question": "How many apples? " * 600, "answer": "#### 1"})
+    path = tmp_path_factory.mktemp("data") / "test.jsonl"
+    path.write_text("\n".join([*rows, too_long]) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_replica_run(tmp_path_factory, gsm8k_with_a_bad_prompt):
+    out = tmp_path_factory.mktemp("runs")
+    argv = [
+        "run", "--tasks", "ifeval,gsm8k", "--data-path", f"gsm8k={gsm8k_with_a_bad_prompt}", "--limit", "4",
+        "--num-samples", "2", "--temperature", "0.7", "--replicas", "2", "--output-dir", str(out),
+        "--run-id", "e2e", *ENGINE_FLAGS,
+    ]  # fmt: skip
+    first = rayeval(*argv)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return argv, out / "e2e", first
+
+
+def test_every_sample_scored_exactly_once_and_files_complete(two_replica_run):
+    _, run_dir, result = two_replica_run
+    samples = run_dir / "samples" / MODEL_DIR
+    for task in ("ifeval", "gsm8k"):
+        rows = records(samples / f"{task}.jsonl")
+        assert len(rows) == 4 * 2
+        assert sorted((r["doc_id"], r["sample_index"]) for r in rows) == [
+            (d, s) for d in range(4) for s in range(2)
+        ]
+        assert pq.read_table(samples / f"{task}.parquet").num_rows == 8
+        for row in rows:
+            assert row["prompt"].startswith("<|im_start|>")  # the chat template was applied
+            if row["error"] is None:
+                assert row["scores"] and row["output_tokens"] > 0 and row["replica"].startswith("replica-")
+    assert (run_dir / "config.yaml").is_file()
+    assert "prompt_level_strict_acc,none" in result.stdout
+
+
+def test_both_replicas_did_work(two_replica_run):
+    _, run_dir, _ = two_replica_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    per_replica = summary["run"]["dispatch"]["per_replica"]
+    assert set(per_replica) == {"replica-0", "replica-1"}
+    assert all(stats["sequences"] > 0 for stats in per_replica.values())
+    assert sum(stats["sequences"] for stats in per_replica.values()) == 16
+
+
+def test_failing_prompt_is_counted_not_fatal(two_replica_run):
+    _, run_dir, _ = two_replica_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    gsm8k = summary["tasks"]["gsm8k"]
+    assert gsm8k["failed"] == 2  # the too-long question, both of its samples
+    assert list(gsm8k["failure_reasons"]) == ["VLLMValidationError"]
+    assert summary["run"]["samples_failed"] == 2
+    strict = gsm8k["metrics"]["exact_match,strict-match"]
+    assert strict["n"] == 2 and strict["questions"] == 3 and strict["scored_samples"] == 6
+    rows = records(run_dir / "samples" / MODEL_DIR / "gsm8k.jsonl")
+    assert [r["doc_id"] for r in rows if r["error"]] == [3, 3]
+    assert "maximum context length" in rows[-1]["error"]
+
+
+def test_results_json_is_lm_eval_shaped(two_replica_run):
+    _, run_dir, _ = two_replica_run
+    results = json.loads((run_dir / "results.json").read_text())
+    ifeval = results["results"]["ifeval"]
+    for key in (
+        "prompt_level_strict_acc,none",
+        "inst_level_loose_acc,none",
+        "prompt_level_strict_acc_stderr,none",
+    ):
+        assert 0.0 <= ifeval[key] <= 1.0
+    assert set(results["results"]["gsm8k"]) >= {"exact_match,strict-match", "exact_match,flexible-extract"}
+    assert results["versions"] == {"ifeval": "4.0", "gsm8k": "3.0"}
+
+
+def test_rerun_reuses_everything_and_writes_the_same_results(two_replica_run):
+    argv, run_dir, _ = two_replica_run
+    before = {p.name: p.read_bytes() for p in (run_dir / "samples" / MODEL_DIR).glob("*.jsonl")}
+    results_before = json.loads((run_dir / "results.json").read_text())["results"]
+    second = rayeval(*argv)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "16 requests, 16 reused" in second.stderr and "0 to generate" in second.stderr
+    assert "starting" not in second.stderr  # no engine was started
+    after = {p.name: p.read_bytes() for p in (run_dir / "samples" / MODEL_DIR).glob("*.jsonl")}
+    assert after == before
+    assert json.loads((run_dir / "results.json").read_text())["results"] == results_before
+
+
+def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
+    """Ctrl-C half way, then the same command against a cluster from `ray start`: only the rest is generated."""
+    argv = [
+        "run",
+        "--tasks",
+        "ifeval",
+        "--limit",
+        "10",
+        "--output-dir",
+        str(tmp_path),
+        "--run-id",
+        "cut",
+        "--max-num-seqs",
+        "2",
+        *ENGINE_FLAGS,
+    ]  # fmt: skip  (two sequences in flight, so completions arrive a pair at a time and the cut lands mid-run)
+    store = tmp_path / "cut" / "cache" / "completions.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cluster.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.time() + 600
+    while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 3):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    done_before = len(store.read_text().splitlines())
+    assert proc.returncode != 0 and 3 <= done_before < 10, err[-2000:]
+
+    port = "6391"
+    subprocess.run(["ray", "start", "--head", "--port", port, "--num-cpus", "2", "--include-dashboard", "false"],
+                   check=True, capture_output=True)  # fmt: skip
+    try:
+        resumed = rayeval(*argv, "--address", f"127.0.0.1:{port}")
+    finally:
+        subprocess.run(["ray", "stop", "--force"], capture_output=True, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "connected to Ray cluster" in resumed.stderr
+    assert f"10 requests, {done_before} reused" in resumed.stderr
+    assert f"{10 - done_before} to generate" in resumed.stderr
+    rows = records(tmp_path / "cut" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert sorted(r["doc_id"] for r in rows) == list(range(10))
+    assert len(store.read_text().splitlines()) == 10
