@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 130
     except Exception as exc:  # noqa: BLE001 - runtime failures get one readable paragraph, not a traceback
-        from cluster.pool import ClusterError
+        from cluster.errors import ClusterError
 
         if isinstance(exc, ClusterError):
             print(f"rayeval: error: {exc}", file=sys.stderr)

@@ -12,15 +12,12 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.engine import EngineActor, EngineDead, EngineInfo, EngineSettings
+from cluster.errors import ClusterError
 from cluster.plan import ReplicaPlan
 from sharding.dispatcher import Replica, ReplicaDead
 from sharding.requests import Completion, PromptGroup
 
 log = logging.getLogger(__name__)
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot host what the run asks for; the message says what to change."""
 
 
 def check_feasible(plan: ReplicaPlan, replicas: int) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
 
+from cluster.errors import ClusterError
 from cluster.plan import ReplicaPlan
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,15 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
         yield
         return
     if address:
-        ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
+        try:
+            _check_reachable(address)
+            ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
+        except Exception as exc:  # noqa: BLE001 - Ray raises several types here; the user needs one message
+            raise ClusterError(
+                f"Could not connect to the Ray cluster at {address} ({_first_line(exc)}). Check the address "
+                "(host:port of the head's GCS, `auto` on a cluster node, or ray://head:10001 for Ray client) and "
+                "that `ray start --head` is running there; leave --address out to start a local cluster."
+            ) from None
         log.info("connected to Ray cluster at %s", address)
     else:
         cpus = local_cpus(plan, replicas)
@@ -41,6 +51,21 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
         yield
     finally:
         ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds on a dead host:port; Ray itself retries for minutes before giving up."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # `auto` and friends: Ray resolves them
+    with socket.create_connection((host, int(port)), timeout=timeout_s):
+        pass
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def cluster_has_gpus() -> bool:

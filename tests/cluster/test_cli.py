@@ -84,6 +84,12 @@ def test_usage_errors_exit_2_with_one_paragraph(capsys, argv, message):
     assert "Traceback" not in err and err.count("\n") == 1
 
 
+def test_unreachable_cluster_is_one_readable_error(capsys):
+    assert main(["run", "--address", "127.0.0.1:1", "--limit", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Could not connect to the Ray cluster at 127.0.0.1:1" in err and "Traceback" not in err
+
+
 def test_invalid_flag_value_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--limit", "many"])
