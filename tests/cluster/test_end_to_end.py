@@ -161,10 +161,10 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
     assert proc.returncode != 0 and 3 <= done_before < 10, err[-2000:]
 
     port = "6391"
-    subprocess.run(["ray", "start", "--head", "--node-ip-address", "127.0.0.1", "--port", port, "--num-cpus", "2",
-                    "--include-dashboard", "false"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(["ray", "start", "--head", "--port", port, "--num-cpus", "2", "--include-dashboard", "false"],
+                   check=True, capture_output=True)  # fmt: skip
     try:
-        resumed = rayeval(*argv, "--address", f"127.0.0.1:{port}")
+        resumed = rayeval(*argv, "--address", "auto")  # as inside `ray job submit` on the cluster
     finally:
         subprocess.run(["ray", "stop", "--force"], capture_output=True, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
