@@ -61,10 +61,8 @@ def run_vllm() -> dict:
 
 
 def run_rayeval(replicas: int) -> dict:
+    from cluster.api import evaluate
     from cluster.config import ClusterOptions, ModelOptions, RunConfig, SamplingOptions, TaskOptions
-    from cluster.coordinator import run_evaluation
-    from cluster.plan import build_plan
-    from cluster.session import ray_session
 
     run_id = f"overhead-{replicas}r-{int(time.time())}"
     config = RunConfig(
@@ -75,9 +73,7 @@ def run_rayeval(replicas: int) -> dict:
         output_dir=str(OUT / "runs"),
         run_id=run_id,
     )
-    plan = build_plan(config, device="cpu")
-    with ray_session(None, plan.replica, replicas, verbose=False):
-        result = run_evaluation(plan, progress=False)
+    result = evaluate(config, progress=False)
     return {
         "mode": f"rayeval-{replicas}",
         "generation_s": result.generation_s,

@@ -266,17 +266,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(plan.describe())
         return 0
 
-    from cluster.coordinator import run_evaluation
-    from cluster.plan import replica_plan
-    from cluster.session import cluster_has_gpus, ray_session
+    from cluster.api import evaluate_plan
 
-    with ray_session(config.cluster.address, plan.replica, config.cluster.replicas, args.verbose):
-        if config.cluster.address and config.cluster.device == "auto":
-            plan.device = "gpu" if cluster_has_gpus() else "cpu"
-            plan.replica = replica_plan(config, plan.device)
-        result = run_evaluation(
-            plan, verbose=args.verbose, progress=not args.no_progress, retry_failed=args.retry_failed
-        )
+    result = evaluate_plan(
+        plan, verbose=args.verbose, progress=not args.no_progress, retry_failed=args.retry_failed
+    )
     print(result.table)
     print(
         f"results in {result.run_dir} ({result.requests_reused} of {result.requests_total} requests reused, "

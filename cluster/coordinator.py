@@ -35,6 +35,12 @@ from sharding.store import ResultStore
 
 log = logging.getLogger(__name__)
 
+FAILURE_HINTS = {
+    "VLLMValidationError": "Usually a prompt longer than max_model_len: raise --max-model-len (up to what the model "
+    "supports) or lower --num-fewshot",
+    "ScoringError": "The scorer raised on these outputs; the traceback summary is in the record",
+}
+
 
 @dataclass
 class PlannedSample:
@@ -300,6 +306,7 @@ def _finish(
         summaries.append(summarize_task(task_plan.task, records, config.num_samples, task_plan.num_fewshot))
         failed += sum(1 for r in records if r.error)
         output_tokens += sum(r.output_tokens for r in records)
+    _warn_failures(summaries, writer.directory)
     wall = time.perf_counter() - started
     run_info: dict[str, Any] = {
         "run_id": run_dir.name,
@@ -343,6 +350,23 @@ def _finish(
         engines=engines,
         dispatch=dispatch,
     )
+
+
+def _warn_failures(summaries: list[TaskSummary], samples_dir: Path) -> None:
+    for summary in summaries:
+        for reason, count in summary.failure_reasons.items():
+            hint = FAILURE_HINTS.get(reason, "see the `error` field of those records")
+            log.warning(
+                "%s: %d of %d samples failed with %s; they are counted as failed in summary.json, not scored. "
+                "%s (%s/%s.jsonl).",
+                summary.task,
+                count,
+                summary.num_samples,
+                reason,
+                hint,
+                samples_dir,
+                summary.task,
+            )
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
