@@ -315,6 +315,8 @@ def _finish(
         "device": plan.device,
         "replicas": config.cluster.replicas,
         "replica_resources": plan.replica.bundle,
+        "tensor_parallel_size": config.model.tensor_parallel_size,
+        "pipeline_parallel_size": config.model.pipeline_parallel_size,
         "num_samples": config.num_samples,
         "requests": total,
         "requests_reused": reused,

@@ -95,3 +95,10 @@ def test_invalid_flag_value_is_a_usage_error(capsys):
         main(["run", "--limit", "many"])
     assert exit_info.value.code == 2
     assert "--limit" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_unreachable_hub_dataset_names_the_dataset_and_the_fix(capsys):
+    assert main(["run", "--tasks", "gsm8k", "--limit", "2", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "could not load 'openai/gsm8k' from the Hugging Face hub" in err and "--data-path" in err

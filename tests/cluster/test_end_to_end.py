@@ -174,3 +174,15 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
     rows = records(tmp_path / "cut" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert sorted(r["doc_id"] for r in rows) == list(range(10))
     assert len(store.read_text().splitlines()) == 10
+
+
+def test_tensor_parallel_replica_from_one_placement_group(tmp_path):
+    """SmolLM2 has 9 attention heads and 3 KV heads, so TP=3 divides it; its 3 workers share 2 cores."""
+    result = rayeval("run", "--tensor-parallel-size", "3", "--limit", "2", "--output-dir", str(tmp_path),
+                     "--run-id", "tp3", *ENGINE_FLAGS)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "{3 CPU} for 3 engine worker(s)" in result.stderr
+    run = json.loads((tmp_path / "tp3" / "summary.json").read_text())["run"]
+    assert run["tensor_parallel_size"] == 3 and run["replica_resources"] == {"CPU": 3.0}
+    rows = records(tmp_path / "tp3" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert len(rows) == 2 and all(r["error"] is None and r["output_tokens"] > 0 for r in rows)
