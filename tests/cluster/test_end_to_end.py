@@ -33,6 +33,12 @@ def rayeval(*args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
     )
 
 
+def ray_cli() -> str:
+    """The `ray` command of this interpreter's environment (a venv need not be on PATH)."""
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.exists() else "ray"
+
+
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -161,12 +167,12 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
     assert proc.returncode != 0 and 3 <= done_before < 10, err[-2000:]
 
     port = "6391"
-    subprocess.run(["ray", "start", "--head", "--port", port, "--num-cpus", "2", "--include-dashboard", "false"],
+    subprocess.run([ray_cli(), "start", "--head", "--port", port, "--num-cpus", "2", "--include-dashboard", "false"],
                    check=True, capture_output=True)  # fmt: skip
     try:
         resumed = rayeval(*argv, "--address", "auto")  # as inside `ray job submit` on the cluster
     finally:
-        subprocess.run(["ray", "stop", "--force"], capture_output=True, check=False)
+        subprocess.run([ray_cli(), "stop", "--force"], capture_output=True, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "connected to Ray cluster" in resumed.stderr
     assert f"10 requests, {done_before} reused" in resumed.stderr
@@ -186,3 +192,31 @@ def test_tensor_parallel_replica_from_one_placement_group(tmp_path):
     assert run["tensor_parallel_size"] == 3 and run["replica_resources"] == {"CPU": 3.0}
     rows = records(tmp_path / "tp3" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert len(rows) == 2 and all(r["error"] is None and r["output_tokens"] > 0 for r in rows)
+
+
+def test_killed_replica_hands_its_work_to_the_other(tmp_path):
+    """SIGKILL one of two engine actors mid-run: its in-flight prompts are requeued and every sample completes."""
+    argv = ["run", "--tasks", "ifeval", "--limit", "12", "--replicas", "2", "--output-dir", str(tmp_path),
+            "--run-id", "kill", "--max-num-seqs", "2", *ENGINE_FLAGS]  # fmt: skip
+    store = tmp_path / "kill" / "cache" / "completions.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 600
+    while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 2):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    actors = subprocess.run(
+        ["pgrep", "-f", "ray::EngineActor"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(actors) == 2, actors
+    os.kill(int(actors[0]), signal.SIGKILL)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((tmp_path / "kill" / "summary.json").read_text())
+    dispatch = summary["run"]["dispatch"]
+    assert sum(1 for r in dispatch["per_replica"].values() if r["dead"]) == 1
+    assert summary["tasks"]["ifeval"]["failed"] == 0
+    rows = records(tmp_path / "kill" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert sorted(r["doc_id"] for r in rows) == list(range(12))
+    assert all(r["error"] is None for r in rows)
+    assert "died" in err and "putting its in-flight work back on the queue" in err
