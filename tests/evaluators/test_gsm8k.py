@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from evaluators.errors import DataError
 from evaluators.tasks.base import Sample
 from evaluators.tasks.gsm8k import GSM8K
 
-SHARED_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 ANSWER = "She sells 16 - 3 - 4 = 9 eggs.\nShe makes 9 * 2 = $18.\n#### 18"
 
 
@@ -46,8 +43,8 @@ def test_prompt_matches_lm_eval_format():
     assert prompt.text == "Question: 1+1?\nAnswer: #### 2\n\nQuestion: How much does she make?\nAnswer:"
 
 
-def test_loads_the_shared_test_split():
-    samples = GSM8K().load_samples(str(SHARED_GSM8K))
+def test_loads_the_shared_test_split(shared_gsm8k):
+    samples = GSM8K().load_samples(str(shared_gsm8k))
     assert len(samples) == 1319
     assert samples[0].doc["answer"].endswith("#### 18")
 
