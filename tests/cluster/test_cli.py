@@ -71,6 +71,7 @@ def test_validate_names_each_bad_field(capsys, tmp_path):
         (["run", "--tasks", "gsm8k", "--data-path", "/no/such.jsonl", "--dry-run"], "does not exist"),
         (["run", "--tasks", "gsm8k,ifeval", "--data-path", "x.jsonl", "--dry-run"], "TASK=PATH"),
         (["validate", "/no/such.yaml"], "does not exist"),
+        (["run", "--pipeline-parallel-size", "2", "--device", "cpu", "--dry-run"], "does not run on CPU"),
     ],
 )
 def test_usage_errors_exit_2_with_one_paragraph(capsys, argv, message):

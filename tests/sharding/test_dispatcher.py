@@ -131,8 +131,9 @@ def test_all_replicas_dead_fails_the_rest_instead_of_hanging():
     dispatcher = Dispatcher([Replica("r0", FakeReplica("r0", die_after=0), 2)], on_group_done=done)
     stats = asyncio.run(asyncio.wait_for(dispatcher.run(groups), timeout=5))
     assert len(results) == 5
-    assert all(c.error == "every replica has died" for c in results.values())
+    assert all(c.error == "every replica has died" and c.retryable for c in results.values())
     assert stats.groups_failed == 5
+    assert stats.all_replicas_dead and stats.death_causes() == {"r0": "r0 lost"}
 
 
 def test_a_failing_request_is_recorded_and_the_run_goes_on():
@@ -142,7 +143,7 @@ def test_a_failing_request_is_recorded_and_the_run_goes_on():
     stats = run(dispatcher, [make_group("good"), make_group("bad", n=2), make_group("fine")])
     failed = [c for c in results.values() if not c.ok]
     assert len(results) == 4 and len(failed) == 2
-    assert all("engine rejected the prompt" in (c.error or "") for c in failed)
+    assert all("engine rejected the prompt" in (c.error or "") and c.retryable for c in failed)
     assert stats.groups_done == 2 and stats.groups_failed == 1
 
 

@@ -25,12 +25,13 @@ def test_store_round_trip_keeps_failures_and_survives_a_torn_write(tmp_path):
     path = tmp_path / "cache" / "completions.jsonl"
     store = ResultStore(path)
     store.add([Completion("a", text="A", output_tokens=3), Completion("b", error="boom")])
+    store.add([Completion("e", error="every replica has died", retryable=True)])  # not a result: not kept
     store.add([Completion("a", text="again")])  # already stored: not written twice
     store.close()
     with path.open("a") as handle:
         handle.write('{"request_id": "c", "te')  # killed mid-write
     reopened = ResultStore(path)
-    assert "a" in reopened and "b" in reopened and "c" not in reopened
+    assert "a" in reopened and "b" in reopened and "c" not in reopened and "e" not in reopened
     assert reopened.get("a").text == "A"
     assert reopened.is_done("b", retry_failed=False) and not reopened.is_done("b", retry_failed=True)
     reopened.add([Completion("d", text="D"), Completion("b", text="B now")])
