@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import Any
 
+from cluster.config import RunConfig
 from evaluators.errors import EvalInputError
 
 EPILOG = """examples:
@@ -214,25 +215,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def _apply_data_paths(
-    file_data: dict[str, Any], overrides: dict[str, Any], data_paths: list[str] | None
-) -> None:
-    if not data_paths:
-        return
-    from cluster.config import RunConfig
-
-    names = overrides.get("tasks") or [
-        t if isinstance(t, str) else t.get("name")
-        for t in RunConfig._names_or_mappings(file_data.get("tasks", ["ifeval"]))
-    ]
-    tasks = [{"name": n} for n in names]
-    existing = {
-        t.get("name"): t
-        for t in RunConfig._names_or_mappings(file_data.get("tasks", []))
-        if isinstance(t, dict)
-    }
-    tasks = [{**existing.get(t["name"], {}), **t} for t in tasks]
-    for entry in data_paths:
+def _apply_data_paths(config: RunConfig, data_paths: list[str] | None) -> None:
+    """`--data-path TASK=PATH` (or a bare PATH when the run has one task) sets that task's data_path."""
+    tasks = config.enabled_tasks()
+    for entry in data_paths or []:
         name, sep, path = entry.partition("=")
         if not sep:
             if len(tasks) != 1:
@@ -240,24 +226,21 @@ def _apply_data_paths(
                     f"--data-path {entry} does not say which task it is for, and the run has {len(tasks)} tasks. "
                     "Write it as TASK=PATH, e.g. --data-path gsm8k=data/gsm8k/test.jsonl."
                 )
-            name, path = tasks[0]["name"], entry
-        matches = [t for t in tasks if t["name"] == name]
-        if not matches:
+            name, path = tasks[0].name, entry
+        match = next((t for t in tasks if t.name == name), None)
+        if match is None:
             raise EvalInputError(
                 f"--data-path {entry} names task '{name}', which is not among the run's tasks."
             )
-        matches[0]["data_path"] = path
-    file_data["tasks"] = tasks
-    overrides.pop("tasks", None)
+        match.data_path = path
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from cluster.config import build_config, load_config_file
 
     file_data = load_config_file(args.config) if args.config else {}
-    overrides = _overrides(args)
-    _apply_data_paths(file_data, overrides, args.data_path)
-    config = build_config(file_data, overrides, args.config or "the command line")
+    config = build_config(file_data, _overrides(args), args.config or "the command line")
+    _apply_data_paths(config, args.data_path)
 
     from cluster.plan import build_plan
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from cluster.engine import EngineInfo, EngineSettings
+from cluster.errors import ClusterError
 from cluster.model import PromptRenderer
 from cluster.plan import RunPlan, TaskPlan
 from cluster.pool import ReplicaPool
@@ -199,9 +200,17 @@ def run_evaluation(
         engines, dispatch, generation_s = _generate(plan, groups, store, writer, verbose, progress)
     writer.close()
     store.close()
-    return _finish(
+    result = _finish(
         plan, run_dir, writer, started, generation_s, len(unique_ids), len(reused), engines, dispatch
     )
+    if dispatch is not None and dispatch.all_replicas_dead:
+        causes = "; ".join(f"{name}: {cause}" for name, cause in dispatch.death_causes().items())
+        raise ClusterError(
+            f"Every engine replica died ({causes}). {result.requests_failed} samples could not be generated; they "
+            "are not cached, so rerunning the same command resumes them once the cause is fixed (--verbose shows "
+            f"the engine logs). Partial results are in {run_dir}."
+        )
+    return result
 
 
 def _generate(

@@ -39,6 +39,23 @@ def ray_cli() -> str:
     return str(beside) if beside.exists() else "ray"
 
 
+def start_in_background(argv: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+
+
+def wait_for_records(proc: subprocess.Popen[str], store: Path, count: int) -> None:
+    deadline = time.time() + 600
+    while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < count):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+
+
+def engine_actor_pids() -> list[int]:
+    found = subprocess.run(["pgrep", "-f", "ray::EngineActor"], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found]
+
+
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -150,17 +167,8 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
         *ENGINE_FLAGS,
     ]  # fmt: skip  (two sequences in flight, so completions arrive a pair at a time and the cut lands mid-run)
     store = tmp_path / "cut" / "cache" / "completions.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cluster.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    deadline = time.time() + 600
-    while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 3):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.2)
+    proc = start_in_background(argv)
+    wait_for_records(proc, store, 3)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     done_before = len(store.read_text().splitlines())
@@ -199,17 +207,11 @@ def test_killed_replica_hands_its_work_to_the_other(tmp_path):
     argv = ["run", "--tasks", "ifeval", "--limit", "12", "--replicas", "2", "--output-dir", str(tmp_path),
             "--run-id", "kill", "--max-num-seqs", "2", *ENGINE_FLAGS]  # fmt: skip
     store = tmp_path / "kill" / "cache" / "completions.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    deadline = time.time() + 600
-    while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 2):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.2)
-    actors = subprocess.run(
-        ["pgrep", "-f", "ray::EngineActor"], capture_output=True, text=True
-    ).stdout.split()
+    proc = start_in_background(argv)
+    wait_for_records(proc, store, 2)
+    actors = engine_actor_pids()
     assert len(actors) == 2, actors
-    os.kill(int(actors[0]), signal.SIGKILL)
+    os.kill(actors[0], signal.SIGKILL)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((tmp_path / "kill" / "summary.json").read_text())
@@ -220,3 +222,24 @@ def test_killed_replica_hands_its_work_to_the_other(tmp_path):
     assert sorted(r["doc_id"] for r in rows) == list(range(12))
     assert all(r["error"] is None for r in rows)
     assert "died" in err and "putting its in-flight work back on the queue" in err
+
+
+def test_losing_every_replica_fails_clearly_and_loses_nothing(tmp_path):
+    """The only replica is killed mid-run: exit 1 naming the cause; a rerun generates only what was missing."""
+    argv = ["run", "--tasks", "ifeval", "--limit", "8", "--output-dir", str(tmp_path), "--run-id", "lost",
+            "--max-num-seqs", "2", *ENGINE_FLAGS]  # fmt: skip
+    store = tmp_path / "lost" / "cache" / "completions.jsonl"
+    proc = start_in_background(argv)
+    wait_for_records(proc, store, 2)
+    (actor,) = engine_actor_pids()
+    os.kill(actor, signal.SIGKILL)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, err[-3000:]
+    assert "Every engine replica died (replica-0:" in err and "Traceback" not in err
+    kept = records(store)
+    assert kept and all(r["error"] is None for r in kept)  # deaths are not cached as results
+    resumed = rayeval(*argv)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"8 requests, {len(kept)} reused" in resumed.stderr
+    rows = records(tmp_path / "lost" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert sorted(r["doc_id"] for r in rows) == list(range(8)) and all(r["error"] is None for r in rows)
