@@ -21,6 +21,7 @@ from cluster.errors import ClusterError
 from cluster.model import PromptRenderer
 from cluster.plan import RunPlan, TaskPlan
 from cluster.pool import ReplicaPool
+from evaluators.errors import EvalInputError
 from evaluators.records import SampleRecord
 from evaluators.report import (
     TaskSummary,
@@ -32,7 +33,7 @@ from evaluators.report import (
 )
 from sharding.dispatcher import Dispatcher, DispatchStats
 from sharding.requests import Completion, GenerationRequest, PromptGroup, RequestKey, build_group
-from sharding.store import ResultStore
+from sharding.store import ResultStore, StoreInUse
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,13 @@ def run_evaluation(
     )
     renderer = PromptRenderer(plan.model, config.model.chat_template, config.model.revision)
     planned = build_requests(plan, renderer)
-    store = ResultStore(run_dir / "cache" / "completions.jsonl")
+    try:
+        store = ResultStore(run_dir / "cache" / "completions.jsonl")
+    except StoreInUse:
+        raise EvalInputError(
+            f"The run folder {run_dir} is in use by another rayeval process. Wait for it to finish (it writes the "
+            "same results), or pass another --run-id."
+        ) from None
     writer = SampleWriter(plan, planned, run_dir / "samples" / plan.model.name)
     unique_ids = {p.request.request_id for p in planned}
     reused = [
@@ -312,7 +319,11 @@ def _finish(
     for task_plan in plan.tasks:
         records = writer.task_records(task_plan.task.name)
         write_samples(writer.directory, task_plan.task.name, records)
-        summaries.append(summarize_task(task_plan.task, records, config.num_samples, task_plan.num_fewshot))
+        summaries.append(
+            summarize_task(
+                task_plan.task, records, config.num_samples, task_plan.num_fewshot, task_plan.available
+            )
+        )
         failed += sum(1 for r in records if r.error)
         output_tokens += sum(r.output_tokens for r in records)
     _warn_failures(summaries, writer.directory)

@@ -36,6 +36,7 @@ class TaskPlan:
     fewshot_pool: list[Sample]
     num_fewshot: int
     sampling: SamplingSpec
+    available: int  # questions in the dataset before --limit
 
     def fewshot_for(self, sample: Sample, seed: int) -> list[Sample]:
         if self.num_fewshot == 0:
@@ -73,7 +74,7 @@ class RunPlan:
         ]
         for t in self.tasks:
             lines.append(
-                f"task      {t.task.name:<10} samples={len(t.samples):<6} requests={len(t.samples) * c.num_samples:<7}"
+                f"task      {t.task.name:<10} samples={len(t.samples):<6} of {t.available:<6} requests={len(t.samples) * c.num_samples:<7}"
                 f" fewshot={t.num_fewshot} max_tokens={t.sampling.max_tokens} temperature={t.sampling.temperature}"
             )
         lines.append(f"total     {self.num_requests} requests")
@@ -110,6 +111,7 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
     for options in tasks:
         task = get_task(options.name)
         samples = task.load_samples(options.data_path)
+        available = len(samples)
         limit = options.limit or default_limit
         if limit is not None:
             samples = samples[:limit]
@@ -127,7 +129,7 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
             ),
             stop=task.defaults.stop,
         )
-        plans.append(TaskPlan(task, options, samples, pool, num_fewshot, sampling))
+        plans.append(TaskPlan(task, options, samples, pool, num_fewshot, sampling, available))
     chosen = device or resolve_device(config, None)
     if chosen == "cpu" and config.model.pipeline_parallel_size > 1:
         raise EvalInputError(

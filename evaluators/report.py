@@ -23,6 +23,7 @@ class TaskSummary:
     version: str
     num_fewshot: int
     num_questions: int
+    num_available: int
     num_samples: int
     num_runs: int
     failed: int
@@ -30,7 +31,9 @@ class TaskSummary:
     metrics: dict[str, MetricSummary] = field(default_factory=dict)
 
 
-def summarize_task(task: Task, records: list[SampleRecord], num_runs: int, num_fewshot: int) -> TaskSummary:
+def summarize_task(
+    task: Task, records: list[SampleRecord], num_runs: int, num_fewshot: int, num_available: int
+) -> TaskSummary:
     failed = [r for r in records if r.error is not None]
     reasons = Counter(_reason(r.error or "") for r in failed)
     summary = TaskSummary(
@@ -38,6 +41,7 @@ def summarize_task(task: Task, records: list[SampleRecord], num_runs: int, num_f
         version=task.version,
         num_fewshot=num_fewshot,
         num_questions=len({r.doc_id for r in records}),
+        num_available=num_available,
         num_samples=len(records),
         num_runs=num_runs,
         failed=len(failed),
@@ -99,7 +103,7 @@ def results_json(
         "versions": {s.task: s.version for s in summaries},
         "n-shot": {s.task: s.num_fewshot for s in summaries},
         "higher_is_better": {s.task: {k.split(",")[0]: True for k in s.metrics} for s in summaries},
-        "n-samples": {s.task: {"original": s.num_questions, "effective": s.num_questions} for s in summaries},
+        "n-samples": {s.task: {"original": s.num_available, "effective": s.num_questions} for s in summaries},
         "config": config,
         "model_name": model_name,
         "date": date,

@@ -9,6 +9,7 @@ next time), so a resumed run reports the same failures without redoing them;
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 from pathlib import Path
@@ -18,12 +19,22 @@ from sharding.requests import Completion
 log = logging.getLogger(__name__)
 
 
+class StoreInUse(Exception):
+    """Another process holds the store: two writers would interleave and duplicate work."""
+
+
 class ResultStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._completions: dict[str, Completion] = {}
-        self._load()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = (self.path.parent / ".lock").open("w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise StoreInUse(str(self.path)) from None
+        self._load()
         self._handle = self.path.open("a", encoding="utf-8")
 
     def _load(self) -> None:
@@ -74,3 +85,4 @@ class ResultStore:
 
     def close(self) -> None:
         self._handle.close()
+        self._lock.close()  # closing the file releases the lock

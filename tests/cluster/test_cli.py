@@ -30,8 +30,8 @@ def test_dry_run_prints_the_plan_without_engines(capsys, tmp_path, shared_gsm8k)
     assert code == 0
     out = capsys.readouterr().out
     assert "replicas  2 x {1 CPU}" in out
-    assert "ifeval     samples=7      requests=21" in out
-    assert "gsm8k      samples=7      requests=21" in out
+    assert "ifeval     samples=7      of 541    requests=21" in out
+    assert "gsm8k      samples=7      of 1319   requests=21" in out
     assert "total     42 requests" in out
     assert not any(tmp_path.iterdir()), "a dry run must not write a run folder"
 
@@ -45,7 +45,7 @@ def test_config_file_with_flag_override(capsys, tmp_path, shared_gsm8k):
     assert main(["run", "--config", str(config), "--dry-run", "--num-samples", "5"]) == 0
     out = capsys.readouterr().out
     assert "replicas  3 x" in out and "N=5" in out
-    assert "gsm8k      samples=4      requests=20" in out and "ifeval" not in out
+    assert "gsm8k      samples=4      of 1319   requests=20" in out and "ifeval" not in out
 
 
 def test_validate_names_each_bad_field(capsys, tmp_path):

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import pytest
+
 from sharding.requests import Completion, RequestKey, SamplingSpec
-from sharding.store import ResultStore
+from sharding.store import ResultStore, StoreInUse
 
 
 def test_request_id_changes_with_every_input_that_matters():
@@ -40,3 +42,12 @@ def test_store_round_trip_keeps_failures_and_survives_a_torn_write(tmp_path):
     assert len(lines) == 4 and all(line.endswith("}") for line in lines)
     final = ResultStore(path)
     assert len(final) == 3 and final.get("b").ok and final.get("b").text == "B now"
+
+
+def test_a_second_writer_is_refused_until_the_first_closes(tmp_path):
+    path = tmp_path / "completions.jsonl"
+    first = ResultStore(path)
+    with pytest.raises(StoreInUse):
+        ResultStore(path)
+    first.close()
+    ResultStore(path).close()
