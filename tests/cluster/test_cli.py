@@ -99,3 +99,14 @@ def test_unreachable_hub_dataset_names_the_dataset_and_the_fix(capsys):
     assert main(["run", "--tasks", "gsm8k", "--limit", "2", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "could not load 'openai/gsm8k' from the Hugging Face hub" in err and "--data-path" in err
+
+
+@pytest.mark.slow
+def test_replica_that_no_node_can_hold_fails_fast(capsys, tmp_path):
+    """A GPU replica on this CPU-only local cluster: Ray would wait forever; rayeval says why at once."""
+    assert (
+        main(["run", "--device", "gpu", "--limit", "1", "--output-dir", str(tmp_path), "--no-progress"]) == 1
+    )
+    err = capsys.readouterr().err
+    assert "Each replica needs {1 CPU, 1 GPU}" in err and "0 GPU" in err
+    assert "Traceback" not in err
