@@ -290,7 +290,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _configure_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr, force=True)
     for name in ("cluster", "sharding", "evaluators"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
 

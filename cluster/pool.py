@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 
@@ -14,7 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cluster.engine import EngineActor, EngineDead, EngineInfo, EngineSettings
 from cluster.errors import ClusterError
 from cluster.plan import ReplicaPlan
-from sharding.dispatcher import Replica, ReplicaDead
+from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
 from sharding.requests import Completion, PromptGroup
 
 log = logging.getLogger(__name__)
@@ -88,7 +87,6 @@ class ReplicaPool:
             same_node = [i for i, n in enumerate(nodes) if n == nodes[index]]
             env = self._env(same_node.index(index), len(same_node))
             actor = EngineActor.options(
-                name=None,
                 num_cpus=self.plan.bundle.get("CPU", 0),
                 num_gpus=self.plan.bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
@@ -99,7 +97,7 @@ class ReplicaPool:
         except Exception as exc:
             self.shutdown()
             raise ClusterError(
-                f"The vLLM engine for '{self.settings.model}' failed to start: {_first_line(exc)}. Check that the "
+                f"The vLLM engine for '{self.settings.model}' failed to start: {_remote_message(exc)}. Check that the "
                 "model path or HF id is right and reachable from every node, and that max_model_len fits."
             ) from exc
         return self.infos
@@ -118,40 +116,36 @@ class ReplicaPool:
             )
         return env
 
-    def replicas(self, min_in_flight: int = 0) -> list[Replica]:
-        out = []
-        for actor, info in zip(self.actors, self.infos, strict=True):
-            window = max(info.max_num_seqs, min_in_flight)
-            out.append(Replica(info.name, _caller(actor, info.name), window))
-        return out
+    def replicas(self) -> list[Replica]:
+        """Dispatcher handles; each window is the engine's max_num_seqs so its batch is always full."""
+        return [
+            Replica(info.name, _caller(actor, info.name), info.max_num_seqs)
+            for actor, info in zip(self.actors, self.infos, strict=True)
+        ]
 
     def shutdown(self) -> None:
+        # Let every engine stop its own subprocesses, all at once; dead actors simply do not answer.
+        if self.actors:
+            ray.wait([a.shutdown.remote() for a in self.actors], num_returns=len(self.actors), timeout=30)
         for actor in self.actors:
-            try:
-                ray.get(actor.shutdown.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - it may already be gone
-                pass
             ray.kill(actor)
         for group in self.groups:
             remove_placement_group(group)
         self.actors, self.groups = [], []
 
 
-def _caller(actor: ray.actor.ActorHandle, name: str):  # noqa: ANN202 - returns the dispatcher's ReplicaCall
+def _caller(actor: ray.actor.ActorHandle, name: str) -> ReplicaCall:
     async def generate(group: PromptGroup) -> list[Completion]:
         try:
             return await actor.generate.remote(group)
         except (RayActorError, EngineDead) as exc:
             ray.kill(actor, no_restart=True)
-            raise ReplicaDead(f"{name}: {_first_line(exc)}") from exc
-        except asyncio.CancelledError:
-            raise
+            raise ReplicaDead(f"{name}: {_remote_message(exc)}") from exc
 
     return generate
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    # Ray wraps remote errors in a traceback; the last line carries the actual message.
-    return lines[-1].strip() if lines else type(exc).__name__
+def _remote_message(exc: BaseException) -> str:
+    """Ray wraps remote errors in the remote traceback; its last line carries the actual message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
