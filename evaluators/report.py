@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections import Counter
@@ -157,6 +158,6 @@ def render_table(summaries: list[TaskSummary]) -> str:
                 _fmt(m.std_across_runs, 4),
                 str(s.failed),
             )
-    console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console = Console(width=140, record=True, file=io.StringIO())
     console.print(table)
     return console.export_text()
