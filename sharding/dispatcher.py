@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -86,14 +87,17 @@ class Dispatcher:
         self._max_attempts = max_attempts
         self._heap: list[tuple[int, int, PromptGroup]] = []
         self._attempts: dict[str, int] = {}
+        self._arrival = (
+            itertools.count()
+        )  # tie-break of equal costs: first queued, first out; groups never compared
         self._unfinished = 0
         self._cond = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = DispatchStats(per_replica={s.replica.name: s.stats for s in self._states})
 
     async def run(self, groups: Iterable[PromptGroup]) -> DispatchStats:
-        for order, group in enumerate(groups):
-            self._heap.append((-group.expected_cost, order, group))
+        for group in groups:
+            self._heap.append((-group.expected_cost, next(self._arrival), group))
         heapq.heapify(self._heap)
         self._unfinished = len(self._heap)
         feeders = [asyncio.create_task(self._feed(state)) for state in self._states]
@@ -161,7 +165,7 @@ class Dispatcher:
         else:
             state.stats.requeued += 1
             self.stats.requeues += 1
-            heapq.heappush(self._heap, (-group.expected_cost, -attempts, group))
+            heapq.heappush(self._heap, (-group.expected_cost, next(self._arrival), group))
 
     def _fail_everything_queued(self, reason: str) -> None:
         while self._heap:

@@ -157,3 +157,14 @@ def test_a_small_run_spreads_over_every_replica():
 def test_needs_a_replica():
     with pytest.raises(ValueError):
         Dispatcher([])
+
+
+def test_requeued_groups_of_equal_cost_do_not_collide_in_the_queue():
+    dying = FakeReplica("dying", delay=0.005, die_after=0)
+    healthy = FakeReplica("healthy", delay=0.005)
+    results, done = collect()
+    groups = [make_group(f"same-length-{i}") for i in range(6)]  # equal expected cost
+    dispatcher = Dispatcher([Replica("dying", dying, 6), Replica("healthy", healthy, 1)], on_group_done=done)
+    stats = run(dispatcher, groups)
+    assert stats.requeues >= 2
+    assert len(results) == 6 and all(c.ok for c in results.values())
