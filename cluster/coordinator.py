@@ -180,11 +180,7 @@ def run_evaluation(
         ) from None
     writer = SampleWriter(plan, planned, run_dir / "samples" / plan.model.name)
     unique_ids = {p.request.request_id for p in planned}
-    reused = [
-        c
-        for c in (store.get(rid) for rid in unique_ids)
-        if c is not None and store.is_done(c.request_id, retry_failed)
-    ]
+    reused = [store.get(rid) for rid in unique_ids if store.is_done(rid, retry_failed)]
     for completion in reused:
         writer.add(completion)
     groups = group_missing(planned, store, retry_failed)

@@ -134,26 +134,31 @@ class Dispatcher:
 
     async def _run_group(self, state: _ReplicaState, group: PromptGroup) -> None:
         name = state.replica.name
-        completions: list[Completion] | None = None
+        completions: list[Completion] = []
+        death: ReplicaDead | None = None
         try:
             completions = await state.replica.generate(group)
         except ReplicaDead as exc:
-            if state.stats.death_cause is None:  # the first cause; later ones only echo the kill
-                state.stats.death_cause = str(exc)
-                log.warning("replica %s died (%s); putting its in-flight work back on the queue", name, exc)
+            death = exc
         except Exception as exc:  # noqa: BLE001 - a failure of the call itself, not of one request
             completions = _failed(group, name, f"{type(exc).__name__}: {exc}")
         async with self._cond:
             state.in_flight -= group.size
-            if completions is None:
-                self._replica_died(state, group)
+            if death is not None:
+                self._replica_died(state, group, str(death))
             else:
                 self._finish(state, group, completions)
             self._cond.notify_all()
 
-    def _replica_died(self, state: _ReplicaState, group: PromptGroup) -> None:
-        if not state.stats.dead:
+    def _replica_died(self, state: _ReplicaState, group: PromptGroup, cause: str) -> None:
+        if not state.stats.dead:  # the first cause; later ones from the same replica only echo the kill
             state.stats.dead = True
+            state.stats.death_cause = cause
+            log.warning(
+                "replica %s died (%s); putting its in-flight work back on the queue",
+                state.replica.name,
+                cause,
+            )
         attempts = self._attempts.get(group.group_id, 0) + 1
         self._attempts[group.group_id] = attempts
         if not self._live():
