@@ -16,6 +16,8 @@ EPILOG = """examples:
               --num-samples 4 --temperature 0.7 --replicas 2 --output-dir runs --run-id my_run
   rayeval run --config run.yaml --replicas 4   # flags override the file
   rayeval run --dry-run --tasks gsm8k --data-path gsm8k=data/gsm8k/test.jsonl
+  rayeval run --model M --tasks arc_easy,hellaswag,mmlu_abstract_algebra --num-fewshot 5 --limit 200
+  rayeval run --tasks my_task --include-path my_tasks/   # an lm-eval task YAML folder
 Rerunning the same command with the same --output-dir and --run-id resumes: finished requests are reused."""
 
 
@@ -146,6 +148,48 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="base seed; sample i of a question uses seed+i (default 1234)",
     )
+    le = p.add_argument_group(
+        "lm-eval tasks",
+        "Any lm-eval task, group or tag runs by its lm-eval name (rayeval's own tasks win a name clash; "
+        "lm_eval:NAME forces lm-eval's). These options mean what lm_eval's flags of the same name mean.",
+    )
+    le.add_argument(
+        "--include-path",
+        dest="lm_eval.include_path",
+        action="append",
+        metavar="DIR",
+        help="folder of extra lm-eval task YAMLs (repeatable)",
+    )
+    le.add_argument(
+        "--apply-chat-template",
+        dest="lm_eval.apply_chat_template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="render lm-eval prompts with the model's chat template (default off, as in lm-eval)",
+    )
+    le.add_argument(
+        "--fewshot-as-multiturn",
+        dest="lm_eval.fewshot_as_multiturn",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="few-shot examples as chat turns (default: on with --apply-chat-template)",
+    )
+    le.add_argument(
+        "--system-instruction", dest="lm_eval.system_instruction", metavar="TEXT", help="system prompt"
+    )
+    le.add_argument(
+        "--gen-kwargs",
+        dest="lm_eval.gen_kwargs",
+        metavar="K=V,...",
+        help="override generate_until tasks' generation kwargs, e.g. temperature=0.7,do_sample=True",
+    )
+    le.add_argument(
+        "--max-gen-toks",
+        dest="lm_eval.max_gen_toks",
+        type=int,
+        metavar="N",
+        help="generation length where a task sets none (default 256)",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument(
         "--address",
@@ -201,7 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayeval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
-    sub.add_parser("tasks", help="list the tasks with their data sources and metrics")
+    tasks = sub.add_parser("tasks", help="list the tasks with their data sources and metrics")
+    tasks.add_argument(
+        "--lm-eval",
+        nargs="?",
+        const="",
+        metavar="SUBSTRING",
+        help="list lm-eval's tasks, groups and tags instead (those containing SUBSTRING)",
+    )
+    tasks.add_argument(
+        "--include-path", action="append", metavar="DIR", help="with --lm-eval: extra task folders"
+    )
     v = sub.add_parser("validate", help="check a YAML run config and name every bad field")
     v.add_argument("config", metavar="FILE")
     return parser
@@ -262,8 +316,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tasks() -> int:
+def cmd_tasks(args: argparse.Namespace) -> int:
     from evaluators.tasks.registry import all_tasks
+
+    if args.lm_eval is not None:
+        from evaluators.lm_eval_tasks import LmEvalCatalog
+
+        names = [n for n in LmEvalCatalog(args.include_path or []).manager.all_tasks if args.lm_eval in n]
+        print("\n".join(names))
+        print(f"({len(names)} lm-eval tasks, groups and tags; run any with --tasks NAME)", file=sys.stderr)
+        return 0
 
     for task in all_tasks():
         metrics = ", ".join(m.key for m in task.metrics)
@@ -272,16 +334,19 @@ def cmd_tasks() -> int:
         print(f"    fields:  {', '.join(task.source.required_fields)}")
         print(f"    metrics: {metrics}")
         print(f"    defaults: max_tokens={task.defaults.max_tokens} num_fewshot={task.defaults.num_fewshot}")
+    print("\nlm-eval's task zoo runs too: `rayeval tasks --lm-eval [SUBSTRING]` lists it.")
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from cluster.config import build_config, load_config_file
-    from evaluators.tasks.registry import get_task
+    from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
+    from evaluators.tasks.registry import TASKS
 
     config = build_config(load_config_file(args.config), {}, args.config)
+    catalog = LmEvalCatalog(config.lm_eval.include_path)
     for task in config.tasks:
-        get_task(task.name)
+        resolve_task_name(task.name, TASKS, catalog)
     names = ", ".join(t.name + ("" if t.enabled else " (disabled)") for t in config.tasks)
     print(
         f"{args.config} is valid: tasks {names}; {config.cluster.replicas} replica(s); N={config.num_samples}"
@@ -302,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(args)
         if args.command == "tasks":
-            return cmd_tasks()
+            return cmd_tasks(args)
         return cmd_validate(args)
     except EvalInputError as exc:
         print(f"rayeval: error: {exc}", file=sys.stderr)

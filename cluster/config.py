@@ -64,6 +64,29 @@ class ClusterOptions(Strict):
     placement_timeout_s: float = Field(120.0, gt=0)
 
 
+class LmEvalOptions(Strict):
+    """Options for lm-eval tasks, named and defaulted as `lm_eval`'s own flags are."""
+
+    include_path: list[str] = Field(default_factory=list, description="folders of extra lm-eval task YAMLs")
+    apply_chat_template: bool = Field(False, description="render lm-eval prompts with the chat template")
+    fewshot_as_multiturn: bool | None = Field(
+        None, description="few-shot examples as chat turns; default: on with apply_chat_template"
+    )
+    system_instruction: str | None = None
+    gen_kwargs: str | None = Field(
+        None,
+        description="override generation kwargs of generate_until tasks, e.g. temperature=0.7,do_sample=True",
+    )
+    max_gen_toks: int = Field(256, ge=1, description="default generation length (lm-eval's vLLM default)")
+    bootstrap_iters: int = Field(100000, ge=0, description="lm-eval's bootstrap for non-mean metrics' stderr")
+    confirm_run_unsafe_code: bool = False
+
+    @field_validator("include_path", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
 class RunConfig(Strict):
     model: ModelOptions = Field(default_factory=ModelOptions)
     tasks: list[TaskOptions] = Field(default_factory=lambda: [TaskOptions(name="ifeval")])
@@ -72,6 +95,7 @@ class RunConfig(Strict):
     num_samples: int = Field(1, ge=1, description="N in mean@N")
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
     cluster: ClusterOptions = Field(default_factory=ClusterOptions)
+    lm_eval: LmEvalOptions = Field(default_factory=LmEvalOptions)
     output_dir: str = "runs"
     run_id: str | None = None
 

@@ -6,21 +6,20 @@ session (see `cluster.session`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cluster.engine import EngineInfo, EngineSettings
+from cluster.engine import EngineInfo
 from cluster.errors import ClusterError
 from cluster.model import PromptRenderer
 from cluster.plan import RunPlan, TaskPlan
-from cluster.pool import ReplicaPool
+from cluster.runner import RequestRunner
 from evaluators.errors import EvalInputError
 from evaluators.records import SampleRecord
 from evaluators.report import (
@@ -31,9 +30,12 @@ from evaluators.report import (
     summary_json,
     write_samples,
 )
-from sharding.dispatcher import Dispatcher, DispatchStats
-from sharding.requests import Completion, GenerationRequest, PromptGroup, RequestKey, build_group
+from sharding.dispatcher import DispatchStats
+from sharding.requests import Completion, GenerationRequest, make_request
 from sharding.store import ResultStore, StoreInUse
+
+if TYPE_CHECKING:
+    from cluster.lm_eval_run import LmEvalRunOutput
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class RunResult:
     output_tokens: int
     engines: list[EngineInfo] = field(default_factory=list)
     dispatch: DispatchStats | None = None
+    task_errors: dict[str, str] = field(default_factory=dict)  # tasks that could not run at all
 
 
 def run_dir_for(plan: RunPlan) -> Path:
@@ -82,21 +85,9 @@ def build_requests(plan: RunPlan, renderer: PromptRenderer) -> list[PlannedSampl
         for doc_index, sample in enumerate(task_plan.samples):
             prompt = renderer.render(task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed)))
             for index in range(n):
-                key = RequestKey(plan.model.path, None, prompt, task_plan.sampling, seed + index, index)
-                request = GenerationRequest(key.request_id(), prompt, task_plan.sampling, seed + index, index)
+                request = make_request(plan.model.path, prompt, task_plan.sampling, seed + index, index)
                 planned.append(PlannedSample(task_plan, doc_index, request))
     return planned
-
-
-def group_missing(planned: list[PlannedSample], store: ResultStore, retry_failed: bool) -> list[PromptGroup]:
-    """One group per distinct prompt and sampling, holding the samples not yet in the store."""
-    by_prompt: dict[tuple[str, Any], dict[str, GenerationRequest]] = {}
-    for item in planned:
-        request = item.request
-        if store.is_done(request.request_id, retry_failed):
-            continue
-        by_prompt.setdefault((request.prompt, request.sampling), {})[request.request_id] = request
-    return [build_group(prompt, list(requests.values())) for (prompt, _), requests in by_prompt.items()]
 
 
 class SampleWriter:
@@ -169,8 +160,10 @@ def run_evaluation(
             {**config.model_dump(mode="json"), "resolved_model_path": plan.model.path}, sort_keys=False
         )
     )
-    renderer = PromptRenderer(plan.model, config.model.chat_template, config.model.revision)
-    planned = build_requests(plan, renderer)
+    planned: list[PlannedSample] = []
+    if plan.tasks:
+        renderer = PromptRenderer(plan.model, config.model.chat_template, config.model.revision)
+        planned = build_requests(plan, renderer)
     try:
         store = ResultStore(run_dir / "cache" / "completions.jsonl")
     except StoreInUse:
@@ -179,33 +172,27 @@ def run_evaluation(
             "same results), or pass another --run-id."
         ) from None
     writer = SampleWriter(plan, planned, run_dir / "samples" / plan.model.name)
-    unique_ids = {p.request.request_id for p in planned}
-    reused = [store.get(rid) for rid in unique_ids if store.is_done(rid, retry_failed)]
-    for completion in reused:
-        writer.add(completion)
-    groups = group_missing(planned, store, retry_failed)
-    to_generate = sum(g.size for g in groups)
-    failed_before = sum(1 for c in reused if not c.ok)
-    log.info(
-        "run %s: %d requests, %d reused from %s, %d to generate%s",
-        run_dir,
-        len(unique_ids),
-        len(reused),
-        store.path,
-        to_generate,
-        f" ({failed_before} reused requests had failed; --retry-failed redoes them)" if failed_before else "",
-    )
+    runner = RequestRunner(plan, store, verbose=verbose, progress=progress, retry_failed=retry_failed)
+    log.info("run %s: results cached in %s", run_dir, store.path)
+    lm_eval_output = None
+    try:
+        if planned:
+            runner.run([p.request for p in planned], label="generating", on_completion=writer.add)
+        if plan.lm_eval_tasks and plan.lm_eval_catalog is not None and not runner.all_replicas_dead:
+            from cluster.lm_eval_run import run_lm_eval_tasks
 
-    engines: list[EngineInfo] = []
-    dispatch: DispatchStats | None = None
-    generation_s = 0.0
-    if groups:
-        engines, dispatch, generation_s = _generate(plan, groups, store, writer, verbose, progress)
-    writer.close()
-    store.close()
-    result = _finish(
-        plan, run_dir, writer, started, generation_s, len(unique_ids), len(reused), engines, dispatch
-    )
+            lm_eval_output = run_lm_eval_tasks(config, plan.lm_eval_catalog, plan.lm_eval_tasks, runner)
+    finally:
+        runner.close()
+        writer.close()
+        store.close()
+    if runner.stats.reused_failed:
+        log.info(
+            "%d reused requests had failed last time; --retry-failed generates them again",
+            runner.stats.reused_failed,
+        )
+    result = _finish(plan, run_dir, writer, started, runner, lm_eval_output)
+    dispatch = runner.dispatch
     if dispatch is not None and dispatch.all_replicas_dead:
         causes = "; ".join(f"{name}: {cause}" for name, cause in dispatch.death_causes().items())
         raise ClusterError(
@@ -216,102 +203,17 @@ def run_evaluation(
     return result
 
 
-def _generate(
-    plan: RunPlan,
-    groups: list[PromptGroup],
-    store: ResultStore,
-    writer: SampleWriter,
-    verbose: bool,
-    progress: bool,
-) -> tuple[list[EngineInfo], DispatchStats, float]:
-    config = plan.config
-    settings = EngineSettings(
-        model=plan.model.path,
-        revision=config.model.revision,
-        dtype=config.model.dtype,
-        max_model_len=config.model.max_model_len,
-        max_num_seqs=config.model.max_num_seqs,
-        tensor_parallel_size=config.model.tensor_parallel_size,
-        pipeline_parallel_size=config.model.pipeline_parallel_size,
-        gpu_memory_utilization=config.model.gpu_memory_utilization,
-        enforce_eager=config.model.enforce_eager,
-        device=plan.device,
-    )
-    pool = ReplicaPool(
-        settings, plan.replica, config.cluster.replicas, config.model.cpu_kv_cache_gib, verbose
-    )
-    log.info("starting %d engine replica(s) of %s", config.cluster.replicas, plan.replica.describe())
-    engines = pool.start(config.cluster.placement_timeout_s)
-    for info in engines:
-        log.info(
-            "%s ready on node %s in %.1f s (vLLM %s)",
-            info.name,
-            info.node_id[:8],
-            info.start_s,
-            info.vllm_version,
-        )
-    total = sum(g.size for g in groups)
-    try:
-        began = time.perf_counter()
-        stats = asyncio.run(_dispatch(pool, groups, store, writer, total, progress))
-        return engines, stats, time.perf_counter() - began
-    finally:
-        pool.shutdown()
-
-
-async def _dispatch(
-    pool: ReplicaPool,
-    groups: list[PromptGroup],
-    store: ResultStore,
-    writer: SampleWriter,
-    total: int,
-    progress: bool,
-) -> DispatchStats:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    bar = Progress(
-        TextColumn("generating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        disable=not progress,
-        transient=False,
-    )
-    job = bar.add_task("generate", total=total)
-
-    def done(group: PromptGroup, completions: list[Completion]) -> None:
-        store.add(completions)
-        for completion in completions:
-            writer.add(completion)
-        bar.advance(job, len(completions))
-
-    with bar:
-        return await Dispatcher(pool.replicas(), on_group_done=done).run(groups)
-
-
 def _finish(
     plan: RunPlan,
     run_dir: Path,
     writer: SampleWriter,
     started: float,
-    generation_s: float,
-    total: int,
-    reused: int,
-    engines: list[EngineInfo],
-    dispatch: DispatchStats | None,
+    runner: RequestRunner,
+    lm_eval_output: LmEvalRunOutput | None,
 ) -> RunResult:
     config = plan.config
     summaries = []
-    failed = 0
-    output_tokens = 0
+    all_records: list[SampleRecord] = []
     for task_plan in plan.tasks:
         records = writer.task_records(task_plan.task.name)
         write_samples(writer.directory, task_plan.task.name, records)
@@ -320,10 +222,17 @@ def _finish(
                 task_plan.task, records, config.num_samples, task_plan.num_fewshot, task_plan.available
             )
         )
-        failed += sum(1 for r in records if r.error)
-        output_tokens += sum(r.output_tokens for r in records)
+        all_records += records
+    if lm_eval_output is not None:
+        for name, records in lm_eval_output.records.items():
+            write_samples(writer.directory, name, records)
+            all_records += records
+        summaries += lm_eval_output.summaries
+    failed = sum(1 for r in all_records if r.error)
+    output_tokens = sum(r.output_tokens for r in all_records)
     _warn_failures(summaries, writer.directory)
     wall = time.perf_counter() - started
+    stats, dispatch = runner.stats, runner.dispatch
     run_info: dict[str, Any] = {
         "run_id": run_dir.name,
         "model": plan.model.name,
@@ -334,19 +243,24 @@ def _finish(
         "tensor_parallel_size": config.model.tensor_parallel_size,
         "pipeline_parallel_size": config.model.pipeline_parallel_size,
         "num_samples": config.num_samples,
-        "requests": total,
-        "requests_reused": reused,
-        "requests_generated": total - reused,
+        "requests": stats.requests,
+        "requests_reused": stats.reused,
+        "requests_generated": stats.generated,
         "samples_failed": failed,
         "wall_s": round(wall, 3),
-        "generation_s": round(generation_s, 3),
-        "engines": [asdict(e) for e in engines],
+        "generation_s": round(stats.generation_s, 3),
+        "engines": [asdict(e) for e in stats.engines],
         "dispatch": asdict(dispatch) if dispatch else None,
+        "task_errors": {s.task: s.error for s in summaries if s.error is not None},
     }
     if any(t.task.name == "ifeval" for t in plan.tasks):
         from evaluators.sentence_splitting import sentence_backend
 
         run_info["ifeval_sentence_splitter"] = sentence_backend()
+    if plan.lm_eval_tasks:
+        import lm_eval
+
+        run_info["lm_eval_version"] = getattr(lm_eval, "__version__", "unknown")
     _write_json(run_dir / "summary.json", summary_json(summaries, run_info))
     _write_json(
         run_dir / "results.json",
@@ -359,14 +273,15 @@ def _finish(
         summaries=summaries,
         table=table,
         wall_s=wall,
-        generation_s=generation_s,
-        requests_total=total,
-        requests_reused=reused,
-        requests_generated=total - reused,
+        generation_s=stats.generation_s,
+        requests_total=stats.requests,
+        requests_reused=stats.reused,
+        requests_generated=stats.generated,
         requests_failed=failed,
         output_tokens=output_tokens,
-        engines=engines,
+        engines=stats.engines,
         dispatch=dispatch,
+        task_errors={s.task: s.error for s in summaries if s.error is not None},
     )
 
 

@@ -95,26 +95,22 @@ class EngineActor:
         return self.info
 
     async def generate(self, group: PromptGroup) -> list[Completion]:
-        """Generate every request of the group; a request that fails is returned as a failed completion."""
-        return list(await asyncio.gather(*(self._one(group.prompt, r) for r in group.requests)))
+        """Run every request of the group; a request that fails is returned as a failed completion."""
+        return list(await asyncio.gather(*(self._one(r) for r in group.requests)))
 
-    async def _one(self, prompt: str, request: GenerationRequest) -> Completion:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+    async def _one(self, request: GenerationRequest) -> Completion:
+        from vllm import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
 
         began = time.perf_counter()
-        params = SamplingParams(
-            n=1,
-            temperature=request.sampling.temperature,
-            top_p=request.sampling.top_p,
-            max_tokens=request.sampling.max_tokens,
-            stop=list(request.sampling.stop) or None,
-            seed=request.seed,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+        prompt: Any = (
+            request.prompt
+            if request.prompt_token_ids is None
+            else TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         )
         final = None
         try:
+            params = _sampling_params(request)
             # The engine id must be unique among in-flight requests; the stable id stays in the Completion.
             engine_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
             async for output in self.engine.generate(prompt, params, request_id=engine_id):
@@ -132,14 +128,28 @@ class EngineActor:
             return Completion(
                 request.request_id, replica=self.name, error="EmptyOutput: the engine returned nothing"
             )
+        latency = time.perf_counter() - began
+        prompt_tokens = len(final.prompt_token_ids or [])
+        if request.kind == "loglikelihood":
+            logprob, is_greedy = continuation_logprob(
+                request.prompt_token_ids or (), final.prompt_logprobs, request.continuation_start
+            )
+            return Completion(
+                request_id=request.request_id,
+                prompt_tokens=prompt_tokens,
+                latency_s=latency,
+                replica=self.name,
+                logprob=logprob,
+                is_greedy=is_greedy,
+            )
         out = final.outputs[0]
         return Completion(
             request_id=request.request_id,
             text=out.text,
-            prompt_tokens=len(final.prompt_token_ids or []),
+            prompt_tokens=prompt_tokens,
             output_tokens=len(out.token_ids),
             finish_reason=out.finish_reason,
-            latency_s=time.perf_counter() - began,
+            latency_s=latency,
             replica=self.name,
         )
 
@@ -147,3 +157,46 @@ class EngineActor:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+def _sampling_params(request: GenerationRequest) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    if request.kind == "loglikelihood":
+        # Prompt log-probabilities only: one token is generated because vLLM must generate something.
+        return SamplingParams(
+            temperature=0,
+            prompt_logprobs=1,
+            max_tokens=1,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+    spec = request.sampling
+    return SamplingParams(
+        n=1,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        max_tokens=spec.max_tokens,
+        stop=list(spec.stop) or None,
+        seed=request.seed,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        **dict(spec.engine_options),
+    )
+
+
+def continuation_logprob(tokens: tuple[int, ...], prompt_logprobs: Any, start: int) -> tuple[float, bool]:
+    """Sum of the log-probabilities of tokens[start:], and whether each was the most likely token.
+
+    `prompt_logprobs[i]` maps token id -> Logprob for position i (None at position 0), holding the actual
+    token and the top-1. The greedy check takes the first maximum in the map's order, as lm-eval's vLLM
+    backend does, so ties resolve identically.
+    """
+    total = 0.0
+    greedy = True
+    for position in range(start, len(tokens)):
+        candidates = {token: entry.logprob for token, entry in prompt_logprobs[position].items()}
+        total += candidates[tokens[position]]
+        if greedy and max(candidates, key=candidates.__getitem__) != tokens[position]:
+            greedy = False
+    return total, greedy

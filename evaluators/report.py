@@ -30,16 +30,39 @@ class TaskSummary:
     failed: int
     failure_reasons: dict[str, int]
     metrics: dict[str, MetricSummary] = field(default_factory=dict)
+    source: str = "rayeval"  # "rayeval" | "lm-eval": whose task definition and metrics
+    # lm-eval metrics aggregated other than by a mean (perplexity, corpus BLEU): value and lm-eval's stderr
+    aggregate_only: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    higher_is_better: dict[str, bool] = field(default_factory=dict)
+    lm_eval_results: dict[str, Any] | None = None  # lm-eval's own results entry (runs with N = 1)
+    error: str | None = None  # the task could not run at all (e.g. its dataset is unreachable)
 
 
 def summarize_task(
     task: Task, records: list[SampleRecord], num_runs: int, num_fewshot: int, num_available: int
 ) -> TaskSummary:
+    summary = summarize_records(
+        task.name, task.version, [m.key for m in task.metrics], records, num_runs, num_fewshot, num_available
+    )
+    summary.higher_is_better = {m.key: m.higher_is_better for m in task.metrics}
+    return summary
+
+
+def summarize_records(
+    name: str,
+    version: str,
+    metric_keys: list[str],
+    records: list[SampleRecord],
+    num_runs: int,
+    num_fewshot: int,
+    num_available: int,
+) -> TaskSummary:
+    """mean@N of each per-sample metric, with failed samples counted by reason and never scored."""
     failed = [r for r in records if r.error is not None]
     reasons = Counter(_reason(r.error or "") for r in failed)
     summary = TaskSummary(
-        task=task.name,
-        version=task.version,
+        task=name,
+        version=version,
         num_fewshot=num_fewshot,
         num_questions=len({r.doc_id for r in records}),
         num_available=num_available,
@@ -48,16 +71,18 @@ def summarize_task(
         failed=len(failed),
         failure_reasons=dict(reasons),
     )
-    for metric in task.metrics:
+    for key in metric_keys:
         items = [
-            ScoredItem(
-                r.doc_id, r.sample_index, r.scores[metric.key] * r.weights[metric.key], r.weights[metric.key]
-            )
+            ScoredItem(r.doc_id, r.sample_index, r.scores[key] * r.weights[key], r.weights[key])
             for r in records
-            if r.error is None and metric.key in r.scores
+            if r.error is None and key in r.scores
         ]
-        summary.metrics[metric.key] = summarize(items, num_runs)
+        summary.metrics[key] = summarize(items, num_runs)
     return summary
+
+
+def unavailable_task(name: str, source: str, error: str) -> TaskSummary:
+    return TaskSummary(name, "", 0, 0, 0, 0, 0, 0, {}, source=source, error=error)
 
 
 def _reason(error: str) -> str:
@@ -90,21 +115,39 @@ def _finite(value: float) -> float | None:
 def results_json(
     summaries: list[TaskSummary], config: dict[str, Any], model_name: str, date: float
 ) -> dict[str, Any]:
-    """lm-eval's results.json layout: `results[task]["metric,filter"]` and `"metric_stderr,filter"`."""
+    """lm-eval's results.json layout: `results[task]["metric,filter"]` and `"metric_stderr,filter"`.
+
+    lm-eval tasks run once (N = 1) carry lm-eval's own entry unchanged, so the numbers equal lm-eval's.
+    Otherwise mean metrics are our mean@N with the question-clustered SEM as their stderr.
+    """
     results: dict[str, dict[str, Any]] = {}
-    for s in summaries:
+    ran = [s for s in summaries if s.error is None]
+    for s in ran:
+        if s.lm_eval_results is not None:
+            results[s.task] = dict(s.lm_eval_results)
+            continue
         entry: dict[str, Any] = {"alias": s.task}
         for key, m in s.metrics.items():
             name, _, filt = key.partition(",")
             entry[key] = _finite(m.mean)
             entry[f"{name}_stderr,{filt}"] = _finite(m.sem)
+        for key, (value, stderr) in s.aggregate_only.items():
+            name, _, filt = key.partition(",")
+            entry[key] = _finite(value)
+            entry[f"{name}_stderr,{filt}"] = "N/A" if stderr is None else _finite(stderr)
         results[s.task] = entry
     return {
         "results": results,
-        "versions": {s.task: s.version for s in summaries},
-        "n-shot": {s.task: s.num_fewshot for s in summaries},
-        "higher_is_better": {s.task: {k.split(",")[0]: True for k in s.metrics} for s in summaries},
-        "n-samples": {s.task: {"original": s.num_available, "effective": s.num_questions} for s in summaries},
+        "versions": {s.task: s.version for s in ran},
+        "n-shot": {s.task: s.num_fewshot for s in ran},
+        "higher_is_better": {
+            s.task: {
+                k.split(",")[0]: s.higher_is_better.get(k, True) for k in [*s.metrics, *s.aggregate_only]
+            }
+            for s in ran
+        },
+        "n-samples": {s.task: {"original": s.num_available, "effective": s.num_questions} for s in ran},
+        "errors": {s.task: s.error for s in summaries if s.error is not None},
         "config": config,
         "model_name": model_name,
         "date": date,
@@ -146,6 +189,9 @@ def render_table(summaries: list[TaskSummary]) -> str:
     for column in ("task", "metric", "N", "questions", "mean", "± SEM", "CI95", "std across runs", "failed"):
         table.add_column(column, justify="left" if column in ("task", "metric") else "right")
     for s in summaries:
+        if s.error is not None:
+            table.add_row(s.task, "not run (see summary.json)", *["-"] * 6, "-")
+            continue
         for key, m in s.metrics.items():
             table.add_row(
                 s.task,
@@ -157,6 +203,11 @@ def render_table(summaries: list[TaskSummary]) -> str:
                 f"[{_fmt(m.ci95_low, 3)}, {_fmt(m.ci95_high, 3)}]",
                 _fmt(m.std_across_runs, 4),
                 str(s.failed),
+            )
+        for key, (value, stderr) in s.aggregate_only.items():
+            stderr_text = "-" if stderr is None else _fmt(stderr, 4)
+            table.add_row(
+                s.task, key, "1", str(s.num_questions), _fmt(value, 4), stderr_text, "-", "-", str(s.failed)
             )
     console = Console(width=140, record=True, file=io.StringIO())
     console.print(table)

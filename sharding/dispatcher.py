@@ -95,11 +95,20 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = DispatchStats(per_replica={s.replica.name: s.stats for s in self._states})
 
-    async def run(self, groups: Iterable[PromptGroup]) -> DispatchStats:
+    async def run(
+        self, groups: Iterable[PromptGroup], on_group_done: GroupDone | None = None
+    ) -> DispatchStats:
+        """Dispatch `groups` until each has finished or failed. A dispatcher may run several batches of groups
+        one after another (in one event loop); replicas that died in an earlier batch stay dead."""
+        if on_group_done is not None:
+            self._on_group_done = on_group_done
         for group in groups:
             self._heap.append((-group.expected_cost, next(self._arrival), group))
         heapq.heapify(self._heap)
         self._unfinished = len(self._heap)
+        if not self._live():
+            self._fail_everything_queued(reason="every replica has died")
+            return self.stats
         feeders = [asyncio.create_task(self._feed(state)) for state in self._states]
         await asyncio.gather(*feeders)
         while self._tasks:

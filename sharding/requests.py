@@ -5,27 +5,51 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+RequestKind = Literal["generate", "loglikelihood"]
+EngineOption = tuple[str, float | int | bool | str]
 
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """Engine-agnostic sampling parameters; the engine layer turns them into its own type."""
+    """Engine-agnostic sampling parameters; the engine layer turns them into its own type.
+
+    `engine_options` carries further sampling fields by their engine name (lm-eval gen kwargs such as
+    top_k or skip_special_tokens), sorted so equal settings hash equally.
+    """
 
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
+    engine_options: tuple[EngineOption, ...] = ()
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One sample of one prompt: sample `sample_index` of N, drawn with `seed`."""
+    """One sample of one prompt: sample `sample_index` of N, drawn with `seed`.
+
+    A prompt is text, or token ids when the caller tokenised it (lm-eval does). A `loglikelihood` request
+    generates nothing: it asks for the log-probability of the prompt tokens from `continuation_start` on,
+    given the tokens before it.
+    """
 
     request_id: str
     prompt: str
     sampling: SamplingSpec
     seed: int
     sample_index: int
+    prompt_token_ids: tuple[int, ...] | None = None
+    kind: RequestKind = "generate"
+    continuation_start: int = 0
+
+    @property
+    def group_key(self) -> tuple[object, ...]:
+        """Requests with equal keys share a prompt prefix and go to one replica together."""
+        if self.kind == "loglikelihood" and self.prompt_token_ids is not None:
+            return ("loglikelihood", self.prompt_token_ids[: self.continuation_start])
+        return (self.kind, self.prompt_token_ids or self.prompt, self.sampling)
 
 
 @dataclass(frozen=True)
@@ -54,6 +78,8 @@ class Completion:
     latency_s: float = 0.0
     replica: str = ""
     error: str | None = None
+    logprob: float | None = None  # loglikelihood requests: sum over the continuation tokens
+    is_greedy: bool | None = None  # loglikelihood requests: every continuation token was the argmax
     retryable: bool = False  # failed for a reason outside the request (its replicas died): never cached
 
     @property
@@ -78,6 +104,9 @@ class RequestKey:
     sampling: SamplingSpec
     seed: int
     sample_index: int
+    prompt_token_ids: tuple[int, ...] | None = None
+    kind: RequestKind = "generate"
+    continuation_start: int = 0
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     def request_id(self) -> str:
@@ -85,13 +114,48 @@ class RequestKey:
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
 
 
-def expected_cost(prompt: str, max_tokens: int, n: int) -> int:
-    """A cheap length estimate for longest-first ordering: about four characters a token, times N samples."""
-    return (len(prompt) // 4 + max_tokens) * n
+def make_request(
+    model: str,
+    prompt: str,
+    sampling: SamplingSpec,
+    seed: int,
+    sample_index: int,
+    *,
+    prompt_token_ids: tuple[int, ...] | None = None,
+    kind: RequestKind = "generate",
+    continuation_start: int = 0,
+) -> GenerationRequest:
+    """A request whose id is the hash of everything that determines its result (so equal work is done once).
+
+    A tokenised prompt is identified by its token ids alone; its text is kept for the records only.
+    """
+    key = RequestKey(
+        model,
+        None,
+        "" if prompt_token_ids is not None else prompt,
+        sampling,
+        seed,
+        sample_index,
+        prompt_token_ids,
+        kind,
+        continuation_start,
+    )
+    return GenerationRequest(
+        key.request_id(), prompt, sampling, seed, sample_index, prompt_token_ids, kind, continuation_start
+    )
+
+
+def expected_cost(request: GenerationRequest, n: int) -> int:
+    """A cheap length estimate for longest-first ordering: prompt tokens (or chars / 4) plus output, times N."""
+    prompt_tokens = (
+        len(request.prompt_token_ids) if request.prompt_token_ids is not None else len(request.prompt) // 4
+    )
+    output_tokens = 1 if request.kind == "loglikelihood" else request.sampling.max_tokens
+    return (prompt_tokens + output_tokens) * n
 
 
 def build_group(prompt: str, requests: list[GenerationRequest]) -> PromptGroup:
     """Bundle the requests of one prompt; the group id is stable so a requeued group is recognisable."""
     group_id = hashlib.sha256("|".join(r.request_id for r in requests).encode()).hexdigest()[:16]
-    max_tokens = max(r.sampling.max_tokens for r in requests)
-    return PromptGroup(group_id, prompt, tuple(requests), expected_cost(prompt, max_tokens, len(requests)))
+    longest = max(requests, key=lambda r: expected_cost(r, 1))
+    return PromptGroup(group_id, prompt, tuple(requests), expected_cost(longest, len(requests)))

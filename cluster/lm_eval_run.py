@@ -1,0 +1,184 @@
+"""lm-eval tasks inside a rayeval run: lm-eval builds the requests and computes the metrics, our replicas answer.
+
+Each task is loaded on its own, so one whose dataset cannot be had fails alone and the others still run.
+Tasks that share a limit go to lm-eval's `simple_evaluate` together, so all their requests of one type reach
+the dispatcher as one batch. With N > 1 samples, generate_until tasks are evaluated N times: the first round
+generates all N samples of every prompt in one dispatch, later rounds read theirs from the result store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.config import RunConfig
+from cluster.lm_eval_backend import RayEvalLM
+from cluster.plan import LmEvalTaskPlan
+from cluster.runner import RequestRunner
+from evaluators.lm_eval_tasks import (
+    ExecutionInfo,
+    LmEvalCatalog,
+    LmEvalTaskResult,
+    LmEvalTaskUnavailable,
+    LoadedLmEvalTask,
+    describe_leaf,
+    records_from_round,
+    summarize_lm_eval_task,
+)
+from evaluators.records import SampleRecord
+from evaluators.report import TaskSummary, unavailable_task
+
+log = logging.getLogger(__name__)
+
+LM_EVAL_DEFAULT_SEEDS = (0, 1234, 1234, 1234)  # lm_eval's --seed default: python, numpy, torch, few-shot
+
+
+@dataclass
+class LmEvalRunOutput:
+    summaries: list[TaskSummary] = field(default_factory=list)
+    records: dict[str, list[SampleRecord]] = field(default_factory=dict)
+
+
+def lm_eval_seeds(seed: int) -> tuple[int, int, int, int]:
+    """Our --seed as lm_eval's --seed: the default matches lm-eval's default, another S sets all four to S."""
+    return LM_EVAL_DEFAULT_SEEDS if seed == 1234 else (seed, seed, seed, seed)
+
+
+def run_lm_eval_tasks(
+    config: RunConfig, catalog: LmEvalCatalog, plans: list[LmEvalTaskPlan], runner: RequestRunner
+) -> LmEvalRunOutput:
+    output = LmEvalRunOutput()
+    loaded: dict[str, LoadedLmEvalTask] = {}
+    for plan in plans:
+        try:
+            loaded[plan.name] = catalog.load(plan.name)
+        except LmEvalTaskUnavailable as exc:
+            log.error("%s", exc)
+            output.summaries.append(unavailable_task(plan.name, "lm-eval", str(exc)))
+    runnable = [p for p in plans if p.name in loaded]
+    n = config.num_samples
+    results: dict[str, LmEvalTaskResult] = {}
+    for round_index in range(n):
+        this_round = [p for p in runnable if round_index == 0 or loaded[p.name].generative]
+        if not this_round:
+            break
+        for limit, same_limit in _by_limit(this_round):
+            tasks = {p.name: loaded[p.name] if round_index == 0 else catalog.load(p.name) for p in same_limit}
+            _evaluate_round(config, catalog, same_limit, tasks, limit, round_index, runner, results, output)
+    for name, result in results.items():
+        runs = n if result.output_type == "generate_until" else 1
+        output.summaries.append(summarize_lm_eval_task(result, output.records.get(name, []), runs))
+    return output
+
+
+def _by_limit(plans: list[LmEvalTaskPlan]) -> Iterable[tuple[int | None, list[LmEvalTaskPlan]]]:
+    limits: dict[int | None, list[LmEvalTaskPlan]] = {}
+    for plan in plans:
+        limits.setdefault(plan.limit, []).append(plan)
+    return limits.items()
+
+
+def _evaluate_round(
+    config: RunConfig,
+    catalog: LmEvalCatalog,
+    plans: list[LmEvalTaskPlan],
+    tasks: dict[str, LoadedLmEvalTask],
+    limit: int | None,
+    round_index: int,
+    runner: RequestRunner,
+    results: dict[str, LmEvalTaskResult],
+    output: LmEvalRunOutput,
+) -> None:
+    from lm_eval import simple_evaluate
+    from lm_eval.utils import simple_parse_args_string
+
+    options = config.lm_eval
+    global_gen_kwargs = simple_parse_args_string(options.gen_kwargs) if options.gen_kwargs else {}
+    for plan in plans:
+        for leaf in tasks[plan.name].leaves.values():
+            _apply_task_overrides(leaf, plan, global_gen_kwargs)
+    lm = RayEvalLM(
+        runner=runner,
+        max_gen_toks=options.max_gen_toks,
+        seed=config.sampling.seed,
+        num_samples=config.num_samples,
+        sample_index=round_index,
+    )
+    python_seed, numpy_seed, torch_seed, fewshot_seed = lm_eval_seeds(config.sampling.seed)
+    evaluated = simple_evaluate(
+        model=lm,
+        tasks=[obj for plan in plans for obj in tasks[plan.name].objects],
+        task_manager=catalog.manager,
+        limit=limit,
+        bootstrap_iters=options.bootstrap_iters,
+        log_samples=True,
+        system_instruction=options.system_instruction,
+        apply_chat_template=options.apply_chat_template,
+        fewshot_as_multiturn=(
+            options.apply_chat_template
+            if options.fewshot_as_multiturn is None
+            else options.fewshot_as_multiturn
+        ),
+        random_seed=python_seed,
+        numpy_random_seed=numpy_seed,
+        torch_random_seed=torch_seed,
+        fewshot_random_seed=fewshot_seed,
+        confirm_run_unsafe_code=options.confirm_run_unsafe_code,
+    )
+    assert evaluated is not None  # rank 0 of a single process always gets the results
+    for plan in plans:
+        for leaf_name, leaf in tasks[plan.name].leaves.items():
+            described = describe_leaf(leaf_name, leaf, evaluated)
+            if leaf_name in results:
+                results[leaf_name].rounds.extend(described.rounds)
+            else:
+                results[leaf_name] = described
+            executions = _executions(lm, leaf_name)
+            output.records.setdefault(leaf_name, []).extend(
+                records_from_round(
+                    leaf_name, evaluated["samples"].get(leaf_name, []), round_index, executions
+                )
+            )
+
+
+def _apply_task_overrides(leaf: Any, plan: LmEvalTaskPlan, global_gen_kwargs: dict[str, Any]) -> None:
+    """What `lm_eval` does with --num_fewshot and --gen_kwargs, plus our per-task options on top."""
+    if plan.num_fewshot is not None:
+        if leaf.get_config("num_fewshot") == 0:
+            log.info(
+                "%s: its config fixes num_fewshot to 0; --num-fewshot is ignored (as lm-eval does)", plan.name
+            )
+        else:
+            leaf.set_config(key="num_fewshot", value=plan.num_fewshot)
+    if leaf.get_config("output_type") != "generate_until":
+        return
+    per_task: dict[str, Any] = {}
+    if plan.options.temperature is not None:
+        per_task |= {"temperature": plan.options.temperature, "do_sample": plan.options.temperature > 0}
+    if plan.options.top_p is not None:
+        per_task["top_p"] = plan.options.top_p
+    if plan.options.max_tokens is not None:
+        per_task["max_gen_toks"] = plan.options.max_tokens
+    for overrides in (global_gen_kwargs, per_task):
+        if overrides:
+            leaf.set_config(key="generation_kwargs", value=dict(overrides), update=True)
+
+
+def _executions(lm: RayEvalLM, task: str) -> dict[int, ExecutionInfo]:
+    executions = {}
+    for (name, doc_id), outcome in lm.outcomes.items():
+        if name != task:
+            continue
+        completions = outcome.completions
+        executions[doc_id] = ExecutionInfo(
+            request_ids=tuple(dict.fromkeys(c.request_id for c in completions)),
+            replicas=tuple(dict.fromkeys(c.replica for c in completions if c.replica)),
+            latency_s=max((c.latency_s for c in completions), default=0.0),
+            prompt_tokens=sum(c.prompt_tokens for c in completions),
+            output_tokens=sum(c.output_tokens for c in completions),
+            finish_reason=completions[0].finish_reason if len(completions) == 1 else None,
+            error=outcome.error,
+        )
+    return executions

@@ -1,0 +1,189 @@
+"""Run requests on the engine replicas, reusing what the result store already holds.
+
+One `RequestRunner` serves a whole evaluation: native tasks and lm-eval's request batches go through the
+same replicas, the same dispatcher and the same content-addressed store. The replicas start on the first
+request that is not cached (a fully cached run starts no engine) and live until `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from cluster.engine import EngineInfo, EngineSettings
+from cluster.plan import RunPlan
+from cluster.pool import ReplicaPool
+from sharding.dispatcher import Dispatcher, DispatchStats
+from sharding.requests import Completion, GenerationRequest, PromptGroup, build_group
+from sharding.store import ResultStore
+
+log = logging.getLogger(__name__)
+
+CompletionCallback = Callable[[Completion], None]
+
+
+@dataclass
+class RunnerStats:
+    requests: int = 0
+    reused: int = 0
+    reused_failed: int = 0
+    generated: int = 0
+    generation_s: float = 0.0
+    engines: list[EngineInfo] = field(default_factory=list)
+
+
+def group_missing(
+    requests: Sequence[GenerationRequest], store: ResultStore | None, retry_failed: bool
+) -> list[PromptGroup]:
+    """One group per shared prompt prefix (the N samples of a prompt, the choices of a question), holding the
+    requests not yet in the store."""
+    by_key: dict[tuple[object, ...], dict[str, GenerationRequest]] = {}
+    for request in requests:
+        if store is not None and store.is_done(request.request_id, retry_failed):
+            continue
+        by_key.setdefault(request.group_key, {})[request.request_id] = request
+    return [build_group(next(iter(g.values())).prompt, list(g.values())) for g in by_key.values()]
+
+
+class RequestRunner:
+    def __init__(
+        self,
+        plan: RunPlan,
+        store: ResultStore | None,
+        *,
+        verbose: bool = False,
+        progress: bool = True,
+        retry_failed: bool = False,
+    ) -> None:
+        self.plan = plan
+        self.store = store
+        self.verbose = verbose
+        self.progress = progress
+        self.retry_failed = retry_failed
+        self.stats = RunnerStats()
+        self._pool: ReplicaPool | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._seen: set[str] = set()
+        self._loop = asyncio.new_event_loop()  # one loop for every batch: the dispatcher's state lives in it
+
+    @property
+    def model_path(self) -> str:
+        return self.plan.model.path
+
+    @property
+    def dispatch(self) -> DispatchStats | None:
+        return self._dispatcher.stats if self._dispatcher is not None else None
+
+    @property
+    def all_replicas_dead(self) -> bool:
+        return self._dispatcher is not None and self._dispatcher.stats.all_replicas_dead
+
+    def run(
+        self,
+        requests: Sequence[GenerationRequest],
+        label: str = "generating",
+        on_completion: CompletionCallback | None = None,
+    ) -> dict[str, Completion]:
+        """Every request's completion by request id: cached ones from the store, the rest generated now."""
+        unique = list({r.request_id: r for r in requests}.values())
+        results: dict[str, Completion] = {}
+        for request in unique:
+            first_time = request.request_id not in self._seen
+            self._seen.add(request.request_id)
+            if self.store is not None and self.store.is_done(request.request_id, self.retry_failed):
+                completion = self.store.get(request.request_id)
+                results[request.request_id] = completion
+                if first_time:  # a later batch asking again (another sample round) is not a resume
+                    self.stats.reused += 1
+                    self.stats.reused_failed += 0 if completion.ok else 1
+                if on_completion is not None:
+                    on_completion(completion)
+        self.stats.requests = len(self._seen)
+        groups = group_missing(unique, self.store, self.retry_failed)
+        if not groups:
+            return results
+        dispatcher = self._ensure_replicas()
+        total = sum(g.size for g in groups)
+        log.info("%s: %d requests to generate, %d reused", label, total, len(unique) - total)
+
+        bar = _progress_bar(label, total, enabled=self.progress)
+        job = bar.add_task(label, total=total)
+
+        def done(group: PromptGroup, completions: list[Completion]) -> None:
+            if self.store is not None:
+                self.store.add(completions)
+            for completion in completions:
+                results[completion.request_id] = completion
+                if on_completion is not None:
+                    on_completion(completion)
+            bar.advance(job, len(completions))
+
+        began = time.perf_counter()
+        with bar:
+            self._loop.run_until_complete(dispatcher.run(groups, on_group_done=done))
+        self.stats.generation_s += time.perf_counter() - began
+        self.stats.generated += total
+        return results
+
+    def _ensure_replicas(self) -> Dispatcher:
+        if self._dispatcher is not None:
+            return self._dispatcher
+        plan, config = self.plan, self.plan.config
+        settings = EngineSettings(
+            model=plan.model.path,
+            revision=config.model.revision,
+            dtype=config.model.dtype,
+            max_model_len=config.model.max_model_len,
+            max_num_seqs=config.model.max_num_seqs,
+            tensor_parallel_size=config.model.tensor_parallel_size,
+            pipeline_parallel_size=config.model.pipeline_parallel_size,
+            gpu_memory_utilization=config.model.gpu_memory_utilization,
+            enforce_eager=config.model.enforce_eager,
+            device=plan.device,
+        )
+        pool = ReplicaPool(
+            settings, plan.replica, config.cluster.replicas, config.model.cpu_kv_cache_gib, self.verbose
+        )
+        log.info("starting %d engine replica(s) of %s", config.cluster.replicas, plan.replica.describe())
+        self._pool = pool
+        self.stats.engines = pool.start(config.cluster.placement_timeout_s)
+        for info in self.stats.engines:
+            log.info(
+                "%s ready on node %s in %.1f s (vLLM %s)",
+                info.name,
+                info.node_id[:8],
+                info.start_s,
+                info.vllm_version,
+            )
+        self._dispatcher = Dispatcher(pool.replicas())
+        return self._dispatcher
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self._loop.close()
+
+
+def _progress_bar(label: str, total: int, enabled: bool):  # noqa: ANN202 - rich's Progress
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        disable=not enabled,
+        transient=False,
+    )

@@ -1,0 +1,84 @@
+"""Local-data lm-eval tasks for tests and benchmarks: no hub access, every output type lm-eval has.
+
+- `gsm8k_local`: lm-eval's own gsm8k.yaml (`include:`), its data swapped for ../shared/data/gsm8k (generate_until).
+- `gsm8k_mc_local`: ARC-style multiple choice built from the same questions: the true answer and three
+  numeric distractors, scored by log-likelihood (acc, acc_norm).
+- `gsm8k_rolling_local`: the worked solutions as documents for loglikelihood_rolling (perplexities).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lm_eval
+
+LOCAL_TASKS = ("gsm8k_local", "gsm8k_mc_local", "gsm8k_rolling_local")
+
+
+def _final_answer(solution: str) -> int:
+    return int(solution.split("####")[-1].strip().replace(",", ""))
+
+
+def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Path:
+    """Write the three task YAMLs and their data into `directory`; returns it for `--include-path`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = gsm8k_jsonl.read_text(encoding="utf-8").splitlines()[:rows]
+    docs = [json.loads(line) for line in lines]
+    mc_rows = []
+    for index, doc in enumerate(docs):
+        answer = _final_answer(doc["answer"])
+        distractors = [answer + 1, answer * 2 + 3, max(answer - 7, 0) if answer != 7 else 11]
+        choices = [str(answer)] + [str(d) for d in distractors]
+        rotation = index % 4  # the true answer at every position, so position bias cannot score
+        choices = choices[-rotation:] + choices[:-rotation] if rotation else choices
+        mc_rows.append({"question": doc["question"], "choices": choices, "label": choices.index(str(answer))})
+    mc_path = directory / "gsm8k_mc.jsonl"
+    mc_path.write_text("".join(json.dumps(r) + "\n" for r in mc_rows), encoding="utf-8")
+    data_path = directory / "gsm8k_test.jsonl"
+    data_path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+    lm_eval_gsm8k = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
+    (directory / "gsm8k_local.yaml").write_text(
+        f"include: {lm_eval_gsm8k}\n"
+        "task: gsm8k_local\n"
+        "tag: []\n"
+        "dataset_path: json\n"
+        "dataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data_path}\n"
+        "training_split: null\n"
+        "fewshot_split: test\n"
+        "test_split: test\n"
+        "num_fewshot: 0\n",
+        encoding="utf-8",
+    )
+    (directory / "gsm8k_mc_local.yaml").write_text(
+        "task: gsm8k_mc_local\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {mc_path}\n"
+        "output_type: multiple_choice\n"
+        "test_split: test\n"
+        "fewshot_split: test\n"
+        'doc_to_text: "Question: {{question}}\\nAnswer:"\n'
+        "doc_to_choice: choices\n"
+        "doc_to_target: label\n"
+        "metric_list:\n"
+        "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+        "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n"
+        "metadata:\n  version: 1.0\n",
+        encoding="utf-8",
+    )
+    (directory / "gsm8k_rolling_local.yaml").write_text(
+        "task: gsm8k_rolling_local\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data_path}\n"
+        "output_type: loglikelihood_rolling\n"
+        "test_split: test\n"
+        'doc_to_text: ""\n'
+        'doc_to_target: "{{answer}}"\n'
+        "metric_list:\n"
+        "  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n"
+        "metadata:\n  version: 1.0\n",
+        encoding="utf-8",
+    )
+    return directory
