@@ -313,6 +313,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"results in {result.run_dir} ({result.requests_reused} of {result.requests_total} requests reused, "
         f"{result.requests_failed} failed, {result.wall_s:.1f} s)"
     )
+    if result.task_errors:
+        names = ", ".join(sorted(result.task_errors))
+        print(
+            f"rayeval: error: {len(result.task_errors)} task(s) could not run: {names}. The other tasks' results "
+            "are complete; summary.json has each reason. Fix it and rerun the same command: finished work is reused.",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

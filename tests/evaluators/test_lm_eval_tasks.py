@@ -1,0 +1,156 @@
+"""Reading lm-eval's results back (records, summaries) and resolving task names across both registries."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from evaluators.errors import EvalInputError
+from evaluators.lm_eval_tasks import (
+    ExecutionInfo,
+    LmEvalTaskResult,
+    records_from_round,
+    resolve_task_name,
+    summarize_lm_eval_task,
+)
+
+
+def _gsm8k_entry(doc_id: int, filt: str, hit: float) -> dict:
+    # The shape lm-eval's evaluator logs: one entry per document and filter, values stringified in resps.
+    return {
+        "doc_id": doc_id,
+        "arguments": [["Question: 2+2?\nAnswer:", {"until": ["Question:"]}]],
+        "resps": [["The answer is 4."]],
+        "filtered_resps": ["4"],
+        "filter": filt,
+        "target": "#### 4",
+        "metrics": ["exact_match"],
+        "exact_match": hit,
+    }
+
+
+def _execution(error: str | None = None) -> ExecutionInfo:
+    return ExecutionInfo(("r1",), ("replica-0",), 0.5, 12, 5, "stop", error)
+
+
+def test_records_merge_filters_per_document_and_keep_execution_details():
+    entries = [_gsm8k_entry(0, "strict-match", 0.0), _gsm8k_entry(0, "flexible-extract", 1.0)]
+    [record] = records_from_round("gsm8k_local", entries, 1, {0: _execution()})
+    assert record.scores == {"exact_match,strict-match": 0.0, "exact_match,flexible-extract": 1.0}
+    assert record.sample_index == 1
+    assert record.output == "The answer is 4."
+    assert record.prompt.startswith("Question: 2+2?")
+    assert (record.replica, record.prompt_tokens, record.output_tokens) == ("replica-0", 12, 5)
+
+
+def test_a_failed_generation_is_counted_failed_not_scored_as_wrong():
+    entries = [_gsm8k_entry(3, "strict-match", 0.0)]
+    [record] = records_from_round("gsm8k_local", entries, 0, {3: _execution("VLLMValidationError: too long")})
+    assert record.error == "VLLMValidationError: too long"
+    assert record.scores == {}
+
+
+def test_loglikelihood_answers_are_recorded_as_json_and_bool_metrics_as_numbers():
+    entry = {
+        "doc_id": 0,
+        "arguments": [["Q?\nAnswer:", " 4"], ["Q?\nAnswer:", " 5"]],
+        "resps": [[["-1.5", "True"]], [["-3.25", "False"]]],
+        "filter": "none",
+        "target": 0,
+        "metrics": ["acc", "acc_norm"],
+        "acc": True,
+        "acc_norm": 1.0,
+    }
+    [record] = records_from_round("mc", [entry], 0, {})
+    assert json.loads(record.output) == [["-1.5", "True"], ["-3.25", "False"]]
+    assert record.scores == {"acc,none": 1.0, "acc_norm,none": 1.0}
+
+
+def test_summary_uses_lm_eval_numbers_once_and_our_mean_at_n_with_rounds():
+    result = LmEvalTaskResult(
+        name="gsm8k_local",
+        version="3.0",
+        num_fewshot=0,
+        num_available=1319,
+        output_type="generate_until",
+        mean_metrics=["exact_match,flexible-extract"],
+        higher_is_better={"exact_match,flexible-extract": True},
+        rounds=[{"alias": "gsm8k_local", "exact_match,flexible-extract": 0.5}],
+    )
+    records = []
+    for run in (0, 1):
+        for doc, hit in ((0, 1.0), (1, float(run))):
+            entries = [_gsm8k_entry(doc, "flexible-extract", hit)]
+            records += records_from_round("gsm8k_local", entries, run, {doc: _execution()})
+    single = summarize_lm_eval_task(result, [r for r in records if r.sample_index == 0], num_runs=1)
+    assert single.lm_eval_results == {"alias": "gsm8k_local", "exact_match,flexible-extract": 0.5}
+    assert single.source == "lm-eval"
+
+    result.rounds.append({"alias": "gsm8k_local", "exact_match,flexible-extract": 1.0})
+    both = summarize_lm_eval_task(result, records, num_runs=2)
+    assert both.lm_eval_results is None  # mean@2 is ours: lm-eval has no single entry for it
+    metric = both.metrics["exact_match,flexible-extract"]
+    assert metric.mean == pytest.approx(0.75)
+    assert metric.run_means == (0.5, 1.0)
+    assert metric.num_questions == 2
+
+
+def test_metrics_lm_eval_aggregates_otherwise_are_reported_as_lm_eval_computed_them():
+    result = LmEvalTaskResult(
+        name="wiki",
+        version="1",
+        num_fewshot=0,
+        num_available=10,
+        output_type="loglikelihood_rolling",
+        mean_metrics=[],
+        higher_is_better={"word_perplexity,none": False},
+        rounds=[{"alias": "wiki", "word_perplexity,none": 94.6, "word_perplexity_stderr,none": "N/A"}],
+    )
+    assert result.aggregate_only() == {"word_perplexity,none": (94.6, None)}
+
+
+@dataclass
+class _Index:
+    """lm-eval's task index, reduced to the names (the real one takes seconds to build; the CLI tests use it)."""
+
+    all_tasks: list[str] = field(default_factory=lambda: ["arc_easy", "arc_challenge", "gsm8k", "ifeval"])
+
+
+@dataclass
+class _Catalog:
+    manager: _Index = field(default_factory=_Index)
+
+    def knows(self, name: str) -> bool:
+        return name in self.manager.all_tasks
+
+    def close_matches(self, name: str, n: int = 3) -> list[str]:
+        import difflib
+
+        return difflib.get_close_matches(name, self.manager.all_tasks, n=n, cutoff=0.6)
+
+
+NATIVE = {"ifeval": object(), "gsm8k": object()}
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("gsm8k", ("gsm8k", "native")),  # native wins a clash
+        ("lm_eval:gsm8k", ("gsm8k", "lm_eval")),  # unless forced
+        ("arc_easy", ("arc_easy", "lm_eval")),
+    ],
+)
+def test_task_names_resolve_native_first(name, expected):
+    resolved = resolve_task_name(name, NATIVE, _Catalog())
+    assert (resolved.name, resolved.source) == expected
+
+
+def test_unknown_names_list_close_matches_from_both_registries():
+    with pytest.raises(EvalInputError) as error:
+        resolve_task_name("ifevl", NATIVE, _Catalog())
+    assert "rayeval tasks: ifeval" in str(error.value)
+    assert "lm-eval tasks: ifeval" in str(error.value)
+    with pytest.raises(EvalInputError, match="Unknown lm-eval task 'arc_eassy'.*arc_easy"):
+        resolve_task_name("lm_eval:arc_eassy", NATIVE, _Catalog())
