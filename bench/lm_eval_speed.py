@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -97,17 +98,20 @@ def run_lm_eval(model: str, tasks_dir: Path, limit: int, dp: int, work: Path, ti
         str(out),
     ]
     began = time.perf_counter()
+    # Its own process group, so a timeout also ends the Ray cluster and engines the driver started.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=lm_eval_env(work / "stand_in"), start_new_session=True)  # fmt: skip
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              env=lm_eval_env(work / "stand_in"), check=False)  # fmt: skip
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")[-600:]
-        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
         return {
             "config": f"lm-eval vllm dp={dp}",
             "error": f"no result within {timeout:g} s",
-            "log_tail": tail,
+            "log_tail": stderr[-1500:],
         }
+    done = subprocess.CompletedProcess(command, proc.returncode, "", stderr)
     wall = time.perf_counter() - began
     if done.returncode != 0:
         return {

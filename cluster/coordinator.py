@@ -174,6 +174,8 @@ def run_evaluation(
     writer = SampleWriter(plan, planned, run_dir / "samples" / plan.model.name)
     runner = RequestRunner(plan, store, verbose=verbose, progress=progress, retry_failed=retry_failed)
     log.info("run %s: results cached in %s", run_dir, store.path)
+    if len(store) == 0 and plan.lm_eval_tasks:
+        runner.start_in_background()  # a fresh run needs engines: start them while lm-eval builds requests
     lm_eval_output = None
     try:
         if planned:

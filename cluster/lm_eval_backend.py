@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -62,7 +63,7 @@ class RayEvalLM(TemplateLM):
     """An lm-eval `LM` whose requests run on rayeval's engine replicas.
 
     Standalone (lm-eval drives it), it starts a Ray session and the replicas on first use and stops them at
-    `close()` or interpreter exit. Inside `rayeval run` it is attached to the run's `RequestRunner`.
+    `close()` or interpreter exit; with `cache_dir`, completions are kept there and a rerun reuses them. Inside `rayeval run` it is attached to the run's `RequestRunner`.
 
     With `num_samples` N > 1 each generation request is sampled N times in one dispatch (seeds seed..seed+N-1),
     and the instance answers with sample `sample_index`; the other samples wait in the result store for the
@@ -89,6 +90,7 @@ class RayEvalLM(TemplateLM):
         seed: int = 1234,
         num_samples: int = 1,
         sample_index: int = 0,
+        cache_dir: str | None = None,
         *,
         runner: RequestRunner | None = None,
         **ignored: Any,
@@ -99,7 +101,7 @@ class RayEvalLM(TemplateLM):
             raise TypeError(
                 f"rayeval backend: unknown model_args {sorted(ignored)}. Known: pretrained, revision, dtype, "
                 "max_model_len, max_num_seqs, tensor_parallel_size, replicas, enforce_eager, address, device, "
-                "max_gen_toks, add_bos_token, prefix_token_id, truncation_side, seed."
+                "max_gen_toks, add_bos_token, prefix_token_id, truncation_side, seed, cache_dir."
             )
         if max_model_len is not None and max_length is not None:
             raise ValueError("rayeval backend: give max_model_len or max_length, not both")
@@ -126,6 +128,7 @@ class RayEvalLM(TemplateLM):
             from cluster.plan import build_model_plan
 
             self._plan = build_model_plan(config)
+            self._cache_dir = cache_dir
             atexit.register(self.close)
         else:
             self._plan = runner.plan
@@ -165,7 +168,15 @@ class RayEvalLM(TemplateLM):
 
                 self._plan.device = "gpu" if cluster_has_gpus() else "cpu"
                 self._plan.replica = replica_plan(config, self._plan.device)
-            self._runner = RequestRunner(self._plan, store=None)
+            store = None
+            if self._cache_dir:
+                from pathlib import Path
+
+                from sharding.store import ResultStore
+
+                store = ResultStore(Path(self._cache_dir).expanduser() / "completions.jsonl")
+                self._exit.callback(store.close)
+            self._runner = RequestRunner(self._plan, store=store)
             self._exit.callback(self._runner.close)
         return self._runner
 
@@ -244,8 +255,14 @@ class RayEvalLM(TemplateLM):
         contexts = [r.args[0] for r in requests]
         encodings = self.tok_encode(contexts)
         per_instance: list[tuple[list[GenerationRequest], list[str]]] = []
+        # lm-eval repeats an instance K times for tasks with `repeats: K` (self-consistency): each copy is
+        # its own draw, so the j-th copy of the same prompt takes samples j*N .. j*N+N-1, never a cached twin.
+        copies: Counter[tuple[tuple[int, ...], SamplingSpec]] = Counter()
         for context, tokens, instance in zip(contexts, encodings, requests, strict=True):
             sampling, until, tokens = self._sampling_for(instance.args[1], eos, tokens)
+            copy = copies[(tuple(tokens), sampling)]
+            copies[(tuple(tokens), sampling)] += 1
+            first = copy * self.num_samples
             samples = [
                 make_request(
                     self.model_path,
@@ -255,7 +272,7 @@ class RayEvalLM(TemplateLM):
                     index,
                     prompt_token_ids=tuple(tokens),
                 )
-                for index in range(self.num_samples)
+                for index in range(first, first + self.num_samples)
             ]
             per_instance.append((samples, until))
         everything = [r for samples, _ in per_instance for r in samples]

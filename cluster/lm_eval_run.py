@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.config import RunConfig
+from cluster.errors import ClusterError
 from cluster.lm_eval_backend import RayEvalLM
 from cluster.plan import LmEvalTaskPlan
 from cluster.runner import RequestRunner
@@ -57,20 +58,47 @@ def run_lm_eval_tasks(
         except LmEvalTaskUnavailable as exc:
             log.error("%s", exc)
             output.summaries.append(unavailable_task(plan.name, "lm-eval", str(exc)))
-    runnable = [p for p in plans if p.name in loaded]
     n = config.num_samples
     results: dict[str, LmEvalTaskResult] = {}
     for round_index in range(n):
-        this_round = [p for p in runnable if round_index == 0 or loaded[p.name].generative]
+        this_round = [
+            p for p in plans if p.name in loaded and (round_index == 0 or loaded[p.name].generative)
+        ]
         if not this_round:
             break
         for limit, same_limit in _by_limit(this_round):
-            tasks = {p.name: loaded[p.name] if round_index == 0 else catalog.load(p.name) for p in same_limit}
-            _evaluate_round(config, catalog, same_limit, tasks, limit, round_index, runner, results, output)
+            try:
+                tasks = {
+                    p.name: loaded[p.name] if round_index == 0 else catalog.load(p.name) for p in same_limit
+                }
+                _evaluate_round(
+                    config, catalog, same_limit, tasks, limit, round_index, runner, results, output
+                )
+            except (ClusterError, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # noqa: BLE001 - lm-eval failing on some tasks must not lose the others
+                log.exception("lm-eval failed on %s", ", ".join(p.name for p in same_limit))
+                for plan in same_limit:
+                    _drop(plan.name, loaded, results, output)
+                    reason = f"lm-eval failed while evaluating it: {type(exc).__name__}: {exc}"
+                    output.summaries.append(unavailable_task(plan.name, "lm-eval", reason))
     for name, result in results.items():
         runs = n if result.output_type == "generate_until" else 1
         output.summaries.append(summarize_lm_eval_task(result, output.records.get(name, []), runs))
     return output
+
+
+def _drop(
+    name: str,
+    loaded: dict[str, LoadedLmEvalTask],
+    results: dict[str, LmEvalTaskResult],
+    output: LmEvalRunOutput,
+) -> None:
+    """Forget a task that failed part way: no half-computed numbers are reported for it."""
+    task = loaded.pop(name, None)
+    for leaf in task.leaves if task is not None else []:
+        results.pop(leaf, None)
+        output.records.pop(leaf, None)
 
 
 def _by_limit(plans: list[LmEvalTaskPlan]) -> Iterable[tuple[int | None, list[LmEvalTaskPlan]]]:

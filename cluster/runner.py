@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from cluster.engine import EngineInfo, EngineSettings
@@ -66,6 +67,7 @@ class RequestRunner:
         self.stats = RunnerStats()
         self._pool: ReplicaPool | None = None
         self._dispatcher: Dispatcher | None = None
+        self._starting: Future[Dispatcher] | None = None
         self._seen: set[str] = set()
         self._loop = asyncio.new_event_loop()  # one loop for every batch: the dispatcher's state lives in it
 
@@ -128,9 +130,20 @@ class RequestRunner:
         self.stats.generated += total
         return results
 
+    def start_in_background(self) -> None:
+        """Start the replicas now, while the caller builds requests (engine start is the longest wait of a
+        fresh run); the first `run` that needs them waits for the start to finish."""
+        if self._dispatcher is None and self._starting is None:
+            self._starting = ThreadPoolExecutor(1, thread_name_prefix="replica-start").submit(
+                self._start_pool
+            )
+
     def _ensure_replicas(self) -> Dispatcher:
-        if self._dispatcher is not None:
-            return self._dispatcher
+        if self._dispatcher is None:
+            self._dispatcher = self._starting.result() if self._starting is not None else self._start_pool()
+        return self._dispatcher
+
+    def _start_pool(self) -> Dispatcher:
         plan, config = self.plan, self.plan.config
         settings = EngineSettings(
             model=plan.model.path,
@@ -158,10 +171,11 @@ class RequestRunner:
                 info.start_s,
                 info.vllm_version,
             )
-        self._dispatcher = Dispatcher(pool.replicas())
-        return self._dispatcher
+        return Dispatcher(pool.replicas())
 
     def close(self) -> None:
+        if self._starting is not None:
+            wait([self._starting])  # a start still in flight must finish before its pool can be shut down
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None

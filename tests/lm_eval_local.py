@@ -4,6 +4,7 @@
 - `gsm8k_mc_local`: ARC-style multiple choice built from the same questions: the true answer and three
   numeric distractors, scored by log-likelihood (acc, acc_norm).
 - `gsm8k_rolling_local`: the worked solutions as documents for loglikelihood_rolling (perplexities).
+- `gsm8k_repeats_local`: `gsm8k_local` with `repeats: 2` (two draws per question, as self-consistency tasks).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Pa
         "test_split: test\n"
         "num_fewshot: 0\n",
         encoding="utf-8",
+    )
+    (directory / "gsm8k_repeats_local.yaml").write_text(  # self-consistency style: 2 draws per question
+        "include: gsm8k_local.yaml\ntask: gsm8k_repeats_local\nrepeats: 2\n", encoding="utf-8"
     )
     (directory / "gsm8k_mc_local.yaml").write_text(
         "task: gsm8k_mc_local\n"
