@@ -15,7 +15,9 @@ Measured per configuration, each in its own process:
 - generated tokens of the generate_until task (tokenised from the outputs, identical text → identical count)
   and tokens/s over the evaluation time (wall minus engine load).
 lm-eval's data_parallel_size=2 asks Ray for one GPU per replica; on a CPU-only machine it never gets one.
-The script gives it --dp2-timeout seconds and records the outcome.
+The script gives it --dp2-timeout seconds and records the outcome. `same outputs` compares each configuration's
+GSM8K generations with lm-eval dp=1's: in bf16 on CPU, vLLM's results depend on how requests are batched, so
+`--batch-sensitivity` adds lm-eval itself at max_num_seqs=32 to show how much its own outputs move.
 """
 
 from __future__ import annotations
@@ -80,11 +82,20 @@ def lm_eval_env(stand_in: Path) -> dict[str, str]:
         return env
 
 
-def run_lm_eval(model: str, tasks_dir: Path, limit: int, dp: int, work: Path, timeout: float) -> dict:
-    args = f"pretrained={model},max_model_len={MAX_MODEL_LEN},max_num_seqs={MAX_NUM_SEQS}"
+def run_lm_eval(
+    model: str,
+    tasks_dir: Path,
+    limit: int,
+    dp: int,
+    work: Path,
+    timeout: float,
+    max_num_seqs: int = MAX_NUM_SEQS,
+) -> dict:
+    args = f"pretrained={model},max_model_len={MAX_MODEL_LEN},max_num_seqs={max_num_seqs}"
+    name = f"lm-eval vllm dp={dp}" + ("" if max_num_seqs == MAX_NUM_SEQS else f" max_num_seqs={max_num_seqs}")
     if dp > 1:
         args += f",data_parallel_size={dp}"
-    out = work / f"lm_eval_dp{dp}.json"
+    out = work / f"lm_eval_dp{dp}_seqs{max_num_seqs}.json"
     driver = work / "driver.py"
     driver.write_text(DRIVER)
     command = [
@@ -107,21 +118,24 @@ def run_lm_eval(model: str, tasks_dir: Path, limit: int, dp: int, work: Path, ti
         os.killpg(proc.pid, signal.SIGKILL)
         _, stderr = proc.communicate()
         return {
-            "config": f"lm-eval vllm dp={dp}",
+            "config": name,
             "error": f"no result within {timeout:g} s",
             "log_tail": stderr[-1500:],
         }
     done = subprocess.CompletedProcess(command, proc.returncode, "", stderr)
     wall = time.perf_counter() - began
-    if done.returncode != 0:
+    # vLLM's teardown at interpreter exit sometimes aborts (exit -6) after everything was written; the
+    # driver writes its result file last, so its presence is what says the run completed.
+    if not out.exists():
         return {
-            "config": f"lm-eval vllm dp={dp}",
+            "config": name,
             "error": f"exit {done.returncode}",
             "log_tail": done.stderr[-2000:],
         }
     data = json.loads(out.read_text())
     return {
-        "config": f"lm-eval vllm dp={dp}",
+        "config": name,
+        "exit_code": done.returncode,
         "wall_s": wall,
         "engine_load_s": data["engine_load_s"],
         "evaluate_s": data["evaluate_s"],
@@ -175,6 +189,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--skip-dp2", action="store_true", help="do not try lm-eval's data_parallel_size=2")
     parser.add_argument("--dp2-timeout", type=float, default=150.0)
+    parser.add_argument(
+        "--batch-sensitivity",
+        action="store_true",
+        help="also run lm-eval with max_num_seqs=32: how much its own bf16 outputs move with the batch size",
+    )
     args = parser.parse_args()
 
     from cluster.default_model import ensure_default_model
@@ -190,6 +209,8 @@ def main() -> None:
         run_rayeval(tasks_dir, args.limit, 1, work),
         run_rayeval(tasks_dir, args.limit, 2, work),
     ]
+    if args.batch_sensitivity:
+        rows.append(run_lm_eval(model, tasks_dir, args.limit, 1, work, timeout=3600, max_num_seqs=32))
     if not args.skip_dp2:
         rows.append(run_lm_eval(model, tasks_dir, args.limit, 2, work, timeout=args.dp2_timeout))
     reference = rows[0]

@@ -138,8 +138,9 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
     catalog = LmEvalCatalog(config.lm_eval.include_path)
     plans = []
     lm_eval_plans = []
-    for options in tasks:
-        resolved = resolve_task_name(options.name, TASKS, catalog)
+    resolved_names = [resolve_task_name(options.name, TASKS, catalog) for options in tasks]
+    _check_unique([r.name for r in resolved_names])
+    for options, resolved in zip(tasks, resolved_names, strict=True):
         if resolved.source == "lm_eval":
             lm_eval_plans.append(_lm_eval_plan(resolved.name, options, config, default_limit))
             continue
@@ -164,7 +165,6 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
             stop=task.defaults.stop,
         )
         plans.append(TaskPlan(task, options, samples, pool, num_fewshot, sampling, available))
-    _check_unique([p.task.name for p in plans] + [p.name for p in lm_eval_plans])
     if lm_eval_plans and config.lm_eval.fewshot_as_multiturn and not config.lm_eval.apply_chat_template:
         raise EvalInputError(
             "--fewshot-as-multiturn needs --apply-chat-template (few-shot turns are chat messages). Add "

@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import lru_cache
 from typing import Any
 
 from evaluators.data import offline_if_hub_unreachable
@@ -49,11 +49,9 @@ class LmEvalCatalog:
     def __init__(self, include_paths: Sequence[str] = ()) -> None:
         self.include_paths = list(include_paths)
 
-    @cached_property
+    @property
     def manager(self) -> Any:
-        from lm_eval.tasks import TaskManager
-
-        return TaskManager(include_path=self.include_paths or None)
+        return _task_manager(tuple(self.include_paths))
 
     def knows(self, name: str) -> bool:
         return name in self.manager.task_index
@@ -99,6 +97,14 @@ class LoadedLmEvalTask:
     def generative(self) -> bool:
         """Whether sampling N times can differ: only generate_until tasks are run once per sample round."""
         return any(t.get_config("output_type") == "generate_until" for t in self.leaves.values())
+
+
+@lru_cache(maxsize=4)
+def _task_manager(include_paths: tuple[str, ...]) -> Any:
+    """One index per set of task folders and process: building it reads every task YAML (seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include_paths) or None)
 
 
 @dataclass(frozen=True)

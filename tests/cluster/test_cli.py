@@ -78,6 +78,13 @@ def test_validate_names_each_bad_field(capsys, tmp_path):
         (["run", "--tasks", "gsm8k,ifeval", "--data-path", "x.jsonl", "--dry-run"], "TASK=PATH"),
         (["validate", "/no/such.yaml"], "does not exist"),
         (["run", "--pipeline-parallel-size", "2", "--device", "cpu", "--dry-run"], "does not run on CPU"),
+        (["run", "--tasks", "lm_eval:arc_eassy", "--dry-run"], "Unknown lm-eval task 'arc_eassy'"),
+        (
+            ["run", "--tasks", "arc_easy", "--fewshot-as-multiturn", "--dry-run"],
+            "needs --apply-chat-template",
+        ),
+        (["run", "--tasks", "arc_easy", "--data-path", "x.jsonl", "--dry-run"], "--include-path"),
+        (["run", "--tasks", "gsm8k,lm_eval:gsm8k", "--dry-run"], "appear twice"),
     ],
 )
 def test_usage_errors_exit_2_with_one_paragraph(capsys, argv, message):
@@ -121,3 +128,26 @@ def test_replica_that_no_node_can_hold_fails_fast(tmp_path):
     assert result.returncode == 1
     assert "Each replica needs {1 CPU, 1 GPU}" in result.stderr and "0 GPU" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_lm_eval_tasks_in_a_config_file_are_planned_with_their_options(capsys, tmp_path):
+    from tests.conftest import SHARED
+    from tests.lm_eval_local import write_local_tasks
+
+    tasks_dir = write_local_tasks(tmp_path / "tasks", SHARED / "data" / "gsm8k" / "test.jsonl", rows=5)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "tasks:\n  - ifeval\n  - {name: gsm8k_mc_local, limit: 3, num_fewshot: 2}\n  - lm_eval:arc_easy\n"
+        f"lm_eval:\n  include_path: {tasks_dir}\n  apply_chat_template: true\n"
+    )
+    assert main(["run", "--config", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "gsm8k_mc_local lm-eval task" in out and "(limit=3, fewshot=2)" in out
+    # another task sets a limit, so the demo model's default limit of 20 does not apply to arc_easy
+    assert "arc_easy   lm-eval task" in out and "(limit=None, fewshot=task default)" in out
+    assert main(["validate", str(config)]) == 0
+
+
+def test_tasks_lists_lm_eval_names(capsys):
+    assert main(["tasks", "--lm-eval", "arc_eas"]) == 0
+    assert "arc_easy" in capsys.readouterr().out.split()
