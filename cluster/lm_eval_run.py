@@ -26,6 +26,7 @@ from evaluators.lm_eval_tasks import (
     LoadedLmEvalTask,
     describe_leaf,
     records_from_round,
+    summarize_lm_eval_group,
     summarize_lm_eval_task,
 )
 from evaluators.records import SampleRecord
@@ -40,6 +41,8 @@ LM_EVAL_DEFAULT_SEEDS = (0, 1234, 1234, 1234)  # lm_eval's --seed default: pytho
 class LmEvalRunOutput:
     summaries: list[TaskSummary] = field(default_factory=list)
     records: dict[str, list[SampleRecord]] = field(default_factory=dict)
+    group_rounds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # lm-eval's group entries
+    group_subtasks: dict[str, list[str]] = field(default_factory=dict)
 
 
 def lm_eval_seeds(seed: int) -> tuple[int, int, int, int]:
@@ -82,9 +85,14 @@ def run_lm_eval_tasks(
                     _drop(plan.name, loaded, results, output)
                     reason = f"lm-eval failed while evaluating it: {type(exc).__name__}: {exc}"
                     output.summaries.append(unavailable_task(plan.name, "lm-eval", reason))
+    leaves = {}
     for name, result in results.items():
         runs = n if result.output_type == "generate_until" else 1
-        output.summaries.append(summarize_lm_eval_task(result, output.records.get(name, []), runs))
+        leaves[name] = summarize_lm_eval_task(result, output.records.get(name, []), runs)
+        output.summaries.append(leaves[name])
+    for group, rounds in output.group_rounds.items():
+        subtasks = output.group_subtasks.get(group, [])
+        output.summaries.append(summarize_lm_eval_group(group, rounds, subtasks, leaves))
     return output
 
 
@@ -96,6 +104,7 @@ def _drop(
 ) -> None:
     """Forget a task that failed part way: no half-computed numbers are reported for it."""
     task = loaded.pop(name, None)
+    output.group_rounds.pop(name, None)
     for leaf in task.leaves if task is not None else []:
         results.pop(leaf, None)
         output.records.pop(leaf, None)
@@ -156,6 +165,9 @@ def _evaluate_round(
         confirm_run_unsafe_code=options.confirm_run_unsafe_code,
     )
     assert evaluated is not None  # rank 0 of a single process always gets the results
+    for group in evaluated.get("groups", {}):  # groups with an aggregate (MMLU's overall accuracy)
+        output.group_rounds.setdefault(group, []).append(dict(evaluated["results"][group]))
+        output.group_subtasks[group] = list(evaluated.get("group_subtasks", {}).get(group, []))
     for plan in plans:
         for leaf_name, leaf in tasks[plan.name].leaves.items():
             described = describe_leaf(leaf_name, leaf, evaluated)

@@ -45,7 +45,14 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
         log.info("connected to Ray cluster at %s", address)
     else:
         cpus = local_cpus(plan, replicas)
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=verbose, logging_level=logging.WARNING)
+        # address="local": always a new cluster; without it Ray joins the last `ray start` cluster on this machine
+        ray.init(
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            log_to_driver=verbose,
+            logging_level=logging.WARNING,
+        )
         log.info("started a local Ray cluster with %d logical CPUs", cpus)
     try:
         yield

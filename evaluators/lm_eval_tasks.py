@@ -19,7 +19,7 @@ from typing import Any
 from evaluators.data import offline_if_hub_unreachable
 from evaluators.errors import EvalInputError
 from evaluators.records import SampleRecord
-from evaluators.report import TaskSummary, summarize_records
+from evaluators.report import TaskSummary, summarize_records, unavailable_task
 
 log = logging.getLogger(__name__)
 
@@ -263,4 +263,28 @@ def summarize_lm_eval_task(
     summary.aggregate_only = result.aggregate_only()
     summary.higher_is_better = result.higher_is_better
     summary.lm_eval_results = result.rounds[0] if len(result.rounds) == 1 else None
+    return summary
+
+
+def summarize_lm_eval_group(
+    name: str, rounds: list[dict[str, Any]], subtasks: list[str], leaves: Mapping[str, TaskSummary]
+) -> TaskSummary:
+    """A group's aggregate as lm-eval computed it (MMLU's overall accuracy, say), beside its subtasks' rows."""
+    result = LmEvalTaskResult(
+        name=name,
+        version="",
+        num_fewshot=0,
+        num_available=sum(leaves[t].num_available for t in subtasks if t in leaves),
+        output_type="group",
+        mean_metrics=[],
+        higher_is_better={},
+        rounds=rounds,
+    )
+    summary = unavailable_task(name, "lm-eval", "")
+    summary.error = None
+    summary.num_available = result.num_available
+    summary.num_questions = sum(leaves[t].num_questions for t in subtasks if t in leaves)
+    summary.num_runs = len(rounds)
+    summary.aggregate_only = result.aggregate_only()
+    summary.lm_eval_results = rounds[0] if len(rounds) == 1 else None
     return summary

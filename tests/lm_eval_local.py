@@ -5,6 +5,7 @@
   numeric distractors, scored by log-likelihood (acc, acc_norm).
 - `gsm8k_rolling_local`: the worked solutions as documents for loglikelihood_rolling (perplexities).
 - `gsm8k_repeats_local`: `gsm8k_local` with `repeats: 2` (two draws per question, as self-consistency tasks).
+- `gsm8k_group_local`: a group of `gsm8k_mc_local` and `gsm8k_local` with an aggregate accuracy (as MMLU).
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Pa
         "metric_list:\n"
         "  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n"
         "metadata:\n  version: 1.0\n",
+        encoding="utf-8",
+    )
+    (directory / "gsm8k_group_local.yaml").write_text(  # a group with an aggregate, as MMLU is
+        "group: gsm8k_group_local\ntask:\n  - gsm8k_mc_local\n  - gsm8k_local\n"
+        "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\nmetadata:\n  version: 1.0\n",
         encoding="utf-8",
     )
     return directory

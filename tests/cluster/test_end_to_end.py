@@ -167,17 +167,18 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
         *ENGINE_FLAGS,
     ]  # fmt: skip  (two sequences in flight, so completions arrive a pair at a time and the cut lands mid-run)
     store = tmp_path / "cut" / "cache" / "completions.jsonl"
-    proc = start_in_background(argv)
-    wait_for_records(proc, store, 3)
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    done_before = len(store.read_text().splitlines())
-    assert proc.returncode != 0 and 3 <= done_before < 10, err[-2000:]
-
     port = "6391"
     subprocess.run([ray_cli(), "start", "--head", "--port", port, "--num-cpus", "2", "--include-dashboard", "false"],
                    check=True, capture_output=True)  # fmt: skip
     try:
+        # Without --address rayeval starts its own cluster, even with a `ray start` cluster on the machine.
+        proc = start_in_background(argv)
+        wait_for_records(proc, store, 3)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        done_before = len(store.read_text().splitlines())
+        assert proc.returncode != 0 and 3 <= done_before < 10, err[-2000:]
+        assert "started a local Ray cluster" in err
         resumed = rayeval(*argv, "--address", "auto")  # as inside `ray job submit` on the cluster
     finally:
         subprocess.run([ray_cli(), "stop", "--force"], capture_output=True, check=False)

@@ -43,8 +43,15 @@ CHAT_OPTIONS = ["--num_fewshot", "2", "--apply_chat_template", "--fewshot_as_mul
 CHAT_TASKS = ("gsm8k_local", "gsm8k_mc_local")
 
 
-def run_reference(out: Path, tasks_dir: Path, tasks: tuple[str, ...], limit: str, options: list[str]) -> dict:
-    """`lm_eval --model vllm` itself: its results.json and per-sample logs, by task and document."""
+def run_reference(
+    out: Path,
+    tasks_dir: Path,
+    tasks: tuple[str, ...],
+    limit: str,
+    options: list[str],
+    leaves: tuple[str, ...],
+) -> dict:
+    """`lm_eval --model vllm` itself: its results.json and per-sample logs, by leaf task and document."""
     model_args = ",".join([f"pretrained={default_model_path()}", *(f"{k}={v}" for k, v in ENGINE.items())])
     done = subprocess.run(
         [sys.executable, "-m", "lm_eval", "--model", "vllm", "--model_args", model_args,
@@ -58,7 +65,7 @@ def run_reference(out: Path, tasks_dir: Path, tasks: tuple[str, ...], limit: str
     assert done.returncode == 0 or finished, done.stderr[-4000:]
     [results_file] = list((out / "results").rglob("results_*.json"))
     samples = {}
-    for task in tasks:
+    for task in leaves:
         [path] = list((out / "results").rglob(f"samples_{task}_*.jsonl"))
         samples[task] = {}
         for entry in records(path):
@@ -79,7 +86,8 @@ def run_ours(out: Path, tasks_dir: Path, tasks: tuple[str, ...], limit: str, opt
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, local_tasks) -> dict:
-    return run_reference(tmp_path_factory.mktemp("lm_eval_reference"), local_tasks, LOCAL_TASKS, LIMIT, [])
+    out = tmp_path_factory.mktemp("lm_eval_reference")
+    return run_reference(out, local_tasks, LOCAL_TASKS, LIMIT, [], LOCAL_TASKS)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +130,8 @@ def assert_same_as_reference(reference: dict, ours: Path, tasks: tuple[str, ...]
     assert worst_logprob_gap <= 1e-3
 
     our_results = json.loads((ours / "results.json").read_text())["results"]
-    for task in tasks:
+    assert set(our_results) == set(reference["results"])  # leaves, and groups with their aggregate
+    for task in reference["results"]:
         for key, value in reference["results"][task].items():
             if isinstance(value, float):
                 assert our_results[task][key] == pytest.approx(value, abs=1e-9), (task, key)
@@ -137,8 +146,10 @@ def test_same_predictions_loglikelihoods_and_metrics_as_lm_eval_vllm(reference, 
 
 def test_same_as_lm_eval_with_chat_template_fewshot_turns_and_system_instruction(tmp_path, local_tasks):
     limit = "8"
-    expected = run_reference(tmp_path / "reference", local_tasks, CHAT_TASKS, limit, CHAT_OPTIONS)
-    run_dir = run_ours(tmp_path / "ours", local_tasks, CHAT_TASKS, limit, CHAT_OPTIONS)
+    group = ("gsm8k_group_local",)  # its two subtasks, and their aggregate accuracy as lm-eval computes it
+    expected = run_reference(tmp_path / "reference", local_tasks, group, limit, CHAT_OPTIONS, CHAT_TASKS)
+    run_dir = run_ours(tmp_path / "ours", local_tasks, group, limit, CHAT_OPTIONS)
+    assert "acc,none" in expected["results"]["gsm8k_group_local"]
     prompt = our_records(run_dir, "gsm8k_mc_local")[0]["prompt"]
     assert (
         "You are a careful math tutor." in prompt and prompt.count("<|im_start|>user") == 3
