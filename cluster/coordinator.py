@@ -235,6 +235,7 @@ def _finish(
     _warn_failures(summaries, writer.directory)
     wall = time.perf_counter() - started
     stats, dispatch = runner.stats, runner.dispatch
+    task_errors = {s.task: s.error for s in summaries if s.error is not None}
     run_info: dict[str, Any] = {
         "run_id": run_dir.name,
         "model": plan.model.name,
@@ -253,7 +254,7 @@ def _finish(
         "generation_s": round(stats.generation_s, 3),
         "engines": [asdict(e) for e in stats.engines],
         "dispatch": asdict(dispatch) if dispatch else None,
-        "task_errors": {s.task: s.error for s in summaries if s.error is not None},
+        "task_errors": task_errors,
     }
     if any(t.task.name == "ifeval" for t in plan.tasks):
         from evaluators.sentence_splitting import sentence_backend
@@ -283,7 +284,7 @@ def _finish(
         output_tokens=output_tokens,
         engines=stats.engines,
         dispatch=dispatch,
-        task_errors={s.task: s.error for s in summaries if s.error is not None},
+        task_errors=task_errors,
     )
 
 

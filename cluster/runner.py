@@ -36,15 +36,10 @@ class RunnerStats:
     engines: list[EngineInfo] = field(default_factory=list)
 
 
-def group_missing(
-    requests: Sequence[GenerationRequest], store: ResultStore | None, retry_failed: bool
-) -> list[PromptGroup]:
-    """One group per shared prompt prefix (the N samples of a prompt, the choices of a question), holding the
-    requests not yet in the store."""
+def group_prompts(requests: Sequence[GenerationRequest]) -> list[PromptGroup]:
+    """One group per shared prompt prefix (the N samples of a prompt, the choices of a question)."""
     by_key: dict[tuple[object, ...], dict[str, GenerationRequest]] = {}
     for request in requests:
-        if store is not None and store.is_done(request.request_id, retry_failed):
-            continue
         by_key.setdefault(request.group_key, {})[request.request_id] = request
     return [build_group(next(iter(g.values())).prompt, list(g.values())) for g in by_key.values()]
 
@@ -92,6 +87,7 @@ class RequestRunner:
         """Every request's completion by request id: cached ones from the store, the rest generated now."""
         unique = list({r.request_id: r for r in requests}.values())
         results: dict[str, Completion] = {}
+        missing: list[GenerationRequest] = []
         for request in unique:
             first_time = request.request_id not in self._seen
             self._seen.add(request.request_id)
@@ -103,8 +99,10 @@ class RequestRunner:
                     self.stats.reused_failed += 0 if completion.ok else 1
                 if on_completion is not None:
                     on_completion(completion)
+            else:
+                missing.append(request)
         self.stats.requests = len(self._seen)
-        groups = group_missing(unique, self.store, self.retry_failed)
+        groups = group_prompts(missing)
         total = sum(g.size for g in groups)
         log.info(
             "%s: %d requests, %d reused from the store, %d to generate",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cluster.engine import continuation_logprob
-from cluster.runner import group_missing
+from cluster.runner import group_prompts
 from sharding.requests import SamplingSpec, make_request
 
 
@@ -63,7 +63,7 @@ def test_choices_of_one_question_and_samples_of_one_prompt_are_grouped():
         make_request("m", "text", SamplingSpec(temperature=0.7), 1234 + i, i, prompt_token_ids=(9, 9))
         for i in range(3)
     ]
-    groups = group_missing(choices + [other] + sampled + sampled[:1], store=None, retry_failed=False)
+    groups = group_prompts(choices + [other] + sampled + sampled[:1])
     sizes = sorted(g.size for g in groups)
     assert sizes == [1, 3, 3]  # the duplicate request is asked once
     assert len({r.request_id for g in groups for r in g.requests}) == 7
