@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.config import RunConfig, build_config
-from cluster.coordinator import RunResult, run_evaluation
-from cluster.plan import RunPlan, build_plan, replica_plan
+from cluster.coordinator import RunMode, RunResult, run_evaluation
+from cluster.plan import RunPlan, build_plan, check_judge, local_judge_replicas, replica_plan
 from cluster.session import cluster_has_gpus, ray_session
 
 
@@ -24,19 +24,28 @@ def evaluate(
     verbose: bool = False,
     progress: bool = True,
     retry_failed: bool = False,
+    mode: RunMode = "full",
 ) -> RunResult:
+    """`mode`: "full", "inference_only" (generate, judge nothing) or "judge_only" (judge stored outputs)."""
     run_config = config if isinstance(config, RunConfig) else build_config(config, {}, "the config")
     return evaluate_plan(
-        build_plan(run_config), verbose=verbose, progress=progress, retry_failed=retry_failed
+        build_plan(run_config), verbose=verbose, progress=progress, retry_failed=retry_failed, mode=mode
     )
 
 
 def evaluate_plan(
-    plan: RunPlan, *, verbose: bool = False, progress: bool = True, retry_failed: bool = False
+    plan: RunPlan,
+    *,
+    verbose: bool = False,
+    progress: bool = True,
+    retry_failed: bool = False,
+    mode: RunMode = "full",
 ) -> RunResult:
     config = plan.config
-    with ray_session(config.cluster.address, plan.replica, config.cluster.replicas, verbose):
+    check_judge(plan, mode)
+    replicas = config.cluster.replicas + local_judge_replicas(plan, mode)
+    with ray_session(config.cluster.address, plan.replica, replicas, verbose):
         if config.cluster.address and config.cluster.device == "auto":
             plan.device = "gpu" if cluster_has_gpus() else "cpu"
             plan.replica = replica_plan(config, plan.device)
-        return run_evaluation(plan, verbose=verbose, progress=progress, retry_failed=retry_failed)
+        return run_evaluation(plan, verbose=verbose, progress=progress, retry_failed=retry_failed, mode=mode)

@@ -18,6 +18,9 @@ EPILOG = """examples:
   rayeval run --dry-run --tasks gsm8k --data-path gsm8k=data/gsm8k/test.jsonl
   rayeval run --model M --tasks arc_easy,hellaswag,mmlu_abstract_algebra --num-fewshot 5 --limit 200
   rayeval run --tasks my_task --include-path my_tasks/   # an lm-eval task YAML folder
+  rayeval run --tasks alpaca_eval,arena_hard --judge local:Qwen/Qwen2.5-7B-Instruct --judge-replicas 1
+  OPENAI_API_KEY=... rayeval run --tasks healthbench --judge openai:gpt-4.1 --judge-rps 5 --run-id hb
+  rayeval run --judge-only --run-id hb --judge openai:gpt-4o-mini   # re-judge stored outputs, no generation
 Rerunning the same command with the same --output-dir and --run-id resumes: finished requests are reused."""
 
 
@@ -190,6 +193,80 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="generation length where a task sets none (default 256)",
     )
+    j = p.add_argument_group(
+        "judge",
+        "Judged tasks (alpaca_eval, arena_hard, healthbench, writingbench) need a judge. Judging starts on the "
+        "first finished outputs while the rest are generating. An API key is read from the environment "
+        "variable --judge-api-key-env names, never from a flag.",
+    )
+    j.add_argument(
+        "--judge",
+        dest="judge.model",
+        metavar="local:PATH_OR_ID | openai:MODEL",
+        help="local:M hosts judge model M on its own engine replicas; openai:M calls an OpenAI-compatible API",
+    )
+    j.add_argument(
+        "--judge-replicas",
+        dest="judge.replicas",
+        type=int,
+        metavar="N",
+        help="local judge engine replicas, or API judge actors (default 1)",
+    )
+    j.add_argument(
+        "--judge-base-url", dest="judge.base_url", metavar="URL", help="OpenAI-compatible endpoint (/v1)"
+    )
+    j.add_argument(
+        "--judge-api-key-env",
+        dest="judge.api_key_env",
+        metavar="VAR",
+        help="environment variable with the API key (default OPENAI_API_KEY)",
+    )
+    j.add_argument(
+        "--judge-rps",
+        dest="judge.requests_per_second",
+        type=float,
+        metavar="R",
+        help="API requests per second, for the whole cluster (default 5)",
+    )
+    j.add_argument(
+        "--judge-max-concurrency",
+        dest="judge.max_concurrency",
+        type=int,
+        metavar="N",
+        help="API requests in flight, for the whole cluster (default 8)",
+    )
+    j.add_argument(
+        "--judge-timeout",
+        dest="judge.timeout_s",
+        type=float,
+        metavar="S",
+        help="API judges: seconds per attempt before it counts as a timeout and is retried (default 60)",
+    )
+    j.add_argument(
+        "--judge-max-attempts",
+        dest="judge.max_attempts",
+        type=int,
+        metavar="N",
+        help="API judges: attempts per request on 429, 5xx and timeouts (default 6)",
+    )
+    j.add_argument(
+        "--judge-max-tokens",
+        dest="judge.max_tokens",
+        type=int,
+        metavar="N",
+        help="judge answer length (default: each task's own)",
+    )
+    mode = j.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--inference-only",
+        action="store_true",
+        help="generate outputs and stop: judged tasks are left unjudged (judge later with --judge-only)",
+    )
+    mode.add_argument(
+        "--judge-only",
+        action="store_true",
+        help="judge the stored outputs of run --run-id without generating; its config.yaml is the base config",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument(
         "--address",
@@ -262,7 +339,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    skip = {"command", "config", "data_path", "dry_run", "verbose", "no_progress", "retry_failed"}
+    skip = {
+        "command",
+        "config",
+        "data_path",
+        "dry_run",
+        "verbose",
+        "no_progress",
+        "retry_failed",
+        "inference_only",
+        "judge_only",
+    }
     values = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
     if "tasks" in values:
         values["tasks"] = [n.strip() for n in values["tasks"].split(",") if n.strip()]
@@ -292,13 +379,18 @@ def _apply_data_paths(config: RunConfig, data_paths: list[str] | None) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from cluster.config import build_config, load_config_file
 
+    source = args.config or "the command line"
     file_data = load_config_file(args.config) if args.config else {}
-    config = build_config(file_data, _overrides(args), args.config or "the command line")
+    if args.judge_only and not args.config:
+        file_data, source = _stored_run_config(args)
+    config = build_config(file_data, _overrides(args), source)
     _apply_data_paths(config, args.data_path)
 
-    from cluster.plan import build_plan
+    from cluster.plan import build_plan, check_judge
 
     plan = build_plan(config, materialise_model=not args.dry_run)
+    mode = "judge_only" if args.judge_only else "inference_only" if args.inference_only else "full"
+    check_judge(plan, mode)
     if args.dry_run:
         print(plan.describe())
         return 0
@@ -306,7 +398,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cluster.api import evaluate_plan
 
     result = evaluate_plan(
-        plan, verbose=args.verbose, progress=not args.no_progress, retry_failed=args.retry_failed
+        plan, verbose=args.verbose, progress=not args.no_progress, retry_failed=args.retry_failed, mode=mode
     )
     print(result.table)
     print(
@@ -322,6 +414,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _stored_run_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """--judge-only re-judges a finished run: its saved config.yaml says which model, tasks and N it used."""
+    from pathlib import Path
+
+    from cluster.config import load_config_file
+
+    if not args.run_id:
+        raise EvalInputError(
+            "--judge-only needs --run-id: the run whose stored outputs are to be judged (a folder under "
+            "--output-dir, default runs/)."
+        )
+    folder = Path(args.output_dir or "runs").expanduser() / args.run_id
+    saved = folder / "config.yaml"
+    if not saved.is_file():
+        raise EvalInputError(
+            f"--judge-only --run-id {args.run_id}: {saved} does not exist. Give the --run-id (and --output-dir) "
+            "of a run made before, e.g. with --inference-only."
+        )
+    data = load_config_file(str(saved))
+    data.pop("resolved_model_path", None)
+    return data, str(saved)
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:

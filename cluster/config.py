@@ -87,6 +87,50 @@ class LmEvalOptions(Strict):
         return [value] if isinstance(value, str) else value
 
 
+class JudgeOptions(Strict):
+    """Who judges the judged tasks (alpaca_eval, arena_hard, healthbench, writingbench) and how fast.
+
+    The API key is never part of the config: it is read from the environment variable `api_key_env`.
+    """
+
+    model: str | None = Field(
+        None, description="local:PATH_OR_HF_ID (engine replicas in the cluster) or openai:MODEL (an API)"
+    )
+    replicas: int = Field(1, ge=1, description="local judge engine replicas, or API judge actors")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; default: OpenAI's")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
+    requests_per_second: float = Field(5.0, gt=0, description="API judges: cluster-wide request rate")
+    max_concurrency: int = Field(8, ge=1, description="API judges: cluster-wide requests in flight")
+    max_attempts: int = Field(6, ge=1, description="API judges: attempts per request (429, 5xx, timeouts)")
+    timeout_s: float = Field(60.0, gt=0, description="API judges: seconds per attempt")
+    max_tokens: int | None = Field(None, ge=1, description="judge answer length; default: each task's own")
+    temperature: float = Field(0.0, ge=0)
+    max_model_len: int | None = Field(None, ge=16, description="local judge context; default: the model's")
+
+    @field_validator("model")
+    @classmethod
+    def _kind_prefix(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("local:", "openai:")):
+            raise ValueError(
+                f"'{value}' names no judge kind: write local:PATH_OR_HF_ID for a judge model on the cluster's "
+                "own engine replicas, or openai:MODEL for an OpenAI-compatible API (with --judge-base-url)"
+            )
+        if value is not None and not value.partition(":")[2]:
+            raise ValueError(f"'{value}' has no model after the colon")
+        return value
+
+    @property
+    def kind(self) -> Literal["local", "openai"] | None:
+        if self.model is None:
+            return None
+        return "local" if self.model.startswith("local:") else "openai"
+
+    @property
+    def target(self) -> str:
+        """The path, hub id or API model name after the kind prefix."""
+        return (self.model or "").partition(":")[2]
+
+
 class RunConfig(Strict):
     model: ModelOptions = Field(default_factory=ModelOptions)
     tasks: list[TaskOptions] = Field(default_factory=lambda: [TaskOptions(name="ifeval")])
@@ -96,6 +140,7 @@ class RunConfig(Strict):
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
     cluster: ClusterOptions = Field(default_factory=ClusterOptions)
     lm_eval: LmEvalOptions = Field(default_factory=LmEvalOptions)
+    judge: JudgeOptions = Field(default_factory=JudgeOptions)
     output_dir: str = "runs"
     run_id: str | None = None
 

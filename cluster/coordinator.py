@@ -9,18 +9,24 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from cluster.engine import EngineInfo
 from cluster.errors import ClusterError
+from cluster.judge_backends import build_judge_backend
+from cluster.judge_runner import JudgeRunner, JudgeStats
+from cluster.judged_samples import JudgedSamples, task_statistics
 from cluster.model import PromptRenderer
-from cluster.plan import RunPlan, TaskPlan
+from cluster.plan import RunPlan, TaskPlan, core_slots
 from cluster.runner import RequestRunner
 from evaluators.errors import EvalInputError
+from evaluators.judging.base import JudgeTask
 from evaluators.records import SampleRecord
 from evaluators.report import (
     TaskSummary,
@@ -30,6 +36,7 @@ from evaluators.report import (
     summary_json,
     write_samples,
 )
+from evaluators.tasks.base import Sample
 from sharding.dispatcher import DispatchStats
 from sharding.requests import Completion, GenerationRequest, make_request
 from sharding.store import ResultStore, StoreInUse
@@ -39,10 +46,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RunMode = Literal["full", "inference_only", "judge_only"]
+
 FAILURE_HINTS = {
     "VLLMValidationError": "Usually a prompt longer than max_model_len: raise --max-model-len (up to what the model "
     "supports) or lower --num-fewshot",
     "ScoringError": "The scorer raised on these outputs; the traceback summary is in the record",
+    "JudgeParseError": "The judge's answer held no verdict in the format the task asks for (a stronger judge, or "
+    "a larger --judge-max-tokens when answers were cut off, helps); the raw answers are in judge_outputs",
+    "JudgeAPIError": "The judge API kept failing after every retry; these are not cached, so rerunning the same "
+    "command (or --judge-only --run-id) asks again",
 }
 
 
@@ -90,11 +103,24 @@ def build_requests(plan: RunPlan, renderer: PromptRenderer) -> list[PlannedSampl
     return planned
 
 
-class SampleWriter:
-    """Scores completions as they arrive and appends their records to the task's live JSONL file."""
+JudgedOutput = Callable[[JudgeTask, Sample, SampleRecord], None]
 
-    def __init__(self, plan: RunPlan, planned: list[PlannedSample], directory: Path) -> None:
+
+class SampleWriter:
+    """Scores completions as they arrive and appends their records to the task's live JSONL file.
+
+    Outputs of judged tasks are recorded unscored and handed to `on_judged_output` (the judge pipeline).
+    """
+
+    def __init__(
+        self,
+        plan: RunPlan,
+        planned: list[PlannedSample],
+        directory: Path,
+        on_judged_output: JudgedOutput | None = None,
+    ) -> None:
         self.directory = directory
+        self.on_judged_output = on_judged_output
         self.by_request: dict[str, list[PlannedSample]] = {}
         for item in planned:
             self.by_request.setdefault(item.request.request_id, []).append(item)
@@ -111,6 +137,9 @@ class SampleWriter:
             handle = self.handles[record.task]
             handle.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
             handle.flush()
+            task = item.task_plan.task
+            if isinstance(task, JudgeTask) and self.on_judged_output is not None:
+                self.on_judged_output(task, item.task_plan.samples[item.doc_index], record)
 
     def _record(self, item: PlannedSample, completion: Completion) -> SampleRecord:
         task = item.task_plan.task
@@ -130,7 +159,7 @@ class SampleWriter:
             finish_reason=completion.finish_reason,
             error=completion.error,
         )
-        if completion.ok:
+        if completion.ok and not isinstance(task, JudgeTask):
             try:
                 for key, metric in task.score(sample, completion.text).items():
                     record.scores[key] = metric.value / metric.weight if metric.weight else 0.0
@@ -147,19 +176,78 @@ class SampleWriter:
             handle.close()
 
 
+@dataclass
+class JudgePipeline:
+    """The judging half of a run with judged tasks: bookkeeping, the judge loop and its cache."""
+
+    samples: JudgedSamples
+    runner: JudgeRunner
+    store: ResultStore
+    directory: Path
+
+
+def _start_judging(plan: RunPlan, run_dir: Path, verbose: bool, mode: RunMode) -> JudgePipeline | None:
+    judged = [t for t in plan.tasks if isinstance(t.task, JudgeTask)]
+    if not judged:
+        return None
+    config = plan.config
+    backend = build_judge_backend(config, plan.device, plan.replica, verbose, core_slots(plan, judge=True, mode=mode))
+    directory = run_dir / "judges" / backend.identity.slug
+    try:
+        store = ResultStore(directory / "cache" / "judgments.jsonl")
+    except StoreInUse:
+        raise EvalInputError(
+            f"The judge folder {directory} is in use by another rayeval process; wait for it or use another judge."
+        ) from None
+    samples = JudgedSamples(
+        backend, config.judge.max_tokens, config.judge.temperature, directory / "samples", judged
+    )
+    runner = JudgeRunner(backend, store, samples.on_answer)
+    samples.submit = runner.submit
+    runner.start(eager=len(store) == 0)
+    log.info(
+        "judge %s: judging starts with the first finished outputs (cache %s)",
+        backend.identity.name,
+        store.path,
+    )
+    return JudgePipeline(samples, runner, store, directory)
+
+
+def _wait_for_judging(pipeline: JudgePipeline, progress: bool) -> None:
+    answered, total = pipeline.runner.progress()
+    if pipeline.samples.unfinished and progress:
+        bar = _progress_bar_for("judging")
+        with bar:
+            job = bar.add_task("judging", total=total)
+            while pipeline.samples.unfinished:
+                answered, total = pipeline.runner.progress()
+                bar.update(job, completed=answered, total=total)
+                time.sleep(0.2)
+            bar.update(job, completed=total, total=total)
+    pipeline.runner.finish()
+    pipeline.samples.fail_unanswered(
+        "JudgeUnanswered: judging stopped before this sample's verdicts came back"
+    )
+
+
 def run_evaluation(
-    plan: RunPlan, verbose: bool = False, progress: bool = True, retry_failed: bool = False
+    plan: RunPlan,
+    verbose: bool = False,
+    progress: bool = True,
+    retry_failed: bool = False,
+    mode: RunMode = "full",
 ) -> RunResult:
     """Run the plan on the connected Ray cluster and write every output file; returns the summaries."""
     started = time.perf_counter()
     config = plan.config
     run_dir = run_dir_for(plan)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(
-        yaml.safe_dump(
-            {**config.model_dump(mode="json"), "resolved_model_path": plan.model.path}, sort_keys=False
+    if mode != "judge_only":  # a re-judge keeps the config that generated the outputs
+        (run_dir / "config.yaml").write_text(
+            yaml.safe_dump(
+                {**config.model_dump(mode="json"), "resolved_model_path": plan.model.path}, sort_keys=False
+            )
         )
-    )
     planned: list[PlannedSample] = []
     if plan.tasks:
         renderer = PromptRenderer(plan.model, config.model.chat_template, config.model.revision)
@@ -171,8 +259,19 @@ def run_evaluation(
             f"The run folder {run_dir} is in use by another rayeval process. Wait for it to finish (it writes the "
             "same results), or pass another --run-id."
         ) from None
-    writer = SampleWriter(plan, planned, run_dir / "samples" / plan.model.name)
-    runner = RequestRunner(plan, store, verbose=verbose, progress=progress, retry_failed=retry_failed)
+    judging = None if mode == "inference_only" else _start_judging(plan, run_dir, verbose, mode)
+    writer = SampleWriter(
+        plan, planned, run_dir / "samples" / plan.model.name, judging.samples.add_output if judging else None
+    )
+    runner = RequestRunner(
+        plan,
+        store,
+        verbose=verbose,
+        progress=progress,
+        retry_failed=retry_failed,
+        generate_missing=mode != "judge_only",
+        core_slots=core_slots(plan, judge=False, mode=mode),
+    )
     log.info("run %s: results cached in %s", run_dir, store.path)
     if len(store) == 0 and plan.lm_eval_tasks:
         runner.start_in_background()  # a fresh run needs engines: start them while lm-eval builds requests
@@ -180,11 +279,17 @@ def run_evaluation(
     try:
         if planned:
             runner.run([p.request for p in planned], label="generating", on_completion=writer.add)
+        if judging is not None:
+            _wait_for_judging(judging, progress)
         if plan.lm_eval_tasks and plan.lm_eval_catalog is not None and not runner.all_replicas_dead:
             from cluster.lm_eval_run import run_lm_eval_tasks
 
             lm_eval_output = run_lm_eval_tasks(config, plan.lm_eval_catalog, plan.lm_eval_tasks, runner)
     finally:
+        if judging is not None:
+            judging.runner.finish()
+            judging.samples.close()
+            judging.store.close()
         runner.close()
         writer.close()
         store.close()
@@ -193,7 +298,7 @@ def run_evaluation(
             "%d reused requests had failed last time; --retry-failed generates them again",
             runner.stats.reused_failed,
         )
-    result = _finish(plan, run_dir, writer, started, runner, lm_eval_output)
+    result = _finish(plan, run_dir, writer, started, runner, lm_eval_output, judging, mode)
     dispatch = runner.dispatch
     if dispatch is not None and dispatch.all_replicas_dead:
         causes = "; ".join(f"{name}: {cause}" for name, cause in dispatch.death_causes().items())
@@ -205,6 +310,25 @@ def run_evaluation(
     return result
 
 
+def judging_timeline(runner: RequestRunner, judge: JudgeStats) -> dict[str, Any]:
+    """When generation and judging ran (seconds from the first generation), and how long they overlapped."""
+    gen_start, gen_end = runner.stats.first_dispatch_at, runner.stats.last_completion_at
+    judge_start, judge_end = judge.first_submit_at, judge.last_answer_at
+    origin = min(t for t in (gen_start, judge_start) if t is not None) if (gen_start or judge_start) else 0.0
+
+    def rel(t: float | None) -> float | None:
+        return None if t is None else round(t - origin, 3)
+
+    overlap = 0.0
+    if None not in (gen_start, gen_end, judge_start, judge_end):
+        overlap = max(0.0, min(gen_end, judge_end) - max(gen_start, judge_start))  # type: ignore[type-var,operator]
+    return {
+        "generation_s": [rel(gen_start), rel(gen_end)],
+        "judging_s": [rel(judge_start), rel(judge_end)],
+        "overlap_s": round(overlap, 3),
+    }
+
+
 def _finish(
     plan: RunPlan,
     run_dir: Path,
@@ -212,27 +336,35 @@ def _finish(
     started: float,
     runner: RequestRunner,
     lm_eval_output: LmEvalRunOutput | None,
+    judging: JudgePipeline | None,
+    mode: RunMode,
 ) -> RunResult:
     config = plan.config
     summaries = []
     all_records: list[SampleRecord] = []
+    judged_summaries: list[TaskSummary] = []
     for task_plan in plan.tasks:
-        records = writer.task_records(task_plan.task.name)
-        write_samples(writer.directory, task_plan.task.name, records)
-        summaries.append(
-            summarize_task(
-                task_plan.task, records, config.num_samples, task_plan.num_fewshot, task_plan.available
-            )
-        )
+        task = task_plan.task
+        records = writer.task_records(task.name)
+        write_samples(writer.directory, task.name, records)
         all_records += records
+        if isinstance(task, JudgeTask):
+            summary = _judged_summary(task_plan, records, judging, config.num_samples, config.sampling.seed)
+            judged_summaries.append(summary)
+        else:
+            summary = summarize_task(
+                task, records, config.num_samples, task_plan.num_fewshot, task_plan.available
+            )
+        summaries.append(summary)
     if lm_eval_output is not None:
         for name, records in lm_eval_output.records.items():
             write_samples(writer.directory, name, records)
             all_records += records
         summaries += lm_eval_output.summaries
-    failed = sum(1 for r in all_records if r.error)
+    failed = sum(s.failed for s in summaries)  # judged tasks count judge failures too
     output_tokens = sum(r.output_tokens for r in all_records)
-    _warn_failures(summaries, writer.directory)
+    judged_dir = judging.samples.directory if judging is not None else writer.directory
+    _warn_failures(summaries, {s.task: judged_dir for s in judged_summaries}, writer.directory)
     wall = time.perf_counter() - started
     stats, dispatch = runner.stats, runner.dispatch
     task_errors = {s.task: s.error for s in summaries if s.error is not None}
@@ -264,6 +396,32 @@ def _finish(
         import lm_eval
 
         run_info["lm_eval_version"] = getattr(lm_eval, "__version__", "unknown")
+    run_info["mode"] = mode
+    if judging is not None:
+        judge_stats = judging.runner.stats
+        timeline = judging_timeline(runner, judge_stats)
+        run_info["judge"] = {
+            "judge": judging.runner.backend.identity.name,
+            "spec": judging.runner.backend.identity.spec,
+            "folder": str(judging.directory),
+            "requests": judge_stats.requests,
+            "reused_from_cache": judge_stats.reused,
+            "asked": judge_stats.asked,
+            "failed": judge_stats.failed,
+            "start_s": round(judge_stats.start_s, 3),
+            "start_error": judge_stats.start_error,
+            "backend": judging.runner.backend_stats,
+            "dispatch": asdict(judging.runner.dispatch) if judging.runner.dispatch else None,
+            **timeline,
+        }
+        log.info(
+            "generation %s s, judging %s s (seconds from the start of generation), overlapped %.1f s",
+            timeline["generation_s"],
+            timeline["judging_s"],
+            timeline["overlap_s"],
+        )
+        judge_summary = summary_json(judged_summaries, run_info)
+        _write_json(judging.directory / "summary.json", judge_summary)
     _write_json(run_dir / "summary.json", summary_json(summaries, run_info))
     _write_json(
         run_dir / "results.json",
@@ -288,7 +446,38 @@ def _finish(
     )
 
 
-def _warn_failures(summaries: list[TaskSummary], samples_dir: Path) -> None:
+def _judged_summary(
+    task_plan: TaskPlan,
+    generated: list[SampleRecord],
+    judging: JudgePipeline | None,
+    num_runs: int,
+    seed: int,
+) -> TaskSummary:
+    task = task_plan.task
+    assert isinstance(task, JudgeTask)
+    if judging is None:  # --inference-only: outputs are stored, judging comes later with --judge-only
+        summary = summarize_task(task, [], num_runs, task_plan.num_fewshot, task_plan.available)
+        summary.num_questions = len({r.doc_id for r in generated})
+        summary.num_samples = len(generated)
+        failed = [r for r in generated if r.error]
+        summary.failed = len(failed)
+        summary.failure_reasons = dict(Counter(_reason_of(r.error or "") for r in failed))
+        summary.metrics = {}
+        summary.judge = "not judged (--inference-only); judge later with --judge-only --run-id"
+        return summary
+    records = judging.samples.task_records(task.name)
+    write_samples(judging.samples.directory, task.name, records)
+    summary = summarize_task(task, records, num_runs, task_plan.num_fewshot, task_plan.available)
+    summary.judge = judging.runner.backend.identity.name
+    summary.statistics = task_statistics(task, records, seed)
+    return summary
+
+
+def _reason_of(error: str) -> str:
+    return error.split(":", 1)[0] if ":" in error else error
+
+
+def _warn_failures(summaries: list[TaskSummary], folders: dict[str, Path], samples_dir: Path) -> None:
     for summary in summaries:
         for reason, count in summary.failure_reasons.items():
             hint = FAILURE_HINTS.get(reason, "see the `error` field of those records")
@@ -300,9 +489,15 @@ def _warn_failures(summaries: list[TaskSummary], samples_dir: Path) -> None:
                 summary.num_samples,
                 reason,
                 hint,
-                samples_dir,
+                folders.get(summary.task, samples_dir),
                 summary.task,
             )
+
+
+def _progress_bar_for(label: str):  # noqa: ANN202 - rich's Progress
+    from cluster.runner import _progress_bar
+
+    return _progress_bar(label, 0, enabled=True)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -95,10 +95,61 @@ class RunPlan:
                 f"task      {t.name:<10} lm-eval task; its data and requests are built when the run starts"
                 f" (limit={t.limit}, fewshot={'task default' if t.num_fewshot is None else t.num_fewshot})"
             )
+        if self.config.judge.model:
+            j = self.config.judge
+            lines.append(
+                f"judge     {j.model} x{j.replicas}"
+                + (
+                    f" at {j.base_url or 'api.openai.com'}, {j.requests_per_second:g} req/s, {j.max_concurrency} in flight"
+                    if j.kind == "openai"
+                    else " engine replica(s)"
+                )
+            )
         lines.append(
             f"total     {self.num_requests} requests" + (" + lm-eval's" if self.lm_eval_tasks else "")
         )
         return "\n".join(lines)
+
+
+def judged_task_names(plan: RunPlan) -> list[str]:
+    from evaluators.judging.base import JudgeTask
+
+    return [t.task.name for t in plan.tasks if isinstance(t.task, JudgeTask)]
+
+
+def check_judge(plan: RunPlan, mode: str) -> None:
+    """Judged tasks need a judge unless the run only generates; say so before any engine starts."""
+    judged = judged_task_names(plan)
+    if mode == "judge_only" and plan.config.judge.model is None:
+        raise EvalInputError("--judge-only needs --judge local:PATH_OR_ID or --judge openai:MODEL.")
+    if mode == "judge_only" and not judged:
+        raise EvalInputError(
+            "--judge-only was given, but the run has no judged task (alpaca_eval, arena_hard, healthbench, "
+            "writingbench). Pass --tasks with the judged tasks of that run."
+        )
+    if judged and mode == "full" and plan.config.judge.model is None:
+        raise EvalInputError(
+            f"Task(s) {', '.join(judged)} are scored by a judge model: pass --judge local:PATH_OR_ID (a judge on "
+            "this cluster's engine replicas) or --judge openai:MODEL (an OpenAI-compatible API, key from "
+            "$OPENAI_API_KEY), or --inference-only to generate now and judge later with --judge-only."
+        )
+
+
+def local_judge_replicas(plan: RunPlan, mode: str) -> int:
+    """Engine replicas a local judge adds to the cluster (0 for an API judge or a run that does not judge)."""
+    if mode == "inference_only" or plan.config.judge.kind != "local" or not judged_task_names(plan):
+        return 0
+    return plan.config.judge.replicas
+
+
+def core_slots(plan: RunPlan, judge: bool, mode: str) -> tuple[int, int] | None:
+    """CPU thread-binding slots when a local judge and the model's replicas run at once: the model's take the
+    first slots, the judge's the next ones. None when either runs alone (it then has every core)."""
+    judges = local_judge_replicas(plan, mode)
+    if plan.device != "cpu" or judges == 0 or mode == "judge_only":
+        return None
+    replicas = plan.config.cluster.replicas
+    return (replicas, replicas + judges) if judge else (0, replicas + judges)
 
 
 def resolve_device(config: RunConfig, cluster_has_gpus: bool | None) -> str:

@@ -60,9 +60,21 @@ class ReplicaPool:
     """Starts `count` engine replicas, each in its own placement group, and hands them to the dispatcher."""
 
     def __init__(
-        self, settings: EngineSettings, plan: ReplicaPlan, count: int, kv_cache_gib: int, verbose: bool
+        self,
+        settings: EngineSettings,
+        plan: ReplicaPlan,
+        count: int,
+        kv_cache_gib: int,
+        verbose: bool,
+        *,
+        name_prefix: str = "replica",
+        core_slots: tuple[int, int] | None = None,
     ) -> None:
+        """`core_slots` = (first slot, slots on the node) when another pool shares the node's cores (a local
+        judge beside the model's replicas): CPU thread binding then counts both pools."""
         self.settings = settings
+        self.name_prefix = name_prefix
+        self.core_slots = core_slots
         self.plan = plan
         self.count = count
         self.kv_cache_gib = kv_cache_gib
@@ -85,12 +97,15 @@ class ReplicaPool:
         nodes = [self._node_of(g) for g in self.groups]
         for index, group in enumerate(self.groups):
             same_node = [i for i, n in enumerate(nodes) if n == nodes[index]]
-            env = self._env(same_node.index(index), len(same_node))
+            local_index, local_count = same_node.index(index), len(same_node)
+            if self.core_slots is not None:
+                local_index, local_count = self.core_slots[0] + local_index, self.core_slots[1]
+            env = self._env(local_index, local_count)
             actor = EngineActor.options(
                 num_cpus=self.plan.bundle.get("CPU", 0),
                 num_gpus=self.plan.bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-            ).remote(f"replica-{index}", self.settings, env)
+            ).remote(f"{self.name_prefix}-{index}", self.settings, env)
             self.actors.append(actor)
         try:
             self.infos = ray.get([a.start.remote() for a in self.actors])

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from cluster.config import ModelOptions
 from cluster.engine import EngineInfo, EngineSettings
 from cluster.plan import RunPlan
 from cluster.pool import ReplicaPool
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 CompletionCallback = Callable[[Completion], None]
 
 
+NOT_GENERATED = "NotGenerated: the run folder holds no output for this request; run without --judge-only first to generate it"
+
+
 @dataclass
 class RunnerStats:
     requests: int = 0
@@ -34,6 +38,25 @@ class RunnerStats:
     generated: int = 0
     generation_s: float = 0.0
     engines: list[EngineInfo] = field(default_factory=list)
+    first_dispatch_at: float | None = None  # wall clock (time.time()) of the first generation dispatched
+    last_completion_at: float | None = None
+
+
+def engine_settings(
+    options: ModelOptions, model_path: str, device: str, max_model_len: int | None = None
+) -> EngineSettings:
+    return EngineSettings(
+        model=model_path,
+        revision=options.revision,
+        dtype=options.dtype,
+        max_model_len=max_model_len or options.max_model_len,
+        max_num_seqs=options.max_num_seqs,
+        tensor_parallel_size=options.tensor_parallel_size,
+        pipeline_parallel_size=options.pipeline_parallel_size,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        enforce_eager=options.enforce_eager,
+        device=device,
+    )
 
 
 def group_prompts(requests: Sequence[GenerationRequest]) -> list[PromptGroup]:
@@ -53,8 +76,14 @@ class RequestRunner:
         verbose: bool = False,
         progress: bool = True,
         retry_failed: bool = False,
+        generate_missing: bool = True,
+        core_slots: tuple[int, int] | None = None,
     ) -> None:
+        """`generate_missing=False` (--judge-only) answers requests the store lacks with a NotGenerated failure
+        instead of starting engines."""
         self.plan = plan
+        self.generate_missing = generate_missing
+        self.core_slots = core_slots
         self.store = store
         self.verbose = verbose
         self.progress = progress
@@ -113,12 +142,21 @@ class RequestRunner:
         )
         if not groups:
             return results
+        if not self.generate_missing:
+            for group in groups:
+                for request in group.requests:
+                    completion = Completion(request.request_id, error=NOT_GENERATED, retryable=True)
+                    results[request.request_id] = completion
+                    if on_completion is not None:
+                        on_completion(completion)
+            return results
         dispatcher = self._ensure_replicas()
 
         bar = _progress_bar(label, total, enabled=self.progress)
         job = bar.add_task(label, total=total)
 
         def done(group: PromptGroup, completions: list[Completion]) -> None:
+            self.stats.last_completion_at = time.time()
             if self.store is not None:
                 self.store.add(completions)
             for completion in completions:
@@ -128,6 +166,8 @@ class RequestRunner:
             bar.advance(job, len(completions))
 
         began = time.perf_counter()
+        if self.stats.first_dispatch_at is None:
+            self.stats.first_dispatch_at = time.time()
         with bar:
             self._loop.run_until_complete(dispatcher.run(groups, on_group_done=done))
         self.stats.generation_s += time.perf_counter() - began
@@ -149,20 +189,14 @@ class RequestRunner:
 
     def _start_pool(self) -> Dispatcher:
         plan, config = self.plan, self.plan.config
-        settings = EngineSettings(
-            model=plan.model.path,
-            revision=config.model.revision,
-            dtype=config.model.dtype,
-            max_model_len=config.model.max_model_len,
-            max_num_seqs=config.model.max_num_seqs,
-            tensor_parallel_size=config.model.tensor_parallel_size,
-            pipeline_parallel_size=config.model.pipeline_parallel_size,
-            gpu_memory_utilization=config.model.gpu_memory_utilization,
-            enforce_eager=config.model.enforce_eager,
-            device=plan.device,
-        )
+        settings = engine_settings(config.model, plan.model.path, plan.device)
         pool = ReplicaPool(
-            settings, plan.replica, config.cluster.replicas, config.model.cpu_kv_cache_gib, self.verbose
+            settings,
+            plan.replica,
+            config.cluster.replicas,
+            config.model.cpu_kv_cache_gib,
+            self.verbose,
+            core_slots=self.core_slots,
         )
         log.info("starting %d engine replica(s) of %s", config.cluster.replicas, plan.replica.describe())
         self._pool = pool

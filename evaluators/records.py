@@ -23,6 +23,11 @@ class SampleRecord:
     output_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    # judged tasks: who judged, each judgment's parsed verdict and raw answer, numbers for task statistics
+    judge: str = ""
+    verdicts: dict[str, str] = field(default_factory=dict)
+    judge_outputs: dict[str, str] = field(default_factory=dict)
+    features: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

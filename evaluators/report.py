@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evaluators.judging.base import TaskStatistic
 from evaluators.records import SampleRecord
 from evaluators.stats import MetricSummary, ScoredItem, summarize
 from evaluators.tasks.base import Task
@@ -36,6 +37,8 @@ class TaskSummary:
     higher_is_better: dict[str, bool] = field(default_factory=dict)
     lm_eval_results: dict[str, Any] | None = None  # lm-eval's own results entry (runs with N = 1)
     error: str | None = None  # the task could not run at all (e.g. its dataset is unreachable)
+    judge: str | None = None  # judged tasks: the judge, or why they were not judged (--inference-only)
+    statistics: list[TaskStatistic] = field(default_factory=list)  # judged tasks: LC win rate, bootstrap CIs
 
 
 def summarize_task(
@@ -101,9 +104,9 @@ def write_samples(directory: Path, task: str, records: list[SampleRecord]) -> tu
     tmp.replace(jsonl)
     parquet = directory / f"{task}.parquet"
     rows = [record.to_dict() for record in ordered]
-    for row in rows:  # score keys hold commas; Parquet structs take them, but JSON text is easier to query
-        row["scores"] = json.dumps(row["scores"])
-        row["weights"] = json.dumps(row["weights"])
+    for row in rows:  # mappings as JSON text: score keys hold commas, and Parquet cannot store empty structs
+        for key in ("scores", "weights", "verdicts", "judge_outputs", "features"):
+            row[key] = json.dumps(row[key], ensure_ascii=False)
     pq.write_table(pa.Table.from_pylist(rows), parquet)
     return jsonl, parquet
 
@@ -135,6 +138,13 @@ def results_json(
             name, _, filt = key.partition(",")
             entry[key] = _finite(value)
             entry[f"{name}_stderr,{filt}"] = "N/A" if stderr is None else _finite(stderr)
+        for stat in s.statistics:
+            if stat.key not in s.metrics:  # a bootstrap of a mean metric keeps the clustered SEM as its stderr
+                name, _, filt = stat.key.partition(",")
+                entry[stat.key] = _finite(stat.value)
+                entry[f"{name}_stderr,{filt}"] = _finite(stat.std)
+        if s.judge is not None:
+            entry["judge"] = s.judge
         results[s.task] = entry
     return {
         "results": results,
@@ -142,7 +152,8 @@ def results_json(
         "n-shot": {s.task: s.num_fewshot for s in ran},
         "higher_is_better": {
             s.task: {
-                k.split(",")[0]: s.higher_is_better.get(k, True) for k in [*s.metrics, *s.aggregate_only]
+                **{k.split(",")[0]: s.higher_is_better.get(k, True) for k in [*s.metrics, *s.aggregate_only]},
+                **{t.key.split(",")[0]: t.higher_is_better for t in s.statistics},
             }
             for s in ran
         },
@@ -172,6 +183,15 @@ def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict
                 "scored_samples": m.num_scored,
             }
             for key, m in s.metrics.items()
+        }
+        body["statistics"] = {
+            t.key: {
+                "value": _finite(t.value),
+                "std": _finite(t.std),
+                "ci95": [_finite(t.ci95_low), _finite(t.ci95_high)],
+                "method": t.method,
+            }
+            for t in s.statistics
         }
         tasks[s.task] = body
     return {"run": run_info, "tasks": tasks}
@@ -209,6 +229,20 @@ def render_table(summaries: list[TaskSummary]) -> str:
             table.add_row(
                 s.task, key, "1", str(s.num_questions), _fmt(value, 4), stderr_text, "-", "-", str(s.failed)
             )
+        for stat in s.statistics:
+            table.add_row(
+                s.task,
+                f"{stat.key} (bootstrap)",
+                str(s.num_runs),
+                str(s.num_questions),
+                _fmt(stat.value, 4),
+                _fmt(stat.std, 4),
+                f"[{_fmt(stat.ci95_low, 3)}, {_fmt(stat.ci95_high, 3)}]",
+                "-",
+                str(s.failed),
+            )
+        if not s.metrics and s.judge is not None:
+            table.add_row(s.task, f"not judged: {s.judge}", "-", str(s.num_questions), *["-"] * 4, str(s.failed))
     console = Console(width=140, record=True, file=io.StringIO())
     console.print(table)
     return console.export_text()

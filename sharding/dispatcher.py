@@ -91,6 +91,8 @@ class Dispatcher:
             itertools.count()
         )  # tie-break of equal costs: first queued, first out; groups never compared
         self._unfinished = 0
+        self._open = False
+        self._feeders: list[asyncio.Task[None]] = []
         self._cond = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = DispatchStats(per_replica={s.replica.name: s.stats for s in self._states})
@@ -100,20 +102,47 @@ class Dispatcher:
     ) -> DispatchStats:
         """Dispatch `groups` until each has finished or failed. A dispatcher may run several batches of groups
         one after another (in one event loop); replicas that died in an earlier batch stay dead."""
+        self.open(on_group_done)
+        await self.submit(groups)
+        return await self.drain()
+
+    def open(self, on_group_done: GroupDone | None = None) -> None:
+        """Start feeding the replicas; groups may then be `submit`ted at any time until `drain`.
+
+        This is the streaming form of `run`: judging submits each output's judge prompts as soon as the
+        output exists, while generation goes on.
+        """
         if on_group_done is not None:
             self._on_group_done = on_group_done
-        for group in groups:
-            self._heap.append((-group.expected_cost, next(self._arrival), group))
-        heapq.heapify(self._heap)
-        self._unfinished = len(self._heap)
-        if not self._live():
-            self._fail_everything_queued(reason="every replica has died")
-            return self.stats
-        feeders = [asyncio.create_task(self._feed(state)) for state in self._states]
-        await asyncio.gather(*feeders)
+        self._open = True
+        self._feeders = [asyncio.create_task(self._feed(state)) for state in self._states]
+
+    async def submit(self, groups: Iterable[PromptGroup]) -> None:
+        """Queue more groups (longest first among what is queued); fails them at once if no replica lives."""
+        async with self._cond:
+            added = 0
+            for group in groups:
+                heapq.heappush(self._heap, (-group.expected_cost, next(self._arrival), group))
+                added += 1
+            self._unfinished += added
+            if not self._live():
+                self._fail_everything_queued(reason="every replica has died")
+            self._cond.notify_all()
+
+    async def drain(self) -> DispatchStats:
+        """Wait until every submitted group has finished or failed; the dispatcher is then closed."""
+        async with self._cond:
+            self._open = False
+            self._cond.notify_all()
+        await asyncio.gather(*self._feeders)
+        self._feeders = []
         while self._tasks:
             await asyncio.gather(*list(self._tasks))
         return self.stats
+
+    def _idle(self) -> bool:
+        """Nothing left to do and nothing more coming."""
+        return self._unfinished == 0 and not self._open
 
     def _live(self) -> list[_ReplicaState]:
         return [s for s in self._states if not s.stats.dead]
@@ -128,10 +157,8 @@ class Dispatcher:
     async def _feed(self, state: _ReplicaState) -> None:
         while True:
             async with self._cond:
-                await self._cond.wait_for(
-                    lambda: self._unfinished == 0 or state.stats.dead or self._has_room(state)
-                )
-                if self._unfinished == 0 or state.stats.dead:
+                await self._cond.wait_for(lambda: self._idle() or state.stats.dead or self._has_room(state))
+                if state.stats.dead or self._idle():
                     return
                 _, _, group = heapq.heappop(self._heap)
                 state.in_flight += group.size

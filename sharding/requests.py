@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-RequestKind = Literal["generate", "loglikelihood"]
+RequestKind = Literal["generate", "loglikelihood", "chat"]
 EngineOption = tuple[str, float | int | bool | str]
 
 
@@ -32,7 +32,8 @@ class GenerationRequest:
 
     A prompt is text, or token ids when the caller tokenised it (lm-eval does). A `loglikelihood` request
     generates nothing: it asks for the log-probability of the prompt tokens from `continuation_start` on,
-    given the tokens before it.
+    given the tokens before it. A `chat` request's prompt is a JSON list of {role, content} messages, for
+    chat APIs that apply their own template (API judges).
     """
 
     request_id: str

@@ -5,11 +5,12 @@ from __future__ import annotations
 import difflib
 
 from evaluators.errors import EvalInputError
+from evaluators.judging.tasks import JUDGE_TASKS
 from evaluators.tasks.base import Task
 from evaluators.tasks.gsm8k import GSM8K
 from evaluators.tasks.ifeval import IFEval
 
-TASKS: dict[str, type[Task]] = {task.name: task for task in (IFEval, GSM8K)}
+TASKS: dict[str, type[Task]] = {task.name: task for task in (IFEval, GSM8K)} | JUDGE_TASKS
 
 
 def get_task(name: str) -> Task:

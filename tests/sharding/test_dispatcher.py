@@ -168,3 +168,40 @@ def test_requeued_groups_of_equal_cost_do_not_collide_in_the_queue():
     stats = run(dispatcher, groups)
     assert stats.requeues >= 2
     assert len(results) == 6 and all(c.ok for c in results.values())
+
+
+def test_streaming_dispatch_takes_groups_while_earlier_ones_run():
+    """Judging submits judge prompts as outputs arrive: groups added mid-run finish, and drain waits for all."""
+    replicas = [FakeReplica("r0", delay=0.01), FakeReplica("r1", delay=0.01)]
+    finished: list[str] = []
+
+    async def scenario() -> None:
+        dispatcher = Dispatcher([Replica(r.name, r, 4) for r in replicas])
+        dispatcher.open(lambda group, completions: finished.append(group.prompt))
+        await dispatcher.submit([make_group("first")])
+        await asyncio.sleep(0.05)  # the first group is done before more arrive; the feeders must still wait
+        assert finished == ["first"]
+        await dispatcher.submit([make_group(f"later-{i}") for i in range(10)])
+        stats = await dispatcher.drain()
+        assert stats.groups_done == 11
+
+    asyncio.run(scenario())
+    assert sorted(finished) == sorted(["first", *(f"later-{i}" for i in range(10))])
+    assert all(r.seen for r in replicas)
+
+
+def test_streaming_submit_after_every_replica_died_fails_the_groups():
+    dead = FakeReplica("r0", die_after=0)
+    results: dict[str, Completion] = {}
+
+    async def scenario() -> None:
+        dispatcher = Dispatcher([Replica("r0", dead, 4)], max_attempts=1)
+        dispatcher.open(lambda group, completions: results.update({c.request_id: c for c in completions}))
+        await dispatcher.submit([make_group("a")])
+        await asyncio.sleep(0.02)
+        await dispatcher.submit([make_group("b")])
+        await dispatcher.drain()
+
+    asyncio.run(scenario())
+    assert {c.error for c in results.values()} == {"every replica has died"}
+    assert len(results) == 2

@@ -1,0 +1,174 @@
+"""The two kinds of judge behind one interface: a judge model on the cluster's own engine replicas, or an
+OpenAI-compatible API called by judge actors under one cluster-wide rate limiter.
+
+Both turn a judged task's chat messages into requests for the dispatcher (`make_request`) and hand it
+`Replica`s to feed (`start`); the request id hashes the judge's identity and the full judge prompt, so the
+judge cache is keyed by (judge model, judge prompt, inputs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from cluster.config import JudgeOptions, RunConfig
+from cluster.model import PromptRenderer, ResolvedModel, resolve_model
+from cluster.plan import ReplicaPlan
+from evaluators.tasks.base import ChatMessage, Prompt
+from sharding.dispatcher import Replica
+from sharding.requests import GenerationRequest, SamplingSpec, make_request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JudgeIdentity:
+    spec: str  # what the cache key hashes: kind, model and (for APIs) the endpoint
+    name: str  # for tables and records
+    slug: str  # folder name under <run>/judges/
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:80] or "judge"
+
+
+class JudgeBackend(Protocol):
+    identity: JudgeIdentity
+
+    def make_request(
+        self, messages: tuple[ChatMessage, ...], sampling: SamplingSpec
+    ) -> GenerationRequest: ...
+
+    def start(self) -> list[Replica]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class LocalJudgeBackend:
+    """A judge model hosted on its own engine replicas: the same engine actor as the model under test."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        device: str,
+        replica: ReplicaPlan,
+        verbose: bool,
+        core_slots: tuple[int, int] | None,
+    ) -> None:
+        self.options = config.judge
+        self.config = config
+        self.device = device
+        self.replica = replica
+        self.verbose = verbose
+        self.core_slots = core_slots
+        self.model: ResolvedModel = resolve_model(self.options.target)
+        self.renderer = PromptRenderer(self.model, chat_template=None)
+        self.identity = JudgeIdentity(
+            spec=f"local:{self.model.path}",
+            name=f"local:{self.model.name}",
+            slug=_slug(f"local-{self.model.name}"),
+        )
+        self._pool: Any = None
+
+    def make_request(self, messages: tuple[ChatMessage, ...], sampling: SamplingSpec) -> GenerationRequest:
+        text = "\n\n".join(m.content for m in messages)
+        prompt = self.renderer.render(Prompt(messages=messages, text=text))
+        return make_request(self.identity.spec, prompt, sampling, seed=0, sample_index=0)
+
+    def start(self) -> list[Replica]:
+        from cluster.pool import ReplicaPool
+        from cluster.runner import engine_settings
+
+        settings = engine_settings(
+            self.config.model, self.model.path, self.device, max_model_len=self.options.max_model_len
+        )
+        pool = ReplicaPool(
+            settings,
+            self.replica,
+            self.options.replicas,
+            self.config.model.cpu_kv_cache_gib,
+            self.verbose,
+            name_prefix="judge",
+            core_slots=self.core_slots,
+        )
+        self._pool = pool
+        log.info("starting %d judge replica(s) of %s", self.options.replicas, self.model.name)
+        for info in pool.start(self.config.cluster.placement_timeout_s):
+            log.info("%s ready in %.1f s", info.name, info.start_s)
+        return pool.replicas()
+
+    def stats(self) -> dict[str, Any]:
+        return {"kind": "local", "replicas": self.options.replicas}
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+class ApiJudgeBackend:
+    """An OpenAI-compatible API behind judge actors that share one cluster-wide rate limiter."""
+
+    def __init__(self, options: JudgeOptions) -> None:
+        from cluster.judge_api import ApiJudgeSettings, read_api_key
+
+        self.options = options
+        self.settings = ApiJudgeSettings(
+            model=options.target,
+            base_url=options.base_url,
+            api_key_env=options.api_key_env,
+            requests_per_second=options.requests_per_second,
+            max_concurrency=options.max_concurrency,
+            max_attempts=options.max_attempts,
+            timeout_s=options.timeout_s,
+        )
+        read_api_key(self.settings)  # fail before any engine starts when the key is missing
+        endpoint = options.base_url or "api.openai.com"
+        self.identity = JudgeIdentity(
+            spec=f"openai:{options.target}@{endpoint}",
+            name=f"openai:{options.target}",
+            slug=_slug(f"openai-{options.target}"),
+        )
+        self._pool: Any = None
+
+    def make_request(self, messages: tuple[ChatMessage, ...], sampling: SamplingSpec) -> GenerationRequest:
+        payload = json.dumps([{"role": m.role, "content": m.content} for m in messages], ensure_ascii=False)
+        return make_request(self.identity.spec, payload, sampling, seed=0, sample_index=0, kind="chat")
+
+    def start(self) -> list[Replica]:
+        from cluster.judge_api import start_api_judges
+
+        self._pool = start_api_judges(self.settings, self.options.replicas)
+        return self._pool.replicas()
+
+    def stats(self) -> dict[str, Any]:
+        if self._pool is None:
+            return {"kind": "openai"}
+        return {
+            "kind": "openai",
+            "actors": self.options.replicas,
+            **asdict(self._pool.stats()),
+            "limiter": asdict(self._pool.limiter_stats()),
+        }
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def build_judge_backend(
+    config: RunConfig,
+    device: str,
+    replica: ReplicaPlan,
+    verbose: bool,
+    core_slots: tuple[int, int] | None = None,
+) -> JudgeBackend:
+    if config.judge.kind == "local":
+        return LocalJudgeBackend(config, device, replica, verbose, core_slots)
+    return ApiJudgeBackend(config.judge)

@@ -1,0 +1,179 @@
+"""Judge requests served while generation goes on: a dispatcher in its own event loop and thread.
+
+Generation calls `submit` from its completion callback as each output arrives; the judge's replicas (or
+API actors) start in the background when the run starts, so judging begins on the first finished outputs
+instead of after the last one. Answers are cached per judge in a result store keyed by (judge, judge
+prompt), so a rerun, or a re-judge with the same judge, asks nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
+
+from cluster.judge_backends import JudgeBackend
+from cluster.runner import group_prompts
+from sharding.dispatcher import Dispatcher, DispatchStats
+from sharding.requests import Completion, GenerationRequest, PromptGroup
+from sharding.store import ResultStore
+
+log = logging.getLogger(__name__)
+
+AnswerCallback = Callable[[Completion], None]
+
+
+@dataclass
+class JudgeStats:
+    requests: int = 0
+    reused: int = 0
+    asked: int = 0
+    failed: int = 0
+    first_submit_at: float | None = None  # wall clock of the first judge request handed in
+    first_answer_at: float | None = None
+    last_answer_at: float | None = None
+    start_s: float = 0.0  # judge engines / actors start time
+    start_error: str | None = None
+
+
+class JudgeRunner:
+    def __init__(self, backend: JudgeBackend, store: ResultStore, on_answer: AnswerCallback) -> None:
+        self.backend = backend
+        self.store = store
+        self.on_answer = on_answer
+        self.stats = JudgeStats()
+        self._seen: set[str] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name="judge-loop", daemon=True)
+        self._pending: list[Future[None]] = []
+        self._dispatcher: Dispatcher | None = None
+        # Events bind to the loop that first waits on them (the judge loop), so they can be made here.
+        self._ready = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._needed = asyncio.Event()
+        self._submissions_lock = threading.Lock()
+        self._answered = 0
+        self._finished = False
+        self.backend_stats: dict[str, object] = {}
+
+    @property
+    def dispatch(self) -> DispatchStats | None:
+        return self._dispatcher.stats if self._dispatcher is not None else None
+
+    def start(self, eager: bool) -> None:
+        """Start the judge loop. `eager`: start the judge's replicas or actors now (a fresh run: they start
+        while the model's do); otherwise on the first judge request the cache cannot answer."""
+        if eager:
+            self._needed.set()
+        self._thread.start()
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        """Hand in judge requests from any thread; answers come back through `on_answer`."""
+        if not requests:
+            return
+        if self.stats.first_submit_at is None:
+            self.stats.first_submit_at = time.time()
+        future = asyncio.run_coroutine_threadsafe(self._submit(list(requests)), self._loop)
+        with self._submissions_lock:
+            self._pending.append(future)
+
+    def finish(self, timeout_s: float | None = None) -> None:
+        """Wait until every submitted request has an answer (or a failure), then stop the backend."""
+        with self._submissions_lock:
+            pending = list(self._pending)
+        wait(pending, timeout=timeout_s)
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._close)
+            self._thread.join(timeout_s)
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self.backend_stats = self.backend.stats()  # before shutdown: API actors hold their retry counts
+        except Exception as exc:  # noqa: BLE001 - statistics must not lose the run's results
+            self.backend_stats = {"error": f"{type(exc).__name__}: {exc}"}
+        self.backend.shutdown()
+        for future in pending:  # surface a bug in the judge loop instead of hanging or losing answers
+            if future.done() and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+
+    def progress(self) -> tuple[int, int]:
+        """(answered, handed in) judge requests, for the progress display."""
+        return self._answered, self.stats.requests
+
+    def _close(self) -> None:
+        self._closing.set()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        finally:
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        needed = asyncio.create_task(self._needed.wait())
+        closing = asyncio.create_task(self._closing.wait())
+        await asyncio.wait([needed, closing], return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (needed, closing):
+            waiter.cancel()
+        if not self._needed.is_set():
+            return  # every judgment came from the cache: no judge was started
+        began = time.perf_counter()
+        try:
+            replicas = await asyncio.to_thread(self.backend.start)
+        except Exception as exc:  # noqa: BLE001 - a judge that cannot start fails its judgments, not the run
+            self.stats.start_error = f"{type(exc).__name__}: {exc}"
+            log.error("the judge could not start: %s", self.stats.start_error)
+            self._ready.set()
+            await self._closing.wait()
+            return
+        self.stats.start_s = time.perf_counter() - began
+        self._dispatcher = Dispatcher(replicas)
+        self._dispatcher.open(self._group_done)
+        self._ready.set()
+        await self._closing.wait()
+        await self._dispatcher.drain()
+
+    async def _submit(self, requests: list[GenerationRequest]) -> None:
+        missing: list[GenerationRequest] = []
+        for request in {r.request_id: r for r in requests}.values():
+            if request.request_id in self._seen:
+                continue  # already asked in this run: its answer reaches every waiting sample
+            self._seen.add(request.request_id)
+            self.stats.requests += 1
+            if self.store.is_done(request.request_id, retry_failed=True):
+                self.stats.reused += 1
+                self._answer(self.store.get(request.request_id))  # type: ignore[arg-type]
+            else:
+                missing.append(request)
+        if not missing:
+            return
+        self._needed.set()
+        await self._ready.wait()
+        if self._dispatcher is None:
+            for request in missing:
+                error = f"JudgeUnavailable: the judge could not start ({self.stats.start_error})"
+                self._answer(Completion(request.request_id, error=error, retryable=True))
+            return
+        self.stats.asked += len(missing)
+        await self._dispatcher.submit(group_prompts(missing))
+
+    def _group_done(self, group: PromptGroup, completions: list[Completion]) -> None:
+        self.store.add(completions)
+        for completion in completions:
+            self._answer(completion)
+
+    def _answer(self, completion: Completion) -> None:
+        now = time.time()
+        if self.stats.first_answer_at is None:
+            self.stats.first_answer_at = now
+        self.stats.last_answer_at = now
+        self._answered += 1
+        if not completion.ok:
+            self.stats.failed += 1
+        self.on_answer(completion)
