@@ -31,7 +31,9 @@ def rayeval(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tasks", default="alpaca_eval")
     parser.add_argument("--limit", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -45,7 +47,7 @@ def main() -> None:
     stamp = str(int(time.time()))
     common = [
         "--tasks", args.tasks, "--limit", str(args.limit), "--max-tokens", str(args.max_tokens),
-        "--judge-max-tokens", str(args.judge_max_tokens), "--max-model-len", "2048",
+        "--judge-max-tokens", str(args.judge_max_tokens), "--max-model-len", "4096",
         "--output-dir", args.runs_dir, "--no-progress", *(["--enforce-eager"] if args.eager else []),
     ]  # fmt: skip
 

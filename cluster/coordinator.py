@@ -191,7 +191,9 @@ def _start_judging(plan: RunPlan, run_dir: Path, verbose: bool, mode: RunMode) -
     if not judged:
         return None
     config = plan.config
-    backend = build_judge_backend(config, plan.device, plan.replica, verbose, core_slots(plan, judge=True, mode=mode))
+    backend = build_judge_backend(
+        config, plan.device, plan.replica, verbose, core_slots(plan, judge=True, mode=mode)
+    )
     directory = run_dir / "judges" / backend.identity.slug
     try:
         store = ResultStore(directory / "cache" / "judgments.jsonl")

@@ -139,7 +139,9 @@ def results_json(
             entry[key] = _finite(value)
             entry[f"{name}_stderr,{filt}"] = "N/A" if stderr is None else _finite(stderr)
         for stat in s.statistics:
-            if stat.key not in s.metrics:  # a bootstrap of a mean metric keeps the clustered SEM as its stderr
+            if (
+                stat.key not in s.metrics
+            ):  # a bootstrap of a mean metric keeps the clustered SEM as its stderr
                 name, _, filt = stat.key.partition(",")
                 entry[stat.key] = _finite(stat.value)
                 entry[f"{name}_stderr,{filt}"] = _finite(stat.std)
@@ -242,7 +244,9 @@ def render_table(summaries: list[TaskSummary]) -> str:
                 str(s.failed),
             )
         if not s.metrics and s.judge is not None:
-            table.add_row(s.task, f"not judged: {s.judge}", "-", str(s.num_questions), *["-"] * 4, str(s.failed))
+            table.add_row(
+                s.task, f"not judged: {s.judge}", "-", str(s.num_questions), *["-"] * 4, str(s.failed)
+            )
     console = Console(width=140, record=True, file=io.StringIO())
     console.print(table)
     return console.export_text()

@@ -28,7 +28,10 @@ HEALTH = [
     ),
     (
         "Is it safe to exercise with a cold?",
-        [("Says light exercise is usually fine with mild symptoms.", 5), ("Mentions resting if feverish.", 4)],
+        [
+            ("Says light exercise is usually fine with mild symptoms.", 5),
+            ("Mentions resting if feverish.", 4),
+        ],
     ),
 ]
 WRITING = [
@@ -49,7 +52,10 @@ def write_judge_data(folder: Path) -> dict[str, Path]:
     return {
         "alpaca_eval": _write(
             folder / "alpaca_eval.jsonl",
-            [{"instruction": q, "output": a, "generator": "reference", "dataset": "local"} for q, a in ALPACA],
+            [
+                {"instruction": q, "output": a, "generator": "reference", "dataset": "local"}
+                for q, a in ALPACA
+            ],
         ),
         "arena_hard": _write(
             folder / "arena_hard.jsonl",
@@ -75,7 +81,10 @@ def write_judge_data(folder: Path) -> dict[str, Path]:
                 {
                     "index": str(i),
                     "query": q,
-                    "checklist": [{"name": n, "criteria_description": f"How good the {n.lower()} is.", **bands} for n in names],
+                    "checklist": [
+                        {"name": n, "criteria_description": f"How good the {n.lower()} is.", **bands}
+                        for n in names
+                    ],
                 }
                 for i, (q, names) in enumerate(WRITING)
             ],

@@ -1,0 +1,217 @@
+"""Judged tasks end to end: real Ray, real vLLM CPU engines of SmolLM2-135M as the model under test and as
+the local judge; and an API judge against a loopback OpenAI-compatible stand-in server.
+
+The stand-in (tests/judge_api_standin.py) stands for an external judge API this machine cannot reach; it
+exists to inject faults on a schedule (429 with Retry-After, 500, timeouts, unparseable verdicts) and to
+timestamp every request it receives. Everything else runs for real through the `rayeval` CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.default_model import ensure_default_model
+from tests.judge_api_standin import JudgeApiStandin
+from tests.judge_local_data import write_judge_data
+
+pytestmark = pytest.mark.slow
+
+TASKS = ["alpaca_eval", "arena_hard", "healthbench", "writingbench"]
+ENGINE_FLAGS = ["--enforce-eager", "--max-tokens", "48", "--judge-max-tokens", "96", "--max-model-len", "2048"]
+N = 2
+LOCAL_JUDGE_DIR = "local-SmolLM2-135M-Instruct"
+
+
+def rayeval(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "cluster.cli", *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+    return done
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    return write_judge_data(tmp_path_factory.mktemp("judge-data"))
+
+
+@pytest.fixture(scope="module")
+def pipelined_run(tmp_path_factory, data):
+    """One full run: generation (N=2, sampled) and judging by the local SmolLM2 judge, pipelined."""
+    out = tmp_path_factory.mktemp("runs")
+    judge = f"local:{ensure_default_model()}"
+    data_flags = [f for task in TASKS for f in ("--data-path", f"{task}={data[task]}")]
+    base = ["run", "--tasks", ",".join(TASKS), *data_flags, "--num-samples", str(N), "--temperature", "0.7",
+            "--output-dir", str(out), "--run-id", "judged", *ENGINE_FLAGS]  # fmt: skip
+    done = rayeval(*base, "--judge", judge, "--judge-replicas", "1")
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out / "judged", base, done
+
+
+QUESTIONS = {"alpaca_eval": 4, "arena_hard": 3, "healthbench": 2, "writingbench": 2}
+
+
+def test_every_sample_is_judged_or_counted_failed_with_its_reason(pipelined_run):
+    run_dir, _, _ = pipelined_run
+    judge_dir = run_dir / "judges" / LOCAL_JUDGE_DIR
+    summary = json.loads((run_dir / "summary.json").read_text())
+    per_judge = json.loads((judge_dir / "summary.json").read_text())
+    assert set(per_judge["tasks"]) == set(TASKS)
+    for task in TASKS:
+        generated = records(run_dir / "samples" / "SmolLM2-135M-Instruct" / f"{task}.jsonl")
+        judged = records(judge_dir / "samples" / f"{task}.jsonl")
+        assert (judge_dir / "samples" / f"{task}.parquet").exists()
+        assert len(generated) == len(judged) == QUESTIONS[task] * N
+        assert {(r["doc_id"], r["sample_index"]) for r in judged} == {
+            (d, i) for d in range(QUESTIONS[task]) for i in range(N)
+        }
+        body = summary["tasks"][task]
+        assert body["judge"] == "local:SmolLM2-135M-Instruct"
+        failed = [r for r in judged if r["error"]]
+        scored = [r for r in judged if not r["error"]]
+        assert body["failed"] == len(failed)
+        assert sum(body["failure_reasons"].values()) == len(failed)
+        assert set(body["failure_reasons"]) <= {"JudgeParseError", "JudgeVLLMValidationError"}
+        for record in scored:
+            assert record["scores"] and record["verdicts"] and record["judge"]
+        for record in failed:  # the judge's raw answers are kept for every failure it answered
+            assert record["error"].startswith("Judge") and "judgment" in record["error"]
+        metric = next(iter(body["metrics"].values()))
+        assert metric["scored_samples"] == len(scored)
+
+
+def test_judging_overlaps_generation_and_the_timeline_is_reported(pipelined_run):
+    run_dir, _, done = pipelined_run
+    judge = json.loads((run_dir / "summary.json").read_text())["run"]["judge"]
+    gen_start, gen_end = judge["generation_s"]
+    judge_start, judge_end = judge["judging_s"]
+    assert judge_start < gen_end, "judging must start before the last output is generated"
+    assert judge["overlap_s"] > 0
+    assert judge["requests"] == judge["asked"] > 0
+    assert "overlapped" in done.stderr
+
+
+def test_rerun_reuses_outputs_and_judgments_without_starting_an_engine(pipelined_run):
+    run_dir, base, first = pipelined_run
+    again = rayeval(*base, "--judge", f"local:{ensure_default_model()}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 to generate" in again.stderr
+    assert "starting" not in again.stderr  # neither the model's nor the judge's replicas
+    judge = json.loads((run_dir / "summary.json").read_text())["run"]["judge"]
+    assert judge["asked"] == 0 and judge["reused_from_cache"] == judge["requests"]
+
+
+def _standin_answer(messages: list[dict]) -> str:
+    system = messages[0]["content"]
+    if "criteria_met" in system:
+        return '{"explanation": "The response does this.", "criteria_met": true}'
+    if "[[A>>B]]" in system:
+        return "My answer: ... Assistant B is a little better. [[B>A]]"
+    if "Rating: [[X]]" in system:
+        return "Clear and on topic.\nRating: [[8]]"
+    return "Output A follows the instruction better.\n[[A]]"
+
+
+def _schedule(key: str, attempt: int) -> str:
+    bucket = int(key, 16) % 8
+    if bucket == 0:
+        return "500"  # fails on every attempt: the sample is counted failed, JudgeAPIError
+    if bucket == 1:
+        return "429" if attempt == 1 else "ok"
+    if bucket == 2:
+        return "500" if attempt == 1 else "ok"
+    if bucket == 3:
+        return "timeout" if attempt == 1 else "ok"
+    if bucket == 4:
+        return "garbage"  # an answer without a verdict: JudgeParseError
+    return "ok"
+
+
+def test_judge_only_with_a_faulty_api_judge_rate_limited_across_two_actors(pipelined_run):
+    run_dir, _, _ = pipelined_run
+    rps, attempts = 12.0, 3
+    with JudgeApiStandin(_standin_answer, _schedule, retry_after_s=0.3, timeout_sleep_s=3.0) as api:
+        done = rayeval(
+            "run", "--judge-only", "--output-dir", str(run_dir.parent), "--run-id", run_dir.name,
+            "--judge", "openai:standin-judge", "--judge-base-url", api.base_url, "--judge-replicas", "2",
+            "--judge-rps", str(rps), "--judge-max-concurrency", "4", "--judge-timeout", "1",
+            "--judge-max-attempts", str(attempts), "--judge-api-key-env", "STANDIN_KEY",
+            env={"STANDIN_KEY": "sk-test-standin"},
+        )  # fmt: skip
+        served = api.log()
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "to generate" in done.stderr and "starting 1 engine" not in done.stderr  # no generation at all
+    assert "sk-test-standin" not in done.stderr + done.stdout
+
+    # The limit held across both actors: no 1-second window at the server holds more than rps + 1 requests.
+    times = sorted(s.arrival for s in served)
+    assert max(sum(1 for t in times if start <= t < start + 1.0) for start in times) <= rps + 1
+    assert {s.replica for s in served} == {"api-judge-0", "api-judge-1"}
+    # (concurrency at the server is not checked here: a timed-out request's handler keeps sleeping after the
+    # client gave up; tests/cluster/test_judge_api.py checks the concurrency limit without timeouts)
+
+    judge_dir = run_dir / "judges" / "openai-standin-judge"
+    assert (run_dir / "judges" / LOCAL_JUDGE_DIR / "summary.json").exists()  # the two judges side by side
+    summary = json.loads((judge_dir / "summary.json").read_text())
+    always_500 = {s.key for s in served if s.action == "500" and int(s.key, 16) % 8 == 0}
+    for s in served:
+        if s.key in always_500:
+            assert sum(1 for t in served if t.key == s.key) == attempts
+    for task in TASKS:
+        judged = records(judge_dir / "samples" / f"{task}.jsonl")
+        assert len(judged) == QUESTIONS[task] * N
+        body = summary["tasks"][task]
+        assert body["judge"] == "openai:standin-judge"
+        assert set(body["failure_reasons"]) <= {"JudgeAPIError", "JudgeParseError"}
+        for record in judged:
+            if record["error"] is None:
+                assert record["scores"]
+            elif record["error"].startswith("JudgeAPIError"):
+                assert f"after {attempts} attempts" in record["error"]
+            else:
+                assert record["error"].startswith("JudgeParseError")
+                assert "I think both are fine." in record["judge_outputs"].values()
+    failures = {
+        reason
+        for task in TASKS
+        for reason in summary["tasks"][task]["failure_reasons"]
+    }
+    assert failures == {"JudgeAPIError", "JudgeParseError"}
+
+    # Retries counted: every failed attempt that was not a request's last one was retried.
+    backend = summary["run"]["judge"]["backend"]
+    retried = sum(1 for s in served if s.action in ("429", "500", "timeout")) - len(always_500)
+    assert backend["retries"] == retried
+    assert backend["retries_by_reason"].get("429", 0) == sum(1 for s in served if s.action == "429")
+    # Task statistics with a judge that answers: the LC win rate and the bootstrap CI are numbers.
+    stats = summary["tasks"]["alpaca_eval"]["statistics"]
+    assert 0.0 <= stats["length_controlled_win_rate,none"]["value"] <= 1.0
+    assert "rounds" in stats["length_controlled_win_rate,none"]["method"]
+    arena = summary["tasks"]["arena_hard"]["statistics"]["score,none"]
+    assert arena["ci95"][0] <= arena["value"] <= arena["ci95"][1]
+
+
+def test_inference_only_generates_and_leaves_judged_tasks_unjudged(pipelined_run):
+    run_dir, base, _ = pipelined_run
+    done = rayeval(*base, "--inference-only")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "judging starts" not in done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for task in TASKS:
+        body = summary["tasks"][task]
+        assert body["metrics"] == {} and "--inference-only" in body["judge"]
+        assert body["num_samples"] == QUESTIONS[task] * N
