@@ -127,6 +127,11 @@ def check_judge(plan: RunPlan, mode: str) -> None:
             "--judge-only was given, but the run has no judged task (alpaca_eval, arena_hard, healthbench, "
             "writingbench). Pass --tasks with the judged tasks of that run."
         )
+    if judged and mode != "inference_only" and plan.config.judge.kind == "openai":
+        from cluster.judge_api import ApiJudgeSettings, read_api_key
+
+        judge = plan.config.judge
+        read_api_key(ApiJudgeSettings(model=judge.target, api_key_env=judge.api_key_env))
     if judged and mode == "full" and plan.config.judge.model is None:
         raise EvalInputError(
             f"Task(s) {', '.join(judged)} are scored by a judge model: pass --judge local:PATH_OR_ID (a judge on "

@@ -85,6 +85,13 @@ def test_validate_names_each_bad_field(capsys, tmp_path):
         ),
         (["run", "--tasks", "arc_easy", "--data-path", "x.jsonl", "--dry-run"], "--include-path"),
         (["run", "--tasks", "gsm8k,lm_eval:gsm8k", "--dry-run"], "appear twice"),
+        (["run", "--tasks", "alpaca_eval", "--dry-run"], "are scored by a judge model: pass --judge local:"),
+        (["run", "--tasks", "alpaca_eval", "--judge", "gpt-4o", "--dry-run"], "names no judge kind"),
+        (["run", "--judge-only", "--judge", "local:x", "--dry-run"], "--judge-only needs --run-id"),
+        (
+            ["run", "--judge-only", "--run-id", "gone", "--output-dir", "/no/runs", "--judge", "local:x"],
+            "/no/runs/gone/config.yaml does not exist",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_paragraph(capsys, argv, message):
@@ -92,6 +99,32 @@ def test_usage_errors_exit_2_with_one_paragraph(capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_judge_only_reads_the_stored_run_config(capsys, tmp_path, shared_gsm8k):
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "config.yaml").write_text(f"tasks: [{{name: gsm8k, data_path: {shared_gsm8k}}}]\nrun_id: r1\n"
+                                     "resolved_model_path: /x\n")  # fmt: skip
+    argv = ["run", "--judge-only", "--run-id", "r1", "--output-dir", str(tmp_path), "--judge", "local:x"]
+    assert main([*argv, "--dry-run"]) == 2
+    assert "no judged task" in capsys.readouterr().err
+
+
+def test_judge_plan_and_a_missing_api_key(capsys, monkeypatch):
+    argv = ["run", "--tasks", "alpaca_eval,healthbench", "--limit", "3", "--judge", "openai:gpt-4.1-mini",
+            "--judge-rps", "2.5", "--judge-api-key-env", "RAYEVAL_TEST_KEY", "--dry-run"]  # fmt: skip
+    monkeypatch.delenv("RAYEVAL_TEST_KEY", raising=False)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "RAYEVAL_TEST_KEY" in err and "Traceback" not in err
+    monkeypatch.setenv("RAYEVAL_TEST_KEY", "sk-secret-value")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "alpaca_eval samples=3" in out and "healthbench samples=3" in out
+    assert "judge     openai:gpt-4.1-mini x1 at api.openai.com, 2.5 req/s, 8 in flight" in out
+    assert "sk-secret-value" not in out
+    assert main([*argv[:-1], "--inference-only", "--dry-run"]) == 0  # no judge needed to only generate
 
 
 def test_unreachable_cluster_is_one_readable_error(capsys):
