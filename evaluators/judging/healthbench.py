@@ -3,7 +3,8 @@
 A rubric item carries points, negative for a behaviour to avoid. A response's score is the points of the
 items it meets (negative ones subtract) over the total positive points, clipped to [0, 1] per sample.
 HealthBench itself clips only the final mean; the unclipped ratio is kept in the features
-(`unclipped_score`) for that comparison. The bootstrap std HealthBench reports is computed over questions.
+(`unclipped_score`), and `statistics()` also reports HealthBench's own aggregate, `score_mean_then_clipped`.
+The bootstrap std HealthBench reports is computed over questions.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from evaluators.data import load_rows, package_data_file
 from evaluators.errors import DataError
 from evaluators.judging.base import JudgedItem, JudgedSample, JudgePrompt, JudgeTask, TaskStatistic
 from evaluators.judging.parsing import answer_for, extract_json_object, parse_error, quote, template_digest
-from evaluators.judging.statistics import metric_statistic
+from evaluators.judging.statistics import bootstrap_statistic, metric_statistic, question_index
 from evaluators.tasks.base import (
     ChatMessage,
     DataSourceInfo,
@@ -129,11 +132,33 @@ class HealthBench(JudgeTask):
         if not items:
             return []
         estimator = "mean rubric score (met points / positive points, clipped to [0, 1] per sample)"
-        return [
+        stats = [
             metric_statistic(
                 "score,none", items, rounds=self.bootstrap_rounds, seed=seed, estimator=estimator
             )
         ]
+        if any("unclipped_score" in i.judged.features for i in items):
+            stats.append(self._reference_clipping(items, seed))
+        return stats
+
+    def _reference_clipping(self, items: list[JudgedItem], seed: int) -> TaskStatistic:
+        """HealthBench's own aggregate: the mean of the unclipped scores, clipped to [0, 1] once."""
+        scored = [i for i in items if "unclipped_score" in i.judged.features]
+        index, num_questions = question_index([i.question for i in scored])
+        q_sum = np.bincount(index, weights=[i.judged.features["unclipped_score"] for i in scored])
+        q_count = np.bincount(index).astype(float)
+
+        def estimate(counts: np.ndarray) -> np.ndarray:
+            return np.clip((counts @ q_sum) / (counts @ q_count), 0.0, 1.0)
+
+        return bootstrap_statistic(
+            "score_mean_then_clipped,none",
+            num_questions,
+            estimate,
+            rounds=self.bootstrap_rounds,
+            seed=seed,
+            estimator="HealthBench's aggregate: mean of the unclipped per-sample scores, clipped to [0, 1]",
+        )
 
 
 def _key(index: int) -> str:

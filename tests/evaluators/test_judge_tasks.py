@@ -507,3 +507,20 @@ def test_a_bare_rating_phrase_is_read_and_still_checked():
     for text in ("Rating: 9 ... Rating: 3", "Rating: 11", "Rating: 7.5"):
         with pytest.raises(JudgeParseError, match="criterion-0"):
             integer_rating(text, "criterion-0")
+
+
+def test_healthbench_reports_its_reference_aggregate_beside_the_per_sample_clip():
+    from evaluators.judging.base import JudgedItem, JudgedSample
+    from evaluators.judging.healthbench import HealthBench
+    from evaluators.tasks.base import MetricValue
+
+    unclipped = [-0.5, 0.2, 0.9, 1.0]
+    items = [
+        JudgedItem(
+            q, 0, JudgedSample({"score,none": MetricValue(min(1.0, max(0.0, u)))}, {}, {"unclipped_score": u})
+        )
+        for q, u in enumerate(unclipped)
+    ]
+    stats = {s.key: s for s in HealthBench().statistics(items)}
+    assert stats["score,none"].value == pytest.approx((0 + 0.2 + 0.9 + 1.0) / 4)
+    assert stats["score_mean_then_clipped,none"].value == pytest.approx(sum(unclipped) / 4)
