@@ -21,9 +21,11 @@ from pathlib import Path
 from cluster.default_model import ensure_default_model
 
 
-def rayeval(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+def rayeval(*args: str, cores: str | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Run the CLI; `cores` pins it (and the Ray cluster and engines it starts) to those cores."""
+    pin = ["taskset", "-c", cores] if cores else []
     began = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "cluster.cli", *args], capture_output=True, text=True)
+    done = subprocess.run([*pin, sys.executable, "-m", "cluster.cli", *args], capture_output=True, text=True)
     wall = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(f"rayeval {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -39,6 +41,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--judge-max-tokens", type=int, default=128)
     parser.add_argument("--eager", action="store_true", help="--enforce-eager engines (start faster)")
+    parser.add_argument(
+        "--same-cores",
+        action="store_true",
+        help="pin the sequential phases to the cores each engine has in the pipelined run (generation on "
+        "core 0, judging on core 1), as when the model and the judge own separate GPUs; without it each "
+        "sequential phase has the whole machine",
+    )
     parser.add_argument("--out", default="bench/out/judge_pipeline.json")
     parser.add_argument("--runs-dir", default="bench/out/runs")
     args = parser.parse_args()
@@ -52,9 +61,14 @@ def main() -> None:
     ]  # fmt: skip
 
     seq_id = f"judge-seq-{stamp}"
-    gen_wall, _ = rayeval("run", *common, "--run-id", seq_id, "--inference-only")
-    judge_wall, _ = rayeval("run", *common, "--run-id", seq_id, "--judge-only", "--judge", judge)
+    gen_cores, judge_cores = ("0", "1") if args.same_cores else (None, None)
+    gen_wall, _ = rayeval("run", *common, "--run-id", seq_id, "--inference-only", cores=gen_cores)
+    gen_summary = json.loads((Path(args.runs_dir) / seq_id / "summary.json").read_text())
+    judge_wall, _ = rayeval(
+        "run", *common, "--run-id", seq_id, "--judge-only", "--judge", judge, cores=judge_cores
+    )
     seq_summary = json.loads((Path(args.runs_dir) / seq_id / "summary.json").read_text())
+    seq_judge = seq_summary["run"]["judge"]
 
     pipe_id = f"judge-pipe-{stamp}"
     pipe_wall, _ = rayeval("run", *common, "--run-id", pipe_id, "--judge", judge)
@@ -65,15 +79,22 @@ def main() -> None:
     result = {
         "command": " ".join(["python", "bench/judge_pipeline.py", *sys.argv[1:]]),
         "tasks": args.tasks,
+        "sequential_phases_pinned": "generation core 0, judging core 1" if args.same_cores else "no",
         "limit": args.limit,
         "sequential_wall_s": round(sequential, 1),
         "sequential_generate_wall_s": round(gen_wall, 1),
         "sequential_judge_wall_s": round(judge_wall, 1),
-        "sequential_judge_start_s": seq_summary["run"]["judge"]["start_s"],
+        "sequential_generation_active_s": gen_summary["run"]["generation_s"],
+        "sequential_engine_start_s": gen_summary["run"]["engines"][0]["start_s"],
+        "sequential_judge_start_s": seq_judge["start_s"],
+        # judging_s starts at the first judge request, before the judge engine started: subtract the start
+        "sequential_judging_active_s": round(seq_judge["judging_s"][1] - seq_judge["start_s"], 1),
         "pipelined_wall_s": round(pipe_wall, 1),
         "pipelined_over_sequential": round(pipe_wall / sequential, 3),
         "pipelined_timeline": {k: timeline[k] for k in ("generation_s", "judging_s", "overlap_s")},
         "pipelined_judge_start_s": timeline["start_s"],
+        "pipelined_engine_start_s": pipe_summary["run"]["engines"][0]["start_s"],
+        "pipelined_active_s": round(max(timeline["generation_s"][1], timeline["judging_s"][1]), 1),
         "judge_requests": timeline["requests"],
         "judge_failed": timeline["failed"],
         "samples_failed": {t: s["failed"] for t, s in pipe_summary["tasks"].items()},

@@ -278,6 +278,7 @@ def run_evaluation(
     if len(store) == 0 and plan.lm_eval_tasks:
         runner.start_in_background()  # a fresh run needs engines: start them while lm-eval builds requests
     lm_eval_output = None
+    completed = False
     try:
         if planned:
             runner.run([p.request for p in planned], label="generating", on_completion=writer.add)
@@ -287,9 +288,10 @@ def run_evaluation(
             from cluster.lm_eval_run import run_lm_eval_tasks
 
             lm_eval_output = run_lm_eval_tasks(config, plan.lm_eval_catalog, plan.lm_eval_tasks, runner)
+        completed = True
     finally:
-        if judging is not None:
-            judging.runner.finish()
+        if judging is not None:  # interrupted: stop at once; answers already cached stay cached
+            judging.runner.finish(timeout_s=None if completed else 0)
             judging.samples.close()
             judging.store.close()
         runner.close()
@@ -326,7 +328,8 @@ def judging_timeline(runner: RequestRunner, judge: JudgeStats) -> dict[str, Any]
         overlap = max(0.0, min(gen_end, judge_end) - max(gen_start, judge_start))  # type: ignore[type-var,operator]
     return {
         "generation_s": [rel(gen_start), rel(gen_end)],
-        "judging_s": [rel(judge_start), rel(judge_end)],
+        "judging_s": [rel(judge_start), rel(judge_end)],  # first judge request handed in, last answer
+        "first_judge_answer_s": rel(judge.first_answer_at),
         "overlap_s": round(overlap, 3),
     }
 

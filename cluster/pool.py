@@ -39,15 +39,20 @@ def check_feasible(plan: ReplicaPlan, replicas: int) -> None:
         )
 
 
-def cpu_thread_binding(local_index: int, local_count: int, workers: int, cores: int) -> str:
+def cpu_thread_binding(
+    local_index: int, local_count: int, workers: int, cores: int | list[int]
+) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for one CPU replica: its own cores, one core list per worker rank.
 
     Replicas sharing a node get disjoint cores while there are enough; with fewer cores than workers the
-    ranks share cores round-robin (`0|1|0` runs a TP=3 replica on two cores).
+    ranks share cores round-robin (`0|1|0` runs a TP=3 replica on two cores). `cores` is a count (cores
+    0..n-1) or the ids of the cores this process may use (`taskset -c 2,3 rayeval run` binds to 2 and 3).
     """
-    per_replica = max(1, cores // max(1, local_count))
-    first = (local_index * per_replica) % cores
-    mine = [(first + i) % cores for i in range(per_replica)]
+    ids = list(range(cores)) if isinstance(cores, int) else sorted(cores)
+    count = len(ids)
+    per_replica = max(1, count // max(1, local_count))
+    first = (local_index * per_replica) % count
+    mine = [ids[(first + i) % count] for i in range(per_replica)]
     if len(mine) >= workers:
         per_worker = len(mine) // workers
         groups = [mine[i * per_worker : (i + 1) * per_worker] for i in range(workers)]
@@ -125,9 +130,8 @@ class ReplicaPool:
         env = {"VLLM_LOGGING_LEVEL": "INFO" if self.verbose else "WARNING"}
         if self.settings.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
-            cores = os.cpu_count() or 1
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(
-                local_index, local_count, self.plan.workers, cores
+                local_index, local_count, self.plan.workers, sorted(os.sched_getaffinity(0))
             )
         return env
 

@@ -23,7 +23,15 @@ from tests.judge_local_data import write_judge_data
 pytestmark = pytest.mark.slow
 
 TASKS = ["alpaca_eval", "arena_hard", "healthbench", "writingbench"]
-ENGINE_FLAGS = ["--enforce-eager", "--max-tokens", "48", "--judge-max-tokens", "96", "--max-model-len", "2048"]
+ENGINE_FLAGS = [
+    "--enforce-eager",
+    "--max-tokens",
+    "48",
+    "--judge-max-tokens",
+    "96",
+    "--max-model-len",
+    "2048",
+]
 N = 2
 LOCAL_JUDGE_DIR = "local-SmolLM2-135M-Instruct"
 
@@ -185,11 +193,7 @@ def test_judge_only_with_a_faulty_api_judge_rate_limited_across_two_actors(pipel
             else:
                 assert record["error"].startswith("JudgeParseError")
                 assert "I think both are fine." in record["judge_outputs"].values()
-    failures = {
-        reason
-        for task in TASKS
-        for reason in summary["tasks"][task]["failure_reasons"]
-    }
+    failures = {reason for task in TASKS for reason in summary["tasks"][task]["failure_reasons"]}
     assert failures == {"JudgeAPIError", "JudgeParseError"}
 
     # Retries counted: every failed attempt that was not a request's last one was retried.
