@@ -66,6 +66,13 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         help="sequences batched per engine step (default 64); the dispatcher keeps at least this many in flight per replica",
     )
     m.add_argument(
+        "--max-num-batched-tokens",
+        dest="model.max_num_batched_tokens",
+        type=int,
+        metavar="N",
+        help="tokens per engine step (default: what vllm.LLM uses on that device, e.g. 16384 on an H100)",
+    )
+    m.add_argument(
         "--tensor-parallel-size",
         dest="model.tensor_parallel_size",
         type=int,

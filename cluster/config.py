@@ -35,6 +35,9 @@ class ModelOptions(Strict):
     dtype: str = "auto"
     max_model_len: int = Field(2048, ge=16)
     max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="tokens per engine step (prefill chunk); default: vLLM's offline default"
+    )
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)

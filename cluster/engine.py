@@ -33,6 +33,7 @@ class EngineSettings:
     gpu_memory_utilization: float
     enforce_eager: bool
     device: str
+    max_num_batched_tokens: int | None = None  # None: vLLM's offline (LLM class) default for the device
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class EngineInfo:
     max_num_seqs: int
     max_model_len: int
     vllm_version: str
+    max_num_batched_tokens: int = 0
 
 
 class EngineDead(RuntimeError):
@@ -62,6 +64,7 @@ class EngineActor:
     async def start(self) -> EngineInfo:
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         began = time.perf_counter()
@@ -80,8 +83,11 @@ class EngineActor:
             enable_prefix_caching=True,
             distributed_executor_backend="mp" if workers > 1 else None,
             disable_log_stats=True,
+            max_num_batched_tokens=s.max_num_batched_tokens,
         )
-        self.engine = AsyncLLM.from_engine_args(args)
+        # An evaluation is offline batch work: take vllm.LLM's scheduler defaults, not the engine-context
+        # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill; measured in issue 5).
+        self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
         config = self.engine.vllm_config
         self.info = EngineInfo(
             name=self.name,
@@ -89,6 +95,7 @@ class EngineActor:
             pid=os.getpid(),
             start_s=time.perf_counter() - began,
             max_num_seqs=config.scheduler_config.max_num_seqs,
+            max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
             max_model_len=config.model_config.max_model_len,
             vllm_version=vllm.__version__,
         )

@@ -56,6 +56,7 @@ def engine_settings(
         gpu_memory_utilization=options.gpu_memory_utilization,
         enforce_eager=options.enforce_eager,
         device=device,
+        max_num_batched_tokens=options.max_num_batched_tokens,
     )
 
 
@@ -172,6 +173,14 @@ class RequestRunner:
             self._loop.run_until_complete(dispatcher.run(groups, on_group_done=done))
         self.stats.generation_s += time.perf_counter() - began
         self.stats.generated += total
+        stats = dispatcher.stats
+        if stats.last_handout_at is not None and stats.last_finish_at is not None:
+            log.info(
+                "%s: %.1f s, of which %.1f s after the last request was handed out (the tail)",
+                label,
+                time.perf_counter() - began,
+                max(0.0, stats.last_finish_at - stats.last_handout_at),
+            )
         return results
 
     def start_in_background(self) -> None:

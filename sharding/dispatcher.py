@@ -11,6 +11,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -55,6 +56,11 @@ class DispatchStats:
     groups_failed: int = 0
     requeues: int = 0
     per_replica: dict[str, ReplicaStats] = field(default_factory=dict)
+    # Wall-clock times (time.time()): the tail from the last hand-out to the last finish is the time the
+    # replicas ran with nothing left to pull, which more replicas cannot shorten.
+    first_handout_at: float | None = None
+    last_handout_at: float | None = None
+    last_finish_at: float | None = None
 
     @property
     def all_replicas_dead(self) -> bool:
@@ -161,6 +167,9 @@ class Dispatcher:
                 if state.stats.dead or self._idle():
                     return
                 _, _, group = heapq.heappop(self._heap)
+                now = time.time()
+                self.stats.first_handout_at = self.stats.first_handout_at or now
+                self.stats.last_handout_at = now
                 state.in_flight += group.size
                 state.stats.peak_in_flight = max(state.stats.peak_in_flight, state.in_flight)
             task = asyncio.create_task(self._run_group(state, group))
@@ -215,6 +224,7 @@ class Dispatcher:
 
     def _finish(self, state: _ReplicaState | None, group: PromptGroup, completions: list[Completion]) -> None:
         self._unfinished -= 1
+        self.stats.last_finish_at = time.time()
         if state is not None:
             state.stats.groups += 1
             state.stats.sequences += group.size
