@@ -6,6 +6,7 @@ One script does the whole GPU measurement, one workload per call on the lent 2-G
                                                   # vllm.LLM.generate, rayeval 1 replica, 2 replicas, 1 x TP=2
     python bench/gpu.py --workload B --out $OUT   # SmolLM2-135M-Instruct, IFEval 541 prompts x 8 samples:
                                                   # rayeval 2 replicas and 1 replica, through cluster.api.evaluate
+    python bench/gpu.py --workload all --out $OUT # both, one after the other
 
 Every configuration runs in its own process (`--config NAME` is what the driver calls), one after the other,
 so none shares an engine, a Ray session or GPU memory with another. Each writes one JSON line; the driver
@@ -258,7 +259,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--workload", choices=sorted(CONFIGS))
+    parser.add_argument(
+        "--workload",
+        choices=[*sorted(CONFIGS), "all"],
+        help="all = A then B (about 12 min on 2 x H100 with CUDA graphs: more than one 10-minute device call)",
+    )
     parser.add_argument("--config", help="run one configuration in this process and print its JSON line")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu"))
     args = parser.parse_args()
@@ -271,7 +276,8 @@ def main() -> None:
         return
     if not args.workload:
         parser.error("give --workload A or B (or --config NAME)")
-    drive(args.workload, Path(args.out))
+    for workload in ["A", "B"] if args.workload == "all" else [args.workload]:
+        drive(workload, Path(args.out))
 
 
 if __name__ == "__main__":
