@@ -39,9 +39,16 @@ def ray_cli() -> str:
     return str(beside) if beside.exists() else "ray"
 
 
+def _default_sigint() -> None:
+    # A test suite started in the background (`cmd &` in a script) inherits SIGINT as ignored, and Python
+    # then installs no KeyboardInterrupt handler; the child must see Ctrl-C as a user's terminal sends it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_in_background(argv: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)  # fmt: skip
 
 
 def wait_for_records(proc: subprocess.Popen[str], store: Path, count: int) -> None:
