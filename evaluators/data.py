@@ -29,6 +29,12 @@ def package_data_file(package: str, relative: str) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+def packaged_or_hub(package: str, relative: str, hub: str) -> str:
+    """The source of a task's default data: the copy an installed package ships, else the hub id."""
+    packaged = package_data_file(package, relative)
+    return str(packaged) if packaged is not None else hub
+
+
 def load_rows(source: str, task: str, required: tuple[str, ...], split: str = "test") -> list[dict[str, Any]]:
     """Rows of `source`: a local .jsonl/.json/.parquet file, a folder holding one, or `hf://org/name[:config]`."""
     if source.startswith(HUB_PREFIX):

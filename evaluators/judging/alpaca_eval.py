@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from evaluators.data import load_rows, package_data_file
+from evaluators.data import load_rows, packaged_or_hub
 from evaluators.judging.base import JudgedItem, JudgedSample, JudgePrompt, JudgeTask, TaskStatistic
 from evaluators.judging.parsing import answer_for, bracket_verdict, template_digest
 from evaluators.judging.statistics import (
@@ -24,7 +24,6 @@ from evaluators.judging.statistics import (
     question_index,
 )
 from evaluators.tasks.base import (
-    ChatMessage,
     DataSourceInfo,
     MetricSpec,
     MetricValue,
@@ -85,13 +84,13 @@ class AlpacaEval(JudgeTask):
     win_rate_bootstrap_rounds = 1000
 
     def load_samples(self, data_path: str | None) -> list[Sample]:
-        source = data_path or _default_source()
+        source = data_path or packaged_or_hub(*PACKAGED, HUB)
         rows = load_rows(source, self.name, self.source.required_fields, split="eval")
         return [Sample(i, row) for i, row in enumerate(rows)]
 
     def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
         text = sample.doc["instruction"]
-        return Prompt(messages=(ChatMessage("user", text),), text=text)
+        return Prompt.user_turn(text)
 
     def target(self, sample: Sample) -> str:
         return sample.doc["output"]
@@ -100,14 +99,8 @@ class AlpacaEval(JudgeTask):
         reference = sample.doc["output"]
         orders = {MODEL_FIRST: (output, reference), REFERENCE_FIRST: (reference, output)}
         return [
-            JudgePrompt(
-                key,
-                (
-                    ChatMessage("system", SYSTEM),
-                    ChatMessage(
-                        "user", USER.format(instruction=sample.doc["instruction"], output_a=a, output_b=b)
-                    ),
-                ),
+            JudgePrompt.from_texts(
+                key, SYSTEM, USER.format(instruction=sample.doc["instruction"], output_a=a, output_b=b)
             )
             for key, (a, b) in orders.items()
         ]
@@ -167,8 +160,3 @@ def _games(items: list[JudgedItem]) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         return None
     questions, wins, deltas = (np.array(column) for column in zip(*rows, strict=True))
     return questions, wins, deltas
-
-
-def _default_source() -> str:
-    packaged = package_data_file(*PACKAGED)
-    return str(packaged) if packaged is not None else HUB

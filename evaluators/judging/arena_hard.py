@@ -18,7 +18,6 @@ from evaluators.judging.base import JudgedItem, JudgedSample, JudgePrompt, Judge
 from evaluators.judging.parsing import answer_for, bracket_verdict, template_digest
 from evaluators.judging.statistics import metric_statistic
 from evaluators.tasks.base import (
-    ChatMessage,
     DataSourceInfo,
     MetricSpec,
     MetricValue,
@@ -114,7 +113,7 @@ class ArenaHard(JudgeTask):
 
     def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
         text = sample.doc["prompt"]
-        return Prompt(messages=(ChatMessage("user", text),), text=text)
+        return Prompt.user_turn(text)
 
     def target(self, sample: Sample) -> str:
         return sample.doc["baseline_answer"]
@@ -123,12 +122,8 @@ class ArenaHard(JudgeTask):
         baseline = sample.doc["baseline_answer"]
         orders = {BASELINE_FIRST: (baseline, output), MODEL_FIRST: (output, baseline)}
         return [
-            JudgePrompt(
-                key,
-                (
-                    ChatMessage("system", SYSTEM),
-                    ChatMessage("user", USER.format(prompt=sample.doc["prompt"], answer_a=a, answer_b=b)),
-                ),
+            JudgePrompt.from_texts(
+                key, SYSTEM, USER.format(prompt=sample.doc["prompt"], answer_a=a, answer_b=b)
             )
             for key, (a, b) in orders.items()
         ]

@@ -26,6 +26,11 @@ class JudgePrompt:
     key: str
     messages: tuple[ChatMessage, ...]
 
+    @classmethod
+    def from_texts(cls, key: str, system: str, user: str) -> JudgePrompt:
+        """The judge's instructions as the system message, the inputs as the user message."""
+        return cls(key, (ChatMessage("system", system), ChatMessage("user", user)))
+
 
 @dataclass
 class JudgedSample:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluators.data import load_rows, package_data_file
+from evaluators.data import load_rows, packaged_or_hub
 from evaluators.errors import DataError
 from evaluators.judging.base import JudgedItem, JudgedSample, JudgePrompt, JudgeTask, TaskStatistic
 from evaluators.judging.parsing import answer_for, extract_json_object, parse_error, quote, template_digest
@@ -82,7 +82,7 @@ class HealthBench(JudgeTask):
     bootstrap_rounds = 1000
 
     def load_samples(self, data_path: str | None) -> list[Sample]:
-        source = data_path or _default_source()
+        source = data_path or packaged_or_hub(*PACKAGED, HUB)
         rows = load_rows(source, self.name, self.source.required_fields)
         for number, row in enumerate(rows, start=1):
             _check_row(row, f"row {number} of {source}", self.name)
@@ -98,19 +98,14 @@ class HealthBench(JudgeTask):
     def judge_prompts(self, sample: Sample, output: str) -> list[JudgePrompt]:
         conversation = _transcript(sample.doc["prompt"])
         return [
-            JudgePrompt(
+            JudgePrompt.from_texts(
                 _key(index),
-                (
-                    ChatMessage("system", SYSTEM),
-                    ChatMessage(
-                        "user",
-                        USER.format(
-                            conversation=conversation,
-                            response=output,
-                            points=item["points"],
-                            criterion=item["criterion"],
-                        ),
-                    ),
+                SYSTEM,
+                USER.format(
+                    conversation=conversation,
+                    response=output,
+                    points=item["points"],
+                    criterion=item["criterion"],
                 ),
             )
             for index, item in enumerate(sample.doc["rubrics"])
@@ -207,8 +202,3 @@ def _check_row(row: dict[str, Any], where: str, task: str) -> None:
             f"Task '{task}': {where} has no rubric item with positive points, so its score is undefined "
             "(the positive points are the denominator). Fix or drop that row."
         )
-
-
-def _default_source() -> str:
-    packaged = package_data_file(*PACKAGED)
-    return str(packaged) if packaged is not None else HUB

@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from evaluators.data import load_rows, package_data_file
+from evaluators.data import load_rows, packaged_or_hub
 from evaluators.errors import DataError
 from evaluators.judging.base import JudgedSample, JudgePrompt, JudgeTask
 from evaluators.judging.parsing import answer_for, integer_rating, quote, template_digest
 from evaluators.tasks.base import (
-    ChatMessage,
     DataSourceInfo,
     MetricSpec,
     MetricValue,
@@ -74,7 +73,7 @@ class WritingBench(JudgeTask):
     judge_max_tokens = 256
 
     def load_samples(self, data_path: str | None) -> list[Sample]:
-        source = data_path or _default_source()
+        source = data_path or packaged_or_hub(*PACKAGED, HUB)
         rows = load_rows(source, self.name, self.source.required_fields)
         for number, row in enumerate(rows, start=1):
             _check_row(row, f"row {number} of {source}", self.name)
@@ -82,24 +81,19 @@ class WritingBench(JudgeTask):
 
     def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
         text = sample.doc["query"]
-        return Prompt(messages=(ChatMessage("user", text),), text=text)
+        return Prompt.user_turn(text)
 
     def judge_prompts(self, sample: Sample, output: str) -> list[JudgePrompt]:
         return [
-            JudgePrompt(
+            JudgePrompt.from_texts(
                 _key(index),
-                (
-                    ChatMessage("system", SYSTEM),
-                    ChatMessage(
-                        "user",
-                        USER.format(
-                            query=sample.doc["query"],
-                            response=output,
-                            name=criterion["name"],
-                            description=criterion["criteria_description"],
-                            bands=_bands(criterion),
-                        ),
-                    ),
+                SYSTEM,
+                USER.format(
+                    query=sample.doc["query"],
+                    response=output,
+                    name=criterion["name"],
+                    description=criterion["criteria_description"],
+                    bands=_bands(criterion),
                 ),
             )
             for index, criterion in enumerate(sample.doc["checklist"])
@@ -134,8 +128,3 @@ def _check_row(row: dict[str, Any], where: str, task: str) -> None:
                 f"Task '{task}': {where}: checklist item {index} lacks {', '.join(missing)} "
                 f"(found {quote(repr(criterion))}). Every criterion needs {', '.join(CRITERION_FIELDS)}."
             )
-
-
-def _default_source() -> str:
-    packaged = package_data_file(*PACKAGED)
-    return str(packaged) if packaged is not None else HUB

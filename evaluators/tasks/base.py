@@ -28,6 +28,11 @@ class Prompt:
     messages: tuple[ChatMessage, ...]
     text: str
 
+    @classmethod
+    def user_turn(cls, text: str) -> Prompt:
+        """The whole prompt as one user message."""
+        return cls(messages=(ChatMessage("user", text),), text=text)
+
 
 @dataclass(frozen=True)
 class MetricValue:

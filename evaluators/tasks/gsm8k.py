@@ -5,7 +5,6 @@ from __future__ import annotations
 from evaluators.data import load_rows
 from evaluators.errors import DataError
 from evaluators.tasks.base import (
-    ChatMessage,
     DataSourceInfo,
     MetricSpec,
     MetricValue,
@@ -51,7 +50,7 @@ class GSM8K(Task):
     def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
         shots = "".join(f"{_question(s)} {s.doc['answer']}\n\n" for s in fewshot)
         text = shots + _question(sample)
-        return Prompt(messages=(ChatMessage("user", text),), text=text)
+        return Prompt.user_turn(text)
 
     def target(self, sample: Sample) -> str:
         return str(sample.doc["answer"])

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from evaluators.data import load_rows, package_data_file
+from evaluators.data import load_rows, packaged_or_hub
 from evaluators.errors import DataError
 from evaluators.sentence_splitting import load_ifeval_utils
 from evaluators.tasks.base import (
-    ChatMessage,
     DataSourceInfo,
     MetricSpec,
     MetricValue,
@@ -39,7 +38,7 @@ class IFEval(Task):
     )
 
     def load_samples(self, data_path: str | None) -> list[Sample]:
-        source = data_path or _default_source()
+        source = data_path or packaged_or_hub(*PACKAGED, HUB)
         rows = load_rows(source, self.name, self.source.required_fields, split="train")
         for index, row in enumerate(rows):
             if len(row["instruction_id_list"]) != len(row["kwargs"]):
@@ -51,7 +50,7 @@ class IFEval(Task):
 
     def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
         text = sample.doc["prompt"]
-        return Prompt(messages=(ChatMessage("user", text),), text=text)
+        return Prompt.user_turn(text)
 
     def score(self, sample: Sample, output: str) -> dict[str, MetricValue]:
         result = load_ifeval_utils().process_results(sample.doc, [output])
@@ -63,8 +62,3 @@ class IFEval(Task):
             else:
                 scores[metric.key] = MetricValue(float(value))
         return scores
-
-
-def _default_source() -> str:
-    packaged = package_data_file(*PACKAGED)
-    return str(packaged) if packaged is not None else HUB
