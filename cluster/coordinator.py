@@ -11,7 +11,6 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from cluster.judge_runner import JudgeRunner, JudgeStats
 from cluster.judged_samples import JudgedSamples, task_statistics
 from cluster.model import PromptRenderer
 from cluster.plan import RunPlan, TaskPlan, core_slots
-from cluster.runner import RequestRunner
+from cluster.runner import RequestRunner, progress_bar
 from evaluators.errors import EvalInputError
 from evaluators.judging.base import JudgeTask
 from evaluators.records import SampleRecord
@@ -253,7 +252,7 @@ def _start_judging(plan: RunPlan, run_dir: Path, verbose: bool, mode: RunMode) -
 def _wait_for_judging(pipeline: JudgePipeline, progress: bool) -> None:
     answered, total = pipeline.runner.progress()
     if pipeline.samples.unfinished and progress:
-        bar = _progress_bar_for("judging")
+        bar = progress_bar("judging", enabled=True)
         with bar:
             job = bar.add_task("judging", total=total)
             while pipeline.samples.unfinished:
@@ -505,13 +504,8 @@ def _judged_summary(
     task = task_plan.task
     assert isinstance(task, JudgeTask)
     if judging is None:  # --inference-only: outputs are stored, judging comes later with --judge-only
-        summary = summarize_task(task, [], num_runs, task_plan.num_fewshot, task_plan.available)
-        summary.num_questions = len({r.doc_id for r in generated})
-        summary.num_samples = len(generated)
-        failed = [r for r in generated if r.error]
-        summary.failed = len(failed)
-        summary.failure_reasons = dict(Counter(_reason_of(r.error or "") for r in failed))
-        summary.metrics = {}
+        summary = summarize_task(task, generated, num_runs, task_plan.num_fewshot, task_plan.available)
+        summary.metrics = {}  # counts and generation failures stand; nothing is scored yet
         summary.judge = "not judged (--inference-only); judge later with --judge-only --run-id"
         return summary
     records = judging.samples.task_records(task.name)
@@ -520,10 +514,6 @@ def _judged_summary(
     summary.judge = judging.runner.backend.identity.name
     summary.statistics = task_statistics(task, records, seed)
     return summary
-
-
-def _reason_of(error: str) -> str:
-    return error.split(":", 1)[0] if ":" in error else error
 
 
 def _warn_failures(summaries: list[TaskSummary], folders: dict[str, Path], samples_dir: Path) -> None:
@@ -541,12 +531,6 @@ def _warn_failures(summaries: list[TaskSummary], folders: dict[str, Path], sampl
                 folders.get(summary.task, samples_dir),
                 summary.task,
             )
-
-
-def _progress_bar_for(label: str):  # noqa: ANN202 - rich's Progress
-    from cluster.runner import _progress_bar
-
-    return _progress_bar(label, 0, enabled=True)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

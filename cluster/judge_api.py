@@ -27,11 +27,11 @@ from typing import Any
 import openai
 import ray
 from ray.actor import ActorHandle
-from ray.exceptions import RayActorError
 
 from cluster.errors import ClusterError
+from cluster.pool import remote_message, replica_call
 from cluster.rate_limiter import LimiterStats, RateLimiter
-from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
+from sharding.dispatcher import Replica
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
 log = logging.getLogger(__name__)
@@ -194,12 +194,6 @@ def backoff_s(attempt: int, failure: AttemptFailure, settings: ApiJudgeSettings,
     return rng.uniform(0.0, ceiling)
 
 
-def _remote_message(exc: BaseException) -> str:
-    """Ray wraps remote errors in the remote traceback; its last line carries the actual message."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
-
-
 def _redact(text: str, secret: str) -> str:
     return text.replace(secret, "***") if secret else text
 
@@ -343,20 +337,9 @@ def api_judge_replicas(
 ) -> list[Replica]:
     """Dispatcher handles; each window is the cluster-wide concurrency, which the limiter enforces anyway."""
     return [
-        Replica(name, _caller(actor, name), settings.max_concurrency)
+        Replica(name, replica_call(actor, name), settings.max_concurrency)
         for actor, name in zip(actors, names, strict=True)
     ]
-
-
-def _caller(actor: ActorHandle, name: str) -> ReplicaCall:
-    async def generate(group: PromptGroup) -> list[Completion]:
-        try:
-            return await actor.generate.remote(group)
-        except RayActorError as exc:
-            ray.kill(actor, no_restart=True)
-            raise ReplicaDead(f"{name}: {_remote_message(exc)}") from exc
-
-    return generate
 
 
 class ApiJudgePool:
@@ -403,7 +386,7 @@ def start_api_judges(settings: ApiJudgeSettings, count: int, ready_timeout_s: fl
     except Exception as exc:
         pool.shutdown()
         raise ClusterError(
-            f"The API judge actors for '{settings.model}' failed to start: {_remote_message(exc)}. The openai "
+            f"The API judge actors for '{settings.model}' failed to start: {remote_message(exc)}. The openai "
             "package must be installed on every node of the cluster."
         ) from exc
     return pool

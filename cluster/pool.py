@@ -117,7 +117,7 @@ class ReplicaPool:
         except Exception as exc:
             self.shutdown()
             raise ClusterError(
-                f"The vLLM engine for '{self.settings.model}' failed to start: {_remote_message(exc)}. Check that the "
+                f"The vLLM engine for '{self.settings.model}' failed to start: {remote_message(exc)}. Check that the "
                 "model path or HF id is right and reachable from every node, and that max_model_len fits."
             ) from exc
         return self.infos
@@ -140,7 +140,7 @@ class ReplicaPool:
         full batch waiting inside the engine, so when sequences finish (all at once, with equal lengths) the
         scheduler refills from its own queue instead of idling for a round trip to the dispatcher."""
         return [
-            Replica(info.name, _caller(actor, info.name), ENGINE_QUEUE_FACTOR * info.max_num_seqs)
+            Replica(info.name, replica_call(actor, info.name), ENGINE_QUEUE_FACTOR * info.max_num_seqs)
             for actor, info in zip(self.actors, self.infos, strict=True)
         ]
 
@@ -155,18 +155,21 @@ class ReplicaPool:
         self.actors, self.groups = [], []
 
 
-def _caller(actor: ray.actor.ActorHandle, name: str) -> ReplicaCall:
+def replica_call(actor: ray.actor.ActorHandle, name: str) -> ReplicaCall:
+    """The dispatcher's call for an actor with `generate(group)` (an engine or an API judge): a dead actor
+    is killed for good and reported as `ReplicaDead`, so its work goes back on the queue."""
+
     async def generate(group: PromptGroup) -> list[Completion]:
         try:
             return await actor.generate.remote(group)
         except (RayActorError, EngineDead) as exc:
             ray.kill(actor, no_restart=True)
-            raise ReplicaDead(f"{name}: {_remote_message(exc)}") from exc
+            raise ReplicaDead(f"{name}: {remote_message(exc)}") from exc
 
     return generate
 
 
-def _remote_message(exc: BaseException) -> str:
+def remote_message(exc: BaseException) -> str:
     """Ray wraps remote errors in the remote traceback; its last line carries the actual message."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__

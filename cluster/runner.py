@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cluster.config import ModelOptions
 from cluster.engine import EngineInfo, EngineSettings
@@ -21,6 +22,9 @@ from cluster.pool import ReplicaPool
 from sharding.dispatcher import Dispatcher, DispatchStats
 from sharding.requests import Completion, GenerationRequest, PromptGroup, build_group
 from sharding.store import ResultStore
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +157,7 @@ class RequestRunner:
             return results
         dispatcher = self._ensure_replicas()
 
-        bar = _progress_bar(label, total, enabled=self.progress)
+        bar = progress_bar(label, enabled=self.progress)
         job = bar.add_task(label, total=total)
 
         def done(group: PromptGroup, completions: list[Completion]) -> None:
@@ -229,7 +233,7 @@ class RequestRunner:
         self._loop.close()
 
 
-def _progress_bar(label: str, total: int, enabled: bool):  # noqa: ANN202 - rich's Progress
+def progress_bar(label: str, enabled: bool) -> Progress:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
