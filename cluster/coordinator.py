@@ -250,8 +250,8 @@ def _start_judging(plan: RunPlan, run_dir: Path, verbose: bool, mode: RunMode) -
 
 
 def _wait_for_judging(pipeline: JudgePipeline, progress: bool) -> None:
-    answered, total = pipeline.runner.progress()
     if pipeline.samples.unfinished and progress:
+        _, total = pipeline.runner.progress()
         bar = progress_bar("judging", enabled=True)
         with bar:
             job = bar.add_task("judging", total=total)

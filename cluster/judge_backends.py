@@ -115,7 +115,7 @@ class ApiJudgeBackend:
     """An OpenAI-compatible API behind judge actors that share one cluster-wide rate limiter."""
 
     def __init__(self, options: JudgeOptions) -> None:
-        from cluster.judge_api import ApiJudgeSettings, read_api_key
+        from cluster.judge_api import ApiJudgeSettings
 
         self.options = options
         self.settings = ApiJudgeSettings(
@@ -127,7 +127,6 @@ class ApiJudgeBackend:
             max_attempts=options.max_attempts,
             timeout_s=options.timeout_s,
         )
-        read_api_key(self.settings)  # fail before any engine starts when the key is missing
         endpoint = options.base_url or "api.openai.com"
         self.identity = JudgeIdentity(
             spec=f"openai:{options.target}@{endpoint}",
