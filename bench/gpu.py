@@ -29,6 +29,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sharding.dispatcher import DispatchStats
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -43,7 +47,14 @@ MAX_NUM_SEQS = 16 if SMOKE else 256
 A_MAX_MODEL_LEN = 1024
 B_SAMPLES, B_TEMPERATURE = (2 if SMOKE else 8), 0.7
 B_LIMIT = 8 if SMOKE else None
-CONFIGS = {"A": ["vllm", "rayeval-1", "rayeval-2", "rayeval-tp2"], "B": ["ifeval-2", "ifeval-1"]}
+CONFIGS = {
+    # vllm-2: two LLM.generate processes, one per GPU, half the prompts each: vLLM's own scaling on this host.
+    "A": ["vllm", "vllm-2", "rayeval-1", "rayeval-2", "rayeval-tp2"],
+    # ifeval-2-stats: the 2-replica run again with vLLM's engine stats logged every 2 s (running / waiting
+    # requests per engine), to see where the time goes; kept out of the ratios (logging costs a little).
+    # ray-calls: the dispatcher and Ray actor calls alone (no-op actors), what orchestration costs per request.
+    "B": ["ifeval-2", "ifeval-1", "ray-calls", "ifeval-2-stats"],
+}
 # Keep NVLink multicast off on shared hosts (the lent machine's rule), also in every child process.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -91,22 +102,69 @@ def random_prompts() -> list[list[int]]:
     return rng.integers(100, vocab - 100, size=(A_PROMPTS, A_PROMPT_TOKENS)).tolist()
 
 
-def run_vllm() -> dict:
+def run_vllm(shard: int = 0, shards: int = 1) -> dict:
+    """`vllm.LLM.generate` over the prompts (or shard `shard` of `shards`, for the two-GPU reference)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in random_prompts()]
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in random_prompts()[shard::shards]]
     began = time.perf_counter()
     llm = LLM(model=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
               max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, gpu_memory_utilization=0.3 if SMOKE else 0.9,
               enforce_eager=SMOKE)  # fmt: skip
     start_s = time.perf_counter() - began
     params = SamplingParams(temperature=0.0, max_tokens=A_OUTPUT_TOKENS, ignore_eos=True)
+    if shards > 1:
+        _barrier(shard, shards)
+    began_at = time.time()
     began = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - began
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return _throughput("vllm", wall, tokens, len(outputs), start_s)
+    row = _throughput("vllm" if shards == 1 else f"vllm-shard-{shard}", wall, tokens, len(outputs), start_s)
+    row.update(began_at=began_at, ended_at=began_at + wall)
+    return row
+
+
+def _barrier(index: int, count: int) -> None:
+    """Wait until every one of `count` processes has its engine up, so their generation starts together."""
+    folder = WORK / "barrier"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / str(index)).touch()
+    while len(list(folder.iterdir())) < count:
+        time.sleep(0.01)
+
+
+def run_vllm_data_parallel() -> dict:
+    """The reference for replica scaling: two independent `LLM.generate` processes, one per GPU, each on
+    half the prompts, generating from the same moment; throughput over the span from first start to last end."""
+    import shutil
+
+    shutil.rmtree(WORK / "barrier", ignore_errors=True)
+    env = {**os.environ, **SAFE_ENV}
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--config", f"vllm-shard-{i}"],
+            env={**env, "CUDA_VISIBLE_DEVICES": str(i)} if not SMOKE else env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    rows = []
+    for child in children:
+        out, _ = child.communicate()
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if child.returncode != 0 or not lines:
+            raise RuntimeError(f"a vllm shard failed (exit {child.returncode})")
+        rows.append(json.loads(lines[-1]))
+    span = max(r["ended_at"] for r in rows) - min(r["began_at"] for r in rows)
+    row = _throughput(
+        "vllm-2", span, sum(r["output_tokens"] for r in rows), sum(r["requests"] for r in rows),
+        max(r["engine_start_s"] for r in rows),
+    )  # fmt: skip
+    row["shard_generation_s"] = [r["generation_s"] for r in rows]
+    return row
 
 
 def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
@@ -142,11 +200,70 @@ def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
         failed=len(failed),
         first_error=failed[0] if failed else None,
         vllm_version=runner.stats.engines[0].vllm_version,
+        max_num_batched_tokens=runner.stats.engines[0].max_num_batched_tokens,
+        **_dispatch_timeline(runner.dispatch),
     )
     return row
 
 
-def run_ifeval(replicas: int, name: str) -> dict:
+def run_ray_calls() -> dict:
+    """Orchestration alone: workload A's 2,048 one-request groups through the real dispatcher and
+    `replica_call` to Ray actors that return at once, with 1 and 2 actors (round trips per second)."""
+    import asyncio
+
+    import ray
+
+    from cluster.pool import replica_call
+    from cluster.runner import group_prompts
+    from sharding.dispatcher import Dispatcher, Replica
+    from sharding.requests import Completion, SamplingSpec, make_request
+
+    @ray.remote(num_cpus=0)
+    class NoOpEngine:
+        async def generate(self, group):  # noqa: ANN001, ANN202 - bench-only stand-in for the engine
+            return [Completion(r.request_id, output_tokens=A_OUTPUT_TOKENS) for r in group.requests]
+
+    spec = SamplingSpec(temperature=0.0, max_tokens=A_OUTPUT_TOKENS)
+    prompts = [tuple(range(i, i + A_PROMPT_TOKENS)) for i in range(A_PROMPTS)]
+    groups = group_prompts([make_request("m", "", spec, 0, 0, prompt_token_ids=p) for p in prompts])
+    row: dict = {"config": "ray-calls", "groups": len(groups)}
+    ray.init(include_dashboard=False, log_to_driver=False)
+    try:
+        for count in (1, 2):
+            actors = [NoOpEngine.remote() for _ in range(count)]
+            ray.get([a.generate.remote(groups[0]) for a in actors])
+            replicas = [Replica(f"noop-{i}", replica_call(a, f"noop-{i}"), 2 * MAX_NUM_SEQS)
+                        for i, a in enumerate(actors)]  # fmt: skip
+            loop = asyncio.new_event_loop()
+            began = time.perf_counter()
+            loop.run_until_complete(Dispatcher(replicas).run(groups))
+            seconds = time.perf_counter() - began
+            loop.close()
+            row[f"actors_{count}_s"] = round(seconds, 3)
+            row[f"actors_{count}_calls_per_s"] = round(len(groups) / seconds)
+    finally:
+        ray.shutdown()
+    return row
+
+
+def _dispatch_timeline(stats: DispatchStats | None) -> dict:
+    """Where the generation time went, from the dispatcher's clock: hand-outs, the tail after the last
+    hand-out (replicas draining with nothing left to pull), and when each replica finished."""
+    if stats is None or stats.first_handout_at is None or stats.last_finish_at is None:
+        return {}
+    start = stats.first_handout_at
+    return {
+        "handout_span_s": round((stats.last_handout_at or start) - start, 2),
+        "tail_s": round(stats.last_finish_at - (stats.last_handout_at or start), 2),
+        "replica_finished_s": {
+            name: round(r.last_finish_at - start, 2)
+            for name, r in stats.per_replica.items()
+            if r.last_finish_at is not None
+        },
+    }
+
+
+def run_ifeval(replicas: int, name: str, engine_stats: bool = False) -> dict:
     from cluster.api import evaluate
     from cluster.config import ClusterOptions, ModelOptions, RunConfig, SamplingOptions, TaskOptions
 
@@ -162,7 +279,10 @@ def run_ifeval(replicas: int, name: str) -> dict:
     )
     usage_before = resource.getrusage(resource.RUSAGE_SELF)
     began = time.perf_counter()
-    result = evaluate(config, progress=False)
+    if engine_stats:
+        os.environ["VLLM_LOG_STATS_INTERVAL"] = "2"  # the engines inherit it from the local Ray cluster
+        os.environ["RAY_DEDUP_LOGS"] = "0"  # every engine's line, not "repeated 2x across cluster"
+    result = evaluate(config, progress=False, verbose=engine_stats)
     wall = time.perf_counter() - began
     usage = resource.getrusage(resource.RUSAGE_SELF)
     row = _throughput(name, result.generation_s, result.output_tokens, result.requests_generated,
@@ -182,6 +302,7 @@ def run_ifeval(replicas: int, name: str) -> dict:
         per_replica={
             k: v.sequences for k, v in (result.dispatch.per_replica.items() if result.dispatch else [])
         },
+        **_dispatch_timeline(result.dispatch),
     )
     return row
 
@@ -202,19 +323,25 @@ def run_config(name: str) -> dict:
         return build_random_model()
     if name == "vllm":
         return run_vllm()
+    if name == "vllm-2":
+        return run_vllm_data_parallel()
+    if name.startswith("vllm-shard-"):
+        return run_vllm(int(name.rsplit("-", 1)[1]), 2)
     if name.startswith("rayeval-"):
         tp = 2 if name == "rayeval-tp2" else 1
         return run_rayeval_a(1 if tp == 2 else int(name.split("-")[1]), tp, name)
-    return run_ifeval(int(name.split("-")[1]), name)
+    if name == "ray-calls":
+        return run_ray_calls()
+    return run_ifeval(int(name.split("-")[1]), name, engine_stats=name.endswith("-stats"))
 
 
-def drive(workload: str, out: Path) -> None:
+def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **SAFE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
-    names = (["build"] if workload == "A" and not (RANDOM_MODEL / "config.json").exists() else []) + CONFIGS[
-        workload
-    ]
+    configs = only or CONFIGS[workload]
+    needs_model = any(c.startswith(("vllm", "rayeval")) for c in configs)
+    names = (["build"] if needs_model and not (RANDOM_MODEL / "config.json").exists() else []) + configs
     rows = []
     log = (out / f"{workload}.log").open("a")
     for name in names:
@@ -249,6 +376,7 @@ def _with_ratios(rows: list[dict]) -> dict:
     return {
         "rows": rows,
         "rayeval_1_over_llm_generate": ratio("rayeval-1", "vllm"),
+        "llm_generate_2_gpus_over_1": ratio("vllm-2", "vllm"),
         "rayeval_2_over_1": ratio("rayeval-2", "rayeval-1"),
         "rayeval_tp2_over_1": ratio("rayeval-tp2", "rayeval-1"),
         "ifeval_2_over_1": ratio("ifeval-2", "ifeval-1"),
@@ -264,6 +392,10 @@ def main() -> None:
         choices=[*sorted(CONFIGS), "all"],
         help="all = A then B (about 12 min on 2 x H100 with CUDA graphs: more than one 10-minute device call)",
     )
+    parser.add_argument(
+        "--configs",
+        help="comma-separated configurations to run instead of the workload's list (e.g. rayeval-1,rayeval-2)",
+    )
     parser.add_argument("--config", help="run one configuration in this process and print its JSON line")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu"))
     args = parser.parse_args()
@@ -276,8 +408,9 @@ def main() -> None:
         return
     if not args.workload:
         parser.error("give --workload A or B (or --config NAME)")
+    only = args.configs.split(",") if args.configs else None
     for workload in ["A", "B"] if args.workload == "all" else [args.workload]:
-        drive(workload, Path(args.out))
+        drive(workload, Path(args.out), only)
 
 
 if __name__ == "__main__":

@@ -321,7 +321,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="on resume, generate again the requests that failed last time (default: keep them as failed)",
     )
-    o.add_argument("--verbose", action="store_true", help="show Ray and vLLM logs")
+    o.add_argument(
+        "--verbose", action="store_true", help="show Ray and vLLM logs, with vLLM's periodic engine stats"
+    )
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

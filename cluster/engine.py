@@ -34,6 +34,7 @@ class EngineSettings:
     enforce_eager: bool
     device: str
     max_num_batched_tokens: int | None = None  # None: vLLM's offline (LLM class) default for the device
+    log_stats: bool = False  # vLLM's periodic engine stats (running / waiting, throughput) in the log
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class EngineActor:
         self.settings = settings
         self.engine: Any = None
         self.info: EngineInfo | None = None
+        self.stats_logging: asyncio.Task[None] | None = None
 
     async def start(self) -> EngineInfo:
         import vllm
@@ -82,7 +84,7 @@ class EngineActor:
             enforce_eager=s.enforce_eager,
             enable_prefix_caching=True,
             distributed_executor_backend="mp" if workers > 1 else None,
-            disable_log_stats=True,
+            disable_log_stats=not s.log_stats,
             max_num_batched_tokens=s.max_num_batched_tokens,
         )
         # An evaluation is offline batch work: take vllm.LLM's scheduler defaults, not the engine-context
@@ -99,7 +101,17 @@ class EngineActor:
             max_model_len=config.model_config.max_model_len,
             vllm_version=vllm.__version__,
         )
+        if s.log_stats:  # AsyncLLM only logs its stats when asked; vLLM's API server asks on a timer too
+            self.stats_logging = asyncio.create_task(self._log_stats_forever())
         return self.info
+
+    async def _log_stats_forever(self) -> None:
+        from vllm import envs
+
+        while self.engine is not None:
+            await asyncio.sleep(envs.VLLM_LOG_STATS_INTERVAL)
+            if self.engine is not None:
+                await self.engine.do_log_stats()
 
     async def generate(self, group: PromptGroup) -> list[Completion]:
         """Run every request of the group; a request that fails is returned as a failed completion."""
@@ -161,6 +173,8 @@ class EngineActor:
         )
 
     async def shutdown(self) -> None:
+        if self.stats_logging is not None:
+            self.stats_logging.cancel()
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None

@@ -47,7 +47,11 @@ class RunnerStats:
 
 
 def engine_settings(
-    options: ModelOptions, model_path: str, device: str, max_model_len: int | None = None
+    options: ModelOptions,
+    model_path: str,
+    device: str,
+    max_model_len: int | None = None,
+    log_stats: bool = False,
 ) -> EngineSettings:
     return EngineSettings(
         model=model_path,
@@ -61,6 +65,7 @@ def engine_settings(
         enforce_eager=options.enforce_eager,
         device=device,
         max_num_batched_tokens=options.max_num_batched_tokens,
+        log_stats=log_stats,
     )
 
 
@@ -179,11 +184,14 @@ class RequestRunner:
         self.stats.generated += total
         stats = dispatcher.stats
         if stats.last_handout_at is not None and stats.last_finish_at is not None:
+            finished = [r.last_finish_at for r in stats.per_replica.values() if r.last_finish_at is not None]
             log.info(
-                "%s: %.1f s, of which %.1f s after the last request was handed out (the tail)",
+                "%s: %.1f s, of which %.1f s after the last request was handed out (the tail); replicas "
+                "finished within %.1f s of each other",
                 label,
                 time.perf_counter() - began,
                 max(0.0, stats.last_finish_at - stats.last_handout_at),
+                max(finished) - min(finished) if finished else 0.0,
             )
         return results
 
@@ -202,7 +210,7 @@ class RequestRunner:
 
     def _start_pool(self) -> Dispatcher:
         plan, config = self.plan, self.plan.config
-        settings = engine_settings(config.model, plan.model.path, plan.device)
+        settings = engine_settings(config.model, plan.model.path, plan.device, log_stats=self.verbose)
         pool = ReplicaPool(
             settings,
             plan.replica,

@@ -46,6 +46,7 @@ class ReplicaStats:
     sequences: int = 0
     requeued: int = 0
     peak_in_flight: int = 0
+    last_finish_at: float | None = None  # wall clock of this replica's last finished group
     dead: bool = False
     death_cause: str | None = None
 
@@ -226,6 +227,7 @@ class Dispatcher:
         self._unfinished -= 1
         self.stats.last_finish_at = time.time()
         if state is not None:
+            state.stats.last_finish_at = self.stats.last_finish_at
             state.stats.groups += 1
             state.stats.sequences += group.size
         if all(c.ok for c in completions):
