@@ -201,6 +201,7 @@ def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
         first_error=failed[0] if failed else None,
         vllm_version=runner.stats.engines[0].vllm_version,
         max_num_batched_tokens=runner.stats.engines[0].max_num_batched_tokens,
+        async_scheduling=runner.stats.engines[0].async_scheduling,
         **_dispatch_timeline(runner.dispatch),
     )
     return row
@@ -260,6 +261,7 @@ def _dispatch_timeline(stats: DispatchStats | None) -> dict:
             for name, r in stats.per_replica.items()
             if r.last_finish_at is not None
         },
+        "per_replica": {name: r.sequences for name, r in stats.per_replica.items()},
     }
 
 
@@ -299,9 +301,6 @@ def run_ifeval(replicas: int, name: str, engine_stats: bool = False) -> dict:
         driver_peak_rss_mib=round(usage.ru_maxrss / 1024),
         failed=result.requests_failed,
         prompt_level_strict_acc=round(strict.mean, 4),
-        per_replica={
-            k: v.sequences for k, v in (result.dispatch.per_replica.items() if result.dispatch else [])
-        },
         **_dispatch_timeline(result.dispatch),
     )
     return row

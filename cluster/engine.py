@@ -47,6 +47,7 @@ class EngineInfo:
     max_model_len: int
     vllm_version: str
     max_num_batched_tokens: int = 0
+    async_scheduling: bool = False
 
 
 class EngineDead(RuntimeError):
@@ -98,6 +99,7 @@ class EngineActor:
             start_s=time.perf_counter() - began,
             max_num_seqs=config.scheduler_config.max_num_seqs,
             max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
+            async_scheduling=bool(getattr(config.scheduler_config, "async_scheduling", False)),
             max_model_len=config.model_config.max_model_len,
             vllm_version=vllm.__version__,
         )

@@ -138,9 +138,16 @@ class ReplicaPool:
     def replicas(self) -> list[Replica]:
         """Dispatcher handles. Each window is twice the engine's max_num_seqs: a full batch running plus a
         full batch waiting inside the engine, so when sequences finish (all at once, with equal lengths) the
-        scheduler refills from its own queue instead of idling for a round trip to the dispatcher."""
+        scheduler refills from its own queue instead of idling for a round trip to the dispatcher. Near the
+        end of the queue the dispatcher shrinks it to the running batch (`batch_size`), so no replica sits
+        on waiting work while another has free slots."""
         return [
-            Replica(info.name, replica_call(actor, info.name), ENGINE_QUEUE_FACTOR * info.max_num_seqs)
+            Replica(
+                info.name,
+                replica_call(actor, info.name),
+                ENGINE_QUEUE_FACTOR * info.max_num_seqs,
+                batch_size=info.max_num_seqs,
+            )
             for actor, info in zip(self.actors, self.infos, strict=True)
         ]
 

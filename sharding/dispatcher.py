@@ -3,6 +3,11 @@
 Each replica pulls the longest remaining group whenever it has room in its in-flight window, so ragged
 output lengths never leave a replica idle while another holds a backlog (work stealing by construction).
 A replica that dies hands its in-flight groups back to the queue for the others.
+
+A window may hold more than the engine runs at once (a batch waiting inside the engine, so it refills
+without a round trip), but only while the queue could still fill every replica that far: near the end each
+replica holds at most its running batch, so the last groups go to whichever replica frees a slot first
+instead of waiting inside an engine that is still busy while another one idles.
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ class Replica:
     """A named engine replica: an async call that generates one prompt group, and its in-flight window.
 
     `max_in_flight` counts sequences (samples), and should be at least the engine's max_num_seqs so that
-    continuous batching always has a full batch to pick from.
+    continuous batching always has a full batch to pick from. `batch_size`, when given, is what the engine
+    runs at once (max_num_seqs): the window shrinks to it once the queue runs low (the end game).
     """
 
     name: str
     generate: ReplicaCall
     max_in_flight: int
+    batch_size: int | None = None
 
 
 @dataclass
@@ -93,6 +100,7 @@ class Dispatcher:
         self._on_group_done = on_group_done
         self._max_attempts = max_attempts
         self._heap: list[tuple[int, int, PromptGroup]] = []
+        self._queued_sequences = 0
         self._attempts: dict[str, int] = {}
         self._arrival = (
             itertools.count()
@@ -129,7 +137,7 @@ class Dispatcher:
         async with self._cond:
             added = 0
             for group in groups:
-                heapq.heappush(self._heap, (-group.expected_cost, next(self._arrival), group))
+                self._push(group)
                 added += 1
             self._unfinished += added
             if not self._live():
@@ -154,12 +162,30 @@ class Dispatcher:
     def _live(self) -> list[_ReplicaState]:
         return [s for s in self._states if not s.stats.dead]
 
+    def _push(self, group: PromptGroup) -> None:
+        heapq.heappush(self._heap, (-group.expected_cost, next(self._arrival), group))
+        self._queued_sequences += group.size
+
+    def _pop(self) -> PromptGroup:
+        group = heapq.heappop(self._heap)[2]
+        self._queued_sequences -= group.size
+        return group
+
+    def _window(self, state: _ReplicaState) -> int:
+        """The full window while the queue holds a running batch for every live replica, else (the end game)
+        only the running batch: work not yet started stays in the shared queue for the first free slot."""
+        replica = state.replica
+        if replica.batch_size is None:
+            return replica.max_in_flight
+        batches = sum(s.replica.batch_size or s.replica.max_in_flight for s in self._live())
+        return replica.max_in_flight if self._queued_sequences >= batches else replica.batch_size
+
     def _has_room(self, state: _ReplicaState) -> bool:
         if not self._heap:
             return False
         next_size = self._heap[0][2].size
         # A group larger than the whole window still runs, alone, so it can never starve.
-        return state.in_flight == 0 or state.in_flight + next_size <= state.replica.max_in_flight
+        return state.in_flight == 0 or state.in_flight + next_size <= self._window(state)
 
     async def _feed(self, state: _ReplicaState) -> None:
         while True:
@@ -167,7 +193,7 @@ class Dispatcher:
                 await self._cond.wait_for(lambda: self._idle() or state.stats.dead or self._has_room(state))
                 if state.stats.dead or self._idle():
                     return
-                _, _, group = heapq.heappop(self._heap)
+                group = self._pop()
                 now = time.time()
                 self.stats.first_handout_at = self.stats.first_handout_at or now
                 self.stats.last_handout_at = now
@@ -216,11 +242,11 @@ class Dispatcher:
         else:
             state.stats.requeued += 1
             self.stats.requeues += 1
-            heapq.heappush(self._heap, (-group.expected_cost, next(self._arrival), group))
+            self._push(group)
 
     def _fail_everything_queued(self, reason: str) -> None:
         while self._heap:
-            _, _, group = heapq.heappop(self._heap)
+            group = self._pop()
             self._finish(None, group, _failed(group, "", reason))
 
     def _finish(self, state: _ReplicaState | None, group: PromptGroup, completions: list[Completion]) -> None:

@@ -111,6 +111,32 @@ def test_every_request_finishes_exactly_once_and_n_samples_stay_together():
     assert len(fast.seen) > len(slow.seen)
 
 
+def test_near_the_end_work_not_started_waits_in_the_queue_for_a_free_replica():
+    """Windows hold two batches (one running, one waiting in the engine) while the queue is long; once it
+    holds less than a batch per replica, each replica keeps only its running batch, so the last groups go
+    to the replica that frees a slot first instead of queueing inside a slow one."""
+
+    def split(batch_size: int | None) -> tuple[int, int]:
+        fast, slow = FakeReplica("fast", delay=0.001), FakeReplica("slow", delay=0.2)
+        replicas = [
+            Replica("fast", fast, 4, batch_size=batch_size),
+            Replica("slow", slow, 4, batch_size=batch_size),
+        ]
+        stats = run(Dispatcher(replicas), [make_group(f"p{i}") for i in range(6)])
+        assert stats.groups_done == 6
+        return len(fast.seen), len(slow.seen)
+
+    assert split(batch_size=2) == (4, 2)
+    assert split(batch_size=None) == (3, 3)  # without the end game the slow replica queues a third group
+
+
+def test_the_full_window_is_used_while_the_queue_is_long():
+    fake = FakeReplica("r0", delay=0.01)
+    dispatcher = Dispatcher([Replica("r0", fake, max_in_flight=8, batch_size=4)])
+    stats = run(dispatcher, [make_group(f"p{i}") for i in range(40)])
+    assert fake.peak == 8 and stats.groups_done == 40
+
+
 def test_dead_replica_work_goes_back_on_the_queue():
     dying = FakeReplica("dying", delay=0.005, die_after=2)
     healthy = FakeReplica("healthy", delay=0.005)
