@@ -3,10 +3,13 @@
 One script does the whole GPU measurement, one workload per call on the lent 2-GPU machine:
 
     python bench/gpu.py --workload A --out $OUT   # random ~1.1B Llama, 2048 x 256 random tokens in, 256 out:
-                                                  # vllm.LLM.generate, rayeval 1 replica, 2 replicas, 1 x TP=2
+                                                  # vllm.LLM.generate on 1 GPU and on 2 (two processes),
+                                                  # rayeval 1 replica, 2 replicas, 1 x TP=2
     python bench/gpu.py --workload B --out $OUT   # SmolLM2-135M-Instruct, IFEval 541 prompts x 8 samples:
-                                                  # rayeval 2 replicas and 1 replica, through cluster.api.evaluate
-    python bench/gpu.py --workload all --out $OUT # both, one after the other
+                                                  # rayeval 2 replicas and 1 replica, through cluster.api.evaluate;
+                                                  # Ray-call cost alone; 2 replicas with vLLM's engine stats
+    python bench/gpu.py --workload all --out $OUT # both, one after the other (more than one 10-minute call)
+    python bench/gpu.py --workload A --configs rayeval-1,rayeval-2 --out $OUT   # a chosen subset, in that order
 
 Every configuration runs in its own process (`--config NAME` is what the driver calls), one after the other,
 so none shares an engine, a Ray session or GPU memory with another. Each writes one JSON line; the driver
