@@ -210,6 +210,22 @@ def test_tensor_parallel_replica_from_one_placement_group(tmp_path):
     assert len(rows) == 2 and all(r["error"] is None and r["output_tokens"] > 0 for r in rows)
 
 
+def test_verbose_shows_each_engines_vllm_stats_and_the_dispatch_timeline(tmp_path):
+    env = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "0.5"}  # the engines inherit it from the Ray cluster
+    argv = ["run", "--limit", "2", "--verbose", "--output-dir", str(tmp_path), "--run-id", "v", *ENGINE_FLAGS]
+    result = subprocess.run([sys.executable, "-m", "cluster.cli", *argv], capture_output=True, text=True,
+                            timeout=900, env=env, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = result.stdout + result.stderr
+    assert "Running: " in logged and "Waiting: " in logged  # vLLM's periodic engine stats
+    assert "after the last request was handed out (the tail)" in logged
+    run = json.loads((tmp_path / "v" / "summary.json").read_text())["run"]
+    dispatch = run["dispatch"]
+    assert dispatch["first_handout_at"] <= dispatch["last_handout_at"] <= dispatch["last_finish_at"]
+    assert dispatch["per_replica"]["replica-0"]["last_finish_at"] == dispatch["last_finish_at"]
+    assert run["engines"][0]["max_num_batched_tokens"] > 0
+
+
 def test_killed_replica_hands_its_work_to_the_other(tmp_path):
     """SIGKILL one of two engine actors mid-run: its in-flight prompts are requeued and every sample completes."""
     argv = ["run", "--tasks", "ifeval", "--limit", "12", "--replicas", "2", "--output-dir", str(tmp_path),
