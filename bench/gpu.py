@@ -52,6 +52,9 @@ B_SAMPLES, B_TEMPERATURE = (2 if SMOKE else 8), 0.7
 B_LIMIT = 8 if SMOKE else None
 CONFIGS = {
     # vllm-2: two LLM.generate processes, one per GPU, half the prompts each: vLLM's own scaling on this host.
+    # Not in the default list, to find where rayeval-1 loses to LLM.generate (`--configs`): asyncllm (vLLM's
+    # AsyncLLM in a plain process, everything submitted at once) and engine-one-call (rayeval's engine actor
+    # given everything in one call, no dispatcher).
     "A": ["vllm", "vllm-2", "rayeval-1", "rayeval-2", "rayeval-tp2"],
     # ifeval-2-stats: the 2-replica run again with vLLM's engine stats logged every 2 s (running / waiting
     # requests per engine), to see where the time goes; kept out of the ratios (logging costs a little).
@@ -170,11 +173,10 @@ def run_vllm_data_parallel() -> dict:
     return row
 
 
-def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
+def _rayeval_a_plan(replicas: int, tp: int) -> tuple:
+    """Workload A's run plan and requests, as rayeval builds them (token-id prompts, greedy, ignore_eos)."""
     from cluster.config import ClusterOptions, ModelOptions, RunConfig
     from cluster.plan import build_model_plan
-    from cluster.runner import RequestRunner
-    from cluster.session import ray_session
     from sharding.requests import SamplingSpec, make_request
 
     config = RunConfig(
@@ -188,6 +190,14 @@ def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
         make_request(plan.model.path, "", spec, seed=0, sample_index=0, prompt_token_ids=tuple(p))
         for p in random_prompts()
     ]
+    return plan, requests
+
+
+def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
+    from cluster.runner import RequestRunner
+    from cluster.session import ray_session
+
+    plan, requests = _rayeval_a_plan(replicas, tp)
     with ray_session(None, plan.replica, replicas, verbose=False):
         runner = RequestRunner(plan, None, progress=False)
         try:
@@ -208,6 +218,75 @@ def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
         **_dispatch_timeline(runner.dispatch),
     )
     return row
+
+
+def run_engine_one_call() -> dict:
+    """rayeval's engine actor handed all of workload A in ONE call (no dispatcher): every request reaches the
+    engine at once, as with `LLM.generate`. Against rayeval-1 (one call per request through the dispatcher)
+    it isolates what the hand-out costs; against `asyncllm` what the Ray actor costs."""
+    import ray
+
+    from cluster.pool import ReplicaPool
+    from cluster.runner import engine_settings
+    from cluster.session import ray_session
+    from sharding.requests import build_group
+
+    plan, requests = _rayeval_a_plan(1, 1)
+    options = plan.config.model
+    with ray_session(None, plan.replica, 1, verbose=False):
+        pool = ReplicaPool(engine_settings(options, plan.model.path, plan.device), plan.replica, 1,
+                           options.cpu_kv_cache_gib, verbose=False)  # fmt: skip
+        try:
+            info = pool.start(plan.config.cluster.placement_timeout_s)[0]
+            began = time.perf_counter()
+            completions = ray.get(pool.actors[0].generate.remote(build_group("all", requests)))
+            seconds = time.perf_counter() - began
+        finally:
+            pool.shutdown()
+    tokens = sum(c.output_tokens for c in completions)
+    row = _throughput("engine-one-call", seconds, tokens, len(completions), info.start_s)
+    row["failed"] = sum(not c.ok for c in completions)
+    return row
+
+
+def run_asyncllm() -> dict:
+    """vLLM's AsyncLLM in this process (no Ray), built as rayeval's engine actor builds it, all of workload A
+    submitted at once with final-only outputs: the engine's own speed without Ray or the dispatcher."""
+    import asyncio
+
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = AsyncEngineArgs(model=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
+                           max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, enforce_eager=SMOKE,
+                           gpu_memory_utilization=0.3 if SMOKE else 0.9, disable_log_stats=True)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=A_OUTPUT_TOKENS, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
+
+    async def generate_all() -> dict:
+        began = time.perf_counter()
+        engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
+        start_s = time.perf_counter() - began
+
+        async def one(index: int, prompt: list[int]) -> int:
+            final = None
+            async for output in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, f"a-{index}"):
+                final = output
+            return len(final.outputs[0].token_ids) if final is not None else 0
+
+        try:
+            began = time.perf_counter()
+            counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(random_prompts())))
+            seconds = time.perf_counter() - began
+        finally:
+            engine.shutdown()
+        return _throughput("asyncllm", seconds, sum(counts), len(counts), start_s)
+
+    return asyncio.run(generate_all())
 
 
 def run_ray_calls() -> dict:
@@ -334,6 +413,10 @@ def run_config(name: str) -> dict:
         return run_rayeval_a(1 if tp == 2 else int(name.split("-")[1]), tp, name)
     if name == "ray-calls":
         return run_ray_calls()
+    if name == "engine-one-call":
+        return run_engine_one_call()
+    if name == "asyncllm":
+        return run_asyncllm()
     return run_ifeval(int(name.split("-")[1]), name, engine_stats=name.endswith("-stats"))
 
 
@@ -342,7 +425,7 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
     env = {**os.environ, **SAFE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
     configs = only or CONFIGS[workload]
-    needs_model = any(c.startswith(("vllm", "rayeval")) for c in configs)
+    needs_model = any(c.startswith(("vllm", "rayeval", "asyncllm", "engine-")) for c in configs)
     names = (["build"] if needs_model and not (RANDOM_MODEL / "config.json").exists() else []) + configs
     rows = []
     log = (out / f"{workload}.log").open("a")
@@ -379,6 +462,8 @@ def _with_ratios(rows: list[dict]) -> dict:
         "rows": rows,
         "rayeval_1_over_llm_generate": ratio("rayeval-1", "vllm"),
         "llm_generate_2_gpus_over_1": ratio("vllm-2", "vllm"),
+        "asyncllm_over_llm_generate": ratio("asyncllm", "vllm"),
+        "engine_one_call_over_rayeval_1": ratio("engine-one-call", "rayeval-1"),
         "rayeval_2_over_1": ratio("rayeval-2", "rayeval-1"),
         "rayeval_tp2_over_1": ratio("rayeval-tp2", "rayeval-1"),
         "ifeval_2_over_1": ratio("ifeval-2", "ifeval-1"),
