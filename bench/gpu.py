@@ -160,10 +160,10 @@ def run_vllm_data_parallel() -> dict:
     rows = []
     for child in children:
         out, _ = child.communicate()
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        if child.returncode != 0 or not lines:
+        row = _result_row(out) if child.returncode == 0 else None
+        if row is None:
             raise RuntimeError(f"a vllm shard failed (exit {child.returncode})")
-        rows.append(json.loads(lines[-1]))
+        rows.append(row)
     span = max(r["ended_at"] for r in rows) - min(r["began_at"] for r in rows)
     row = _throughput(
         "vllm-2", span, sum(r["output_tokens"] for r in rows), sum(r["requests"] for r in rows),
@@ -332,12 +332,17 @@ def run_ray_calls() -> dict:
 def _dispatch_timeline(stats: DispatchStats | None) -> dict:
     """Where the generation time went, from the dispatcher's clock: hand-outs, the tail after the last
     hand-out (replicas draining with nothing left to pull), and when each replica finished."""
-    if stats is None or stats.first_handout_at is None or stats.last_finish_at is None:
+    if (
+        stats is None
+        or stats.tail_s is None
+        or stats.first_handout_at is None
+        or stats.last_handout_at is None
+    ):
         return {}
     start = stats.first_handout_at
     return {
-        "handout_span_s": round((stats.last_handout_at or start) - start, 2),
-        "tail_s": round(stats.last_finish_at - (stats.last_handout_at or start), 2),
+        "handout_span_s": round(stats.last_handout_at - start, 2),
+        "tail_s": round(stats.tail_s, 2),
         "replica_finished_s": {
             name: round(r.last_finish_at - start, 2)
             for name, r in stats.per_replica.items()
@@ -400,23 +405,21 @@ def _throughput(name: str, seconds: float, tokens: int, requests: int, start_s: 
 
 
 def run_config(name: str) -> dict:
-    if name == "build":
-        return build_random_model()
-    if name == "vllm":
-        return run_vllm()
-    if name == "vllm-2":
-        return run_vllm_data_parallel()
+    runners = {
+        "build": build_random_model,
+        "vllm": run_vllm,
+        "vllm-2": run_vllm_data_parallel,
+        "ray-calls": run_ray_calls,
+        "engine-one-call": run_engine_one_call,
+        "asyncllm": run_asyncllm,
+    }
+    if name in runners:
+        return runners[name]()
     if name.startswith("vllm-shard-"):
         return run_vllm(int(name.rsplit("-", 1)[1]), 2)
     if name.startswith("rayeval-"):
         tp = 2 if name == "rayeval-tp2" else 1
         return run_rayeval_a(1 if tp == 2 else int(name.split("-")[1]), tp, name)
-    if name == "ray-calls":
-        return run_ray_calls()
-    if name == "engine-one-call":
-        return run_engine_one_call()
-    if name == "asyncllm":
-        return run_asyncllm()
     return run_ifeval(int(name.split("-")[1]), name, engine_stats=name.endswith("-stats"))
 
 
@@ -438,16 +441,20 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
             f"===== {name} (exit {done.returncode}, {time.perf_counter() - began:.0f} s)\n{done.stdout}\n{done.stderr}\n"
         )
         log.flush()
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        row = (
-            json.loads(lines[-1])
-            if done.returncode == 0 and lines
-            else {"config": name, "error": done.stderr[-1500:]}
-        )
+        row = (_result_row(done.stdout) if done.returncode == 0 else None) or {
+            "config": name,
+            "error": done.stderr[-1500:],
+        }
         row["process_s"] = round(time.perf_counter() - began, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
         (out / f"{workload}.json").write_text(json.dumps(_with_ratios(rows), indent=2))
+
+
+def _result_row(stdout: str) -> dict | None:
+    """The JSON line a `--config` process prints last, if it printed one."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
 
 
 def _with_ratios(rows: list[dict]) -> dict:

@@ -183,15 +183,14 @@ class RequestRunner:
         self.stats.generation_s += time.perf_counter() - began
         self.stats.generated += total
         stats = dispatcher.stats
-        if stats.last_handout_at is not None and stats.last_finish_at is not None:
-            finished = [r.last_finish_at for r in stats.per_replica.values() if r.last_finish_at is not None]
+        if stats.tail_s is not None:
             log.info(
                 "%s: %.1f s, of which %.1f s after the last request was handed out (the tail); replicas "
                 "finished within %.1f s of each other",
                 label,
                 time.perf_counter() - began,
-                max(0.0, stats.last_finish_at - stats.last_handout_at),
-                max(finished) - min(finished) if finished else 0.0,
+                stats.tail_s,
+                stats.finish_spread_s,
             )
         return results
 

@@ -71,6 +71,19 @@ class DispatchStats:
     last_finish_at: float | None = None
 
     @property
+    def tail_s(self) -> float | None:
+        """Seconds from the last hand-out to the last finish (None before anything was handed out)."""
+        if self.last_handout_at is None or self.last_finish_at is None:
+            return None
+        return max(0.0, self.last_finish_at - self.last_handout_at)
+
+    @property
+    def finish_spread_s(self) -> float:
+        """How far apart the replicas finished their last groups."""
+        finished = [r.last_finish_at for r in self.per_replica.values() if r.last_finish_at is not None]
+        return max(finished) - min(finished) if finished else 0.0
+
+    @property
     def all_replicas_dead(self) -> bool:
         return bool(self.per_replica) and all(r.dead for r in self.per_replica.values())
 

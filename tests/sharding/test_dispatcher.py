@@ -130,6 +130,16 @@ def test_near_the_end_work_not_started_waits_in_the_queue_for_a_free_replica():
     assert split(batch_size=None) == (3, 3)  # without the end game the slow replica queues a third group
 
 
+def test_the_tail_and_how_far_apart_replicas_finished_are_recorded():
+    fast, slow = FakeReplica("fast", delay=0.001), FakeReplica("slow", delay=0.2)
+    dispatcher = Dispatcher([Replica("fast", fast, 1), Replica("slow", slow, 1)])
+    assert dispatcher.stats.tail_s is None
+    stats = run(dispatcher, [make_group(f"p{i}") for i in range(2)])
+    assert stats.tail_s is not None and stats.tail_s >= 0.15  # the slow group ran after the last hand-out
+    assert stats.finish_spread_s >= 0.15
+    assert stats.last_finish_at == stats.per_replica["slow"].last_finish_at
+
+
 def test_the_full_window_is_used_while_the_queue_is_long():
     fake = FakeReplica("r0", delay=0.01)
     dispatcher = Dispatcher([Replica("r0", fake, max_in_flight=8, batch_size=4)])
