@@ -54,7 +54,8 @@ CONFIGS = {
     # vllm-2: two LLM.generate processes, one per GPU, half the prompts each: vLLM's own scaling on this host.
     # Not in the default list, to find where rayeval-1 loses to LLM.generate (`--configs`): asyncllm (vLLM's
     # AsyncLLM in a plain process, everything submitted at once) and engine-one-call (rayeval's engine actor
-    # given everything in one call, no dispatcher).
+    # given everything in one call, no dispatcher), rayeval-1-per-group / rayeval-2-per-group (the hand-out of
+    # one Ray call per group, before batch calls).
     "A": ["vllm", "vllm-2", "rayeval-1", "rayeval-2", "rayeval-tp2"],
     # ifeval-2-stats: the 2-replica run again with vLLM's engine stats logged every 2 s (running / waiting
     # requests per engine), to see where the time goes; kept out of the ratios (logging costs a little).
@@ -418,8 +419,13 @@ def run_config(name: str) -> dict:
     if name.startswith("vllm-shard-"):
         return run_vllm(int(name.rsplit("-", 1)[1]), 2)
     if name.startswith("rayeval-"):
-        tp = 2 if name == "rayeval-tp2" else 1
-        return run_rayeval_a(1 if tp == 2 else int(name.split("-")[1]), tp, name)
+        layout = name.removesuffix("-per-group")
+        if layout != name:  # the hand-out before batching: one Ray call per group
+            import cluster.pool
+
+            cluster.pool.BATCH_HANDOUT = False
+        tp = 2 if layout == "rayeval-tp2" else 1
+        return run_rayeval_a(1 if tp == 2 else int(layout.split("-")[1]), tp, name)
     return run_ifeval(int(name.split("-")[1]), name, engine_stats=name.endswith("-stats"))
 
 
@@ -471,6 +477,8 @@ def _with_ratios(rows: list[dict]) -> dict:
         "llm_generate_2_gpus_over_1": ratio("vllm-2", "vllm"),
         "asyncllm_over_llm_generate": ratio("asyncllm", "vllm"),
         "engine_one_call_over_rayeval_1": ratio("engine-one-call", "rayeval-1"),
+        "rayeval_1_batched_over_per_group": ratio("rayeval-1", "rayeval-1-per-group"),
+        "rayeval_2_batched_over_per_group": ratio("rayeval-2", "rayeval-2-per-group"),
         "rayeval_2_over_1": ratio("rayeval-2", "rayeval-1"),
         "rayeval_tp2_over_1": ratio("rayeval-tp2", "rayeval-1"),
         "ifeval_2_over_1": ratio("ifeval-2", "ifeval-1"),

@@ -11,11 +11,13 @@ import asyncio
 import os
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
+from sharding.dispatcher import each_as_finished
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
 
@@ -118,6 +120,12 @@ class EngineActor:
     async def generate(self, group: PromptGroup) -> list[Completion]:
         """Run every request of the group; a request that fails is returned as a failed completion."""
         return list(await asyncio.gather(*(self._one(r) for r in group.requests)))
+
+    async def generate_batch(self, groups: list[PromptGroup]) -> AsyncIterator[tuple[int, list[Completion]]]:
+        """Every group at once, so the engine schedules them together (as `LLM.generate` does with its whole
+        list); called as a Ray streaming method, it yields (index, completions) as each group finishes."""
+        async for index, completions in each_as_finished([self.generate(group) for group in groups]):
+            yield index, completions
 
     async def _one(self, request: GenerationRequest) -> Completion:
         from vllm import TokensPrompt

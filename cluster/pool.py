@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -13,12 +15,15 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cluster.engine import EngineActor, EngineDead, EngineInfo, EngineSettings
 from cluster.errors import ClusterError
 from cluster.plan import ReplicaPlan
-from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
+from sharding.dispatcher import BatchCall, Replica, ReplicaCall, ReplicaDead
 from sharding.requests import Completion, PromptGroup
 
 log = logging.getLogger(__name__)
 
 ENGINE_QUEUE_FACTOR = 2  # sequences in flight per replica, in units of the engine's max_num_seqs
+# Hand an engine every group that fits its window in one streaming call; False: one Ray call per group
+# (kept so bench/gpu.py can measure what batching the hand-out buys).
+BATCH_HANDOUT = True
 
 
 def check_feasible(plan: ReplicaPlan, replicas: int) -> None:
@@ -140,13 +145,14 @@ class ReplicaPool:
         full batch waiting inside the engine, so when sequences finish (all at once, with equal lengths) the
         scheduler refills from its own queue instead of idling for a round trip to the dispatcher. Near the
         end of the queue the dispatcher shrinks it to the running batch (`batch_size`), so no replica sits
-        on waiting work while another has free slots."""
+        on waiting work while another has free slots. Several groups at once go in one streaming call."""
         return [
             Replica(
                 info.name,
                 replica_call(actor, info.name),
                 ENGINE_QUEUE_FACTOR * info.max_num_seqs,
                 batch_size=info.max_num_seqs,
+                generate_batch=replica_batch_call(actor, info.name) if BATCH_HANDOUT else None,
             )
             for actor, info in zip(self.actors, self.infos, strict=True)
         ]
@@ -163,17 +169,35 @@ class ReplicaPool:
 
 
 def replica_call(actor: ray.actor.ActorHandle, name: str) -> ReplicaCall:
-    """The dispatcher's call for an actor with `generate(group)` (an engine or an API judge): a dead actor
-    is killed for good and reported as `ReplicaDead`, so its work goes back on the queue."""
+    """The dispatcher's call for an actor with `generate(group)` (an engine or an API judge)."""
 
     async def generate(group: PromptGroup) -> list[Completion]:
-        try:
+        with _dead_replica_reported(actor, name):
             return await actor.generate.remote(group)
-        except (RayActorError, EngineDead) as exc:
-            ray.kill(actor, no_restart=True)
-            raise ReplicaDead(f"{name}: {remote_message(exc)}") from exc
 
     return generate
+
+
+def replica_batch_call(actor: ray.actor.ActorHandle, name: str) -> BatchCall:
+    """The dispatcher's batch call for an engine actor: one Ray streaming call of `generate_batch(groups)`,
+    each group's completions arriving as that group finishes."""
+
+    async def generate_batch(groups: list[PromptGroup]) -> AsyncIterator[tuple[int, list[Completion]]]:
+        with _dead_replica_reported(actor, name):
+            async for ref in actor.generate_batch.options(num_returns="streaming").remote(groups):
+                yield await ref
+
+    return generate_batch
+
+
+@contextmanager
+def _dead_replica_reported(actor: ray.actor.ActorHandle, name: str) -> Iterator[None]:
+    """A dead actor is killed for good and reported as `ReplicaDead`, so its work goes back on the queue."""
+    try:
+        yield
+    except (RayActorError, EngineDead) as exc:
+        ray.kill(actor, no_restart=True)
+        raise ReplicaDead(f"{name}: {remote_message(exc)}") from exc
 
 
 def remote_message(exc: BaseException) -> str:
