@@ -54,8 +54,7 @@ CONFIGS = {
     # vllm-2: two LLM.generate processes, one per GPU, half the prompts each: vLLM's own scaling on this host.
     # Not in the default list, to find where rayeval-1 loses to LLM.generate (`--configs`): asyncllm (vLLM's
     # AsyncLLM in a plain process, everything submitted at once) and engine-one-call (rayeval's engine actor
-    # given everything in one call, no dispatcher), rayeval-1-per-group / rayeval-2-per-group (the hand-out of
-    # one Ray call per group, before batch calls).
+    # given everything in one call, no dispatcher), and rayeval names with VARIANTS' suffixes.
     "A": ["vllm", "vllm-2", "rayeval-1", "rayeval-2", "rayeval-tp2"],
     # ifeval-2-stats: the 2-replica run again with vLLM's engine stats logged every 2 s (running / waiting
     # requests per engine), to see where the time goes; kept out of the ratios (logging costs a little).
@@ -64,6 +63,82 @@ CONFIGS = {
 }
 # Keep NVLink multicast off on shared hosts (the lent machine's rule), also in every child process.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+class CpuSampler:
+    """Every thread's CPU time, read from /proc twice a second by the driver (idle while a configuration
+    runs, so sampling steals nothing from it). Afterwards `busiest` says which processes were busy during
+    generation: a process whose busiest thread sits at one core (a Python front-end holding the GIL) caps
+    throughput whatever the GPU could do."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        import threading
+
+        self.interval_s = interval_s
+        self.snapshots: list[tuple[float, dict[tuple[int, int], tuple[str, float]]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.snapshots.append((time.time(), _thread_cpu()))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.snapshots.append((time.time(), _thread_cpu()))
+            self._stop.wait(self.interval_s)
+
+    def busiest(self, began_at: float, ended_at: float, top: int = 6) -> list[dict]:
+        """The `top` processes by CPU seconds between the samples around [began_at, ended_at]."""
+        before = [snap for at, snap in self.snapshots if at <= began_at]
+        after = [(at, snap) for at, snap in self.snapshots if at >= ended_at]
+        if not before or not after:
+            return []
+        start, (end_at, end) = before[-1], after[0]
+        span = end_at - max(at for at, _ in self.snapshots if at <= began_at)
+        processes: dict[int, dict] = {}
+        for (pid, tid), (name, cpu) in end.items():
+            used = cpu - start.get((pid, tid), (name, 0.0))[1]
+            process = processes.setdefault(pid, {"pid": pid, "name": "", "cpu_s": 0.0, "threads": []})
+            process["cpu_s"] += used
+            process["threads"].append((used, name))
+            if tid == pid:
+                process["name"] = name
+        rows = sorted(processes.values(), key=lambda p: -p["cpu_s"])[:top]
+        for row in rows:
+            used, name = max(row.pop("threads"))
+            row.update(
+                cpu_s=round(row["cpu_s"], 2),
+                cores=round(row["cpu_s"] / span, 2),
+                busiest_thread=name,
+                busiest_thread_cores=round(used / span, 2),
+            )
+        return rows
+
+
+def _thread_cpu() -> dict[tuple[int, int], tuple[str, float]]:
+    """(pid, tid) -> (thread name, user + system CPU seconds) for every thread on the machine."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    threads = {}
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            fields = raw[raw.rindex(")") + 2 :].split()
+            cpu = (int(fields[11]) + int(fields[12])) / ticks
+            threads[(int(pid), int(tid))] = (raw[raw.index("(") + 1 : raw.rindex(")")], cpu)
+    return threads
 
 
 def tokenizer_dir() -> Path:
@@ -170,7 +245,11 @@ def run_vllm_data_parallel() -> dict:
         "vllm-2", span, sum(r["output_tokens"] for r in rows), sum(r["requests"] for r in rows),
         max(r["engine_start_s"] for r in rows),
     )  # fmt: skip
-    row["shard_generation_s"] = [r["generation_s"] for r in rows]
+    row.update(
+        shard_generation_s=[r["generation_s"] for r in rows],
+        began_at=min(r["began_at"] for r in rows),
+        ended_at=max(r["ended_at"] for r in rows),
+    )
     return row
 
 
@@ -239,14 +318,14 @@ def run_engine_one_call() -> dict:
                            options.cpu_kv_cache_gib, verbose=False)  # fmt: skip
         try:
             info = pool.start(plan.config.cluster.placement_timeout_s)[0]
-            began = time.perf_counter()
+            began_at, began = time.time(), time.perf_counter()
             completions = ray.get(pool.actors[0].generate.remote(build_group("all", requests)))
             seconds = time.perf_counter() - began
         finally:
             pool.shutdown()
     tokens = sum(c.output_tokens for c in completions)
     row = _throughput("engine-one-call", seconds, tokens, len(completions), info.start_s)
-    row["failed"] = sum(not c.ok for c in completions)
+    row.update(failed=sum(not c.ok for c in completions), began_at=began_at, ended_at=began_at + seconds)
     return row
 
 
@@ -280,12 +359,14 @@ def run_asyncllm() -> dict:
             return len(final.outputs[0].token_ids) if final is not None else 0
 
         try:
-            began = time.perf_counter()
+            began_at, began = time.time(), time.perf_counter()
             counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(random_prompts())))
             seconds = time.perf_counter() - began
         finally:
             engine.shutdown()
-        return _throughput("asyncllm", seconds, sum(counts), len(counts), start_s)
+        row = _throughput("asyncllm", seconds, sum(counts), len(counts), start_s)
+        row.update(began_at=began_at, ended_at=began_at + seconds)
+        return row
 
     return asyncio.run(generate_all())
 
@@ -342,6 +423,8 @@ def _dispatch_timeline(stats: DispatchStats | None) -> dict:
         return {}
     start = stats.first_handout_at
     return {
+        "began_at": start,
+        "ended_at": stats.last_finish_at,
         "handout_span_s": round(stats.last_handout_at - start, 2),
         "tail_s": round(stats.tail_s, 2),
         "replica_finished_s": {
@@ -405,6 +488,34 @@ def _throughput(name: str, seconds: float, tokens: int, requests: int, start_s: 
     }
 
 
+# Suffixes of a rayeval-1 / rayeval-2 / rayeval-tp2 name that force one way of working, to measure what each
+# buys: the hand-out of one Ray call per group or batch calls, and vLLM detokenizing every token as it comes.
+VARIANTS = ("-per-group", "-batched", "-stream-detok")
+
+
+def run_rayeval_variant(name: str) -> dict:
+    import dataclasses
+
+    import cluster.pool
+    import cluster.runner
+
+    layout = name
+    for suffix in VARIANTS:
+        layout = layout.replace(suffix, "")
+    if "-per-group" in name or "-batched" in name:
+        cluster.pool.BATCH_HANDOUT = "-batched" in name
+    if "-stream-detok" in name:
+        default_settings = cluster.runner.engine_settings
+
+        def streaming_detokenization(*args: object, **kwargs: object) -> object:
+            settings = default_settings(*args, **kwargs)  # type: ignore[arg-type]
+            return dataclasses.replace(settings, detokenize_while_generating=True)
+
+        cluster.runner.engine_settings = streaming_detokenization  # type: ignore[assignment]
+    tp = 2 if layout == "rayeval-tp2" else 1
+    return run_rayeval_a(1 if tp == 2 else int(layout.split("-")[1]), tp, name)
+
+
 def run_config(name: str) -> dict:
     runners = {
         "build": build_random_model,
@@ -419,13 +530,7 @@ def run_config(name: str) -> dict:
     if name.startswith("vllm-shard-"):
         return run_vllm(int(name.rsplit("-", 1)[1]), 2)
     if name.startswith("rayeval-"):
-        layout = name.removesuffix("-per-group")
-        if layout != name:  # the hand-out before batching: one Ray call per group
-            import cluster.pool
-
-            cluster.pool.BATCH_HANDOUT = False
-        tp = 2 if layout == "rayeval-tp2" else 1
-        return run_rayeval_a(1 if tp == 2 else int(layout.split("-")[1]), tp, name)
+        return run_rayeval_variant(name)
     return run_ifeval(int(name.split("-")[1]), name, engine_stats=name.endswith("-stats"))
 
 
@@ -440,9 +545,10 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
     log = (out / f"{workload}.log").open("a")
     for name in names:
         began = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, __file__, "--config", name], env=env, capture_output=True, text=True
-        )
+        with CpuSampler() as sampler:
+            done = subprocess.run(
+                [sys.executable, __file__, "--config", name], env=env, capture_output=True, text=True
+            )
         log.write(
             f"===== {name} (exit {done.returncode}, {time.perf_counter() - began:.0f} s)\n{done.stdout}\n{done.stderr}\n"
         )
@@ -452,6 +558,8 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
             "error": done.stderr[-1500:],
         }
         row["process_s"] = round(time.perf_counter() - began, 1)
+        if "began_at" in row and "ended_at" in row:
+            row["cpu_during_generation"] = sampler.busiest(row["began_at"], row["ended_at"])
         rows.append(row)
         print(json.dumps(row), flush=True)
         (out / f"{workload}.json").write_text(json.dumps(_with_ratios(rows), indent=2))
@@ -471,15 +579,16 @@ def _with_ratios(rows: list[dict]) -> dict:
             round(by[a]["output_tok_per_s"] / by[b]["output_tok_per_s"], 3) if a in by and b in by else None
         )
 
+    variants = sorted(
+        {r["config"].removeprefix("rayeval-1") for r in rows if r["config"].startswith("rayeval-1")}
+    )
     return {
         "rows": rows,
-        "rayeval_1_over_llm_generate": ratio("rayeval-1", "vllm"),
+        **{f"rayeval-1{v}_over_llm_generate": ratio(f"rayeval-1{v}", "vllm") for v in variants},
+        **{f"rayeval-2{v}_over_1{v}": ratio(f"rayeval-2{v}", f"rayeval-1{v}") for v in variants},
         "llm_generate_2_gpus_over_1": ratio("vllm-2", "vllm"),
         "asyncllm_over_llm_generate": ratio("asyncllm", "vllm"),
         "engine_one_call_over_rayeval_1": ratio("engine-one-call", "rayeval-1"),
-        "rayeval_1_batched_over_per_group": ratio("rayeval-1", "rayeval-1-per-group"),
-        "rayeval_2_batched_over_per_group": ratio("rayeval-2", "rayeval-2-per-group"),
-        "rayeval_2_over_1": ratio("rayeval-2", "rayeval-1"),
         "rayeval_tp2_over_1": ratio("rayeval-tp2", "rayeval-1"),
         "ifeval_2_over_1": ratio("ifeval-2", "ifeval-1"),
     }

@@ -8,6 +8,7 @@ vLLM's continuous batching and prefix cache see all N samples of a prompt togeth
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 import uuid
@@ -37,6 +38,9 @@ class EngineSettings:
     device: str
     max_num_batched_tokens: int | None = None  # None: vLLM's offline (LLM class) default for the device
     log_stats: bool = False  # vLLM's periodic engine stats (running / waiting, throughput) in the log
+    # False: requests without stop strings come back as token ids and the actor decodes each output once,
+    # instead of vLLM detokenizing every token as it is generated (front-end CPU; see defer_detokenization).
+    detokenize_while_generating: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class EngineActor:
         self.settings = settings
         self.engine: Any = None
         self.info: EngineInfo | None = None
+        self.tokenizer: Any = None
         self.stats_logging: asyncio.Task[None] | None = None
 
     async def start(self) -> EngineInfo:
@@ -94,6 +99,8 @@ class EngineActor:
         # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill; measured in issue 5).
         self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
         config = self.engine.vllm_config
+        tokenizer = self.engine.get_tokenizer()  # a coroutine in older vLLM releases
+        self.tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         self.info = EngineInfo(
             name=self.name,
             node_id=ray.get_runtime_context().get_node_id(),
@@ -139,7 +146,7 @@ class EngineActor:
         )
         final = None
         try:
-            params = _sampling_params(request)
+            params = _sampling_params(request, self.settings.detokenize_while_generating)
             # The engine id must be unique among in-flight requests; the stable id stays in the Completion.
             engine_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
             async for output in self.engine.generate(prompt, params, request_id=engine_id):
@@ -172,15 +179,19 @@ class EngineActor:
                 is_greedy=is_greedy,
             )
         out = final.outputs[0]
+        text = out.text if params.detokenize else self._decode(out.token_ids, params.skip_special_tokens)
         return Completion(
             request_id=request.request_id,
-            text=out.text,
+            text=text,
             prompt_tokens=prompt_tokens,
             output_tokens=len(out.token_ids),
             finish_reason=out.finish_reason,
             latency_s=latency,
             replica=self.name,
         )
+
+    def _decode(self, token_ids: Any, skip_special_tokens: bool) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     async def shutdown(self) -> None:
         if self.stats_logging is not None:
@@ -190,7 +201,7 @@ class EngineActor:
             self.engine = None
 
 
-def _sampling_params(request: GenerationRequest) -> Any:
+def _sampling_params(request: GenerationRequest, detokenize_while_generating: bool = False) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -204,6 +215,7 @@ def _sampling_params(request: GenerationRequest) -> Any:
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
     spec = request.sampling
+    options = {"detokenize": not defer_detokenization(spec.stop, detokenize_while_generating)}
     return SamplingParams(
         n=1,
         temperature=spec.temperature,
@@ -212,8 +224,18 @@ def _sampling_params(request: GenerationRequest) -> Any:
         stop=list(spec.stop) or None,
         seed=request.seed,
         output_kind=RequestOutputKind.FINAL_ONLY,
-        **dict(spec.engine_options),
+        **(options | dict(spec.engine_options)),
     )
+
+
+def defer_detokenization(stop: tuple[str, ...], detokenize_while_generating: bool) -> bool:
+    """Whether the output is decoded once at the end rather than token by token inside vLLM.
+
+    vLLM detokenizes incrementally in its front-end process, for every sequence at every step; that work is
+    only needed to find stop strings (we ask for final outputs only). Without stop strings one decode of
+    the finished tokens gives the text, and the front-end keeps up with the GPU.
+    """
+    return not stop and not detokenize_while_generating
 
 
 def continuation_logprob(tokens: tuple[int, ...], prompt_logprobs: Any, start: int) -> tuple[float, bool]:
