@@ -21,9 +21,11 @@ from sharding.requests import Completion, PromptGroup
 log = logging.getLogger(__name__)
 
 ENGINE_QUEUE_FACTOR = 2  # sequences in flight per replica, in units of the engine's max_num_seqs
-# Hand an engine every group that fits its window in one streaming call; False: one Ray call per group
-# (kept so bench/gpu.py can measure what batching the hand-out buys).
-BATCH_HANDOUT = True
+# True: hand an engine every group that fits its window in one streaming call (`replica_batch_call`).
+# Off: measured on 2 x H100 (issue 5, docs/BENCHMARKS.md) one Ray call per group was 10-17 % faster with one
+# replica and batch calls 2-11 % faster with two, in both of two leases; the engine core's CPU, not the
+# hand-out, was the limit. Kept for bench/gpu.py's `-batched` configurations until it is understood.
+BATCH_HANDOUT = False
 
 
 def check_feasible(plan: ReplicaPlan, replicas: int) -> None:
@@ -145,7 +147,7 @@ class ReplicaPool:
         full batch waiting inside the engine, so when sequences finish (all at once, with equal lengths) the
         scheduler refills from its own queue instead of idling for a round trip to the dispatcher. Near the
         end of the queue the dispatcher shrinks it to the running batch (`batch_size`), so no replica sits
-        on waiting work while another has free slots. Several groups at once go in one streaming call."""
+        on waiting work while another has free slots."""
         return [
             Replica(
                 info.name,

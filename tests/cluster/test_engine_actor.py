@@ -1,0 +1,132 @@
+"""The engine actor: outputs decoded once instead of token by token, and groups handed over in one call.
+
+The fast tests check which requests are decoded how; the slow ones run one real SmolLM2 engine actor on CPU
+(through the same calls the dispatcher makes) and check that decoding once gives exactly the text vLLM's
+incremental detokenizer gives, and that a batch call streams back what one call per group returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from cluster.engine import _sampling_params, defer_detokenization
+from cluster.plan import RunPlan
+from sharding.requests import (
+    Completion,
+    GenerationRequest,
+    PromptGroup,
+    SamplingSpec,
+    build_group,
+    make_request,
+)
+
+PROMPTS = [
+    "Write a haiku about the sea.",
+    "List three prime numbers and explain why they are prime.",
+    "Réponds en français : quelle est la capitale de l'Italie ?",
+    "Write one line of Python that prints a dictionary with emoji keys like 🐍.",
+]
+
+
+def test_only_requests_without_stop_strings_skip_incremental_detokenization():
+    assert defer_detokenization((), detokenize_while_generating=False)
+    assert not defer_detokenization(("\n\n",), detokenize_while_generating=False)
+    assert not defer_detokenization((), detokenize_while_generating=True)
+
+
+def test_sampling_params_ask_vllm_for_text_only_where_it_is_needed():
+    plain = make_request("m", "p", SamplingSpec(max_tokens=8), 0, 0)
+    stopped = make_request("m", "p", SamplingSpec(max_tokens=8, stop=("Q:",)), 0, 0)
+    forced = make_request("m", "p", SamplingSpec(max_tokens=8, engine_options=(("detokenize", True),)), 0, 0)
+    assert _sampling_params(plain).detokenize is False
+    assert _sampling_params(plain, detokenize_while_generating=True).detokenize is True
+    assert _sampling_params(stopped).detokenize is True
+    assert _sampling_params(forced).detokenize is True  # the task's own engine options win
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[tuple[RunPlan, object]]:
+    """One real engine actor (SmolLM2 on CPU) in a local Ray cluster, shared by the slow tests."""
+    from cluster.config import ClusterOptions, ModelOptions, RunConfig
+    from cluster.plan import build_model_plan
+    from cluster.pool import ReplicaPool
+    from cluster.runner import engine_settings
+    from cluster.session import ray_session
+
+    config = RunConfig(
+        model=ModelOptions(max_model_len=512, enforce_eager=True),
+        cluster=ClusterOptions(replicas=1, device="cpu"),
+    )
+    plan = build_model_plan(config, device="cpu")
+    options = plan.config.model
+    with ray_session(None, plan.replica, 1, verbose=False):
+        pool = ReplicaPool(engine_settings(options, plan.model.path, plan.device), plan.replica, 1,
+                           options.cpu_kv_cache_gib, verbose=False)  # fmt: skip
+        try:
+            pool.start(plan.config.cluster.placement_timeout_s)
+            yield plan, pool.actors[0]
+        finally:
+            pool.shutdown()
+
+
+def one_call_per_group(actor: object, groups: list[PromptGroup]) -> list[list[Completion]]:
+    from cluster.pool import replica_call
+
+    call = replica_call(actor, "replica-0")  # type: ignore[arg-type]
+
+    async def all_groups() -> list[list[Completion]]:
+        return list(await asyncio.gather(*(call(group) for group in groups)))
+
+    return asyncio.run(all_groups())
+
+
+def greedy_request(plan: RunPlan, prompt: str, spec: SamplingSpec) -> GenerationRequest:
+    return make_request(plan.model.path, prompt, spec, seed=0, sample_index=0)
+
+
+@pytest.mark.slow
+def test_decoding_once_gives_the_text_of_incremental_detokenization(engine):
+    plan, actor = engine
+    once = SamplingSpec(temperature=0.0, max_tokens=64)
+    incremental = SamplingSpec(temperature=0.0, max_tokens=64, engine_options=(("detokenize", True),))
+    groups = [
+        build_group(prompt, [greedy_request(plan, prompt, spec)])
+        for prompt in PROMPTS
+        for spec in (once, incremental)
+    ]
+    results = one_call_per_group(actor, groups)
+    for decoded_once, streamed in zip(results[::2], results[1::2], strict=True):
+        assert decoded_once[0].ok and streamed[0].ok
+        assert decoded_once[0].output_tokens == streamed[0].output_tokens > 0
+        assert decoded_once[0].text == streamed[0].text
+
+
+@pytest.mark.slow
+def test_a_batch_call_streams_back_every_group_as_one_call_per_group_returns_it(engine):
+    from cluster.pool import replica_batch_call
+
+    plan, actor = engine
+
+    def exactly(tokens: int) -> SamplingSpec:
+        return SamplingSpec(temperature=0.0, max_tokens=tokens, engine_options=(("ignore_eos", True),))
+
+    groups = [build_group("longest", [greedy_request(plan, PROMPTS[0], exactly(96))])] + [
+        build_group(prompt, [greedy_request(plan, prompt, exactly(8 * (i + 1)))])
+        for i, prompt in enumerate(PROMPTS)
+    ]  # sent longest first: each comes back when it finishes, not in the order sent
+    call = replica_batch_call(actor, "replica-0")  # type: ignore[arg-type]
+
+    async def stream() -> list[tuple[int, list[Completion]]]:
+        return [item async for item in call(groups)]
+
+    streamed = asyncio.run(stream())
+    assert sorted(index for index, _ in streamed) == list(range(len(groups)))
+    assert streamed[0][0] == 1 and streamed[-1][0] == 0  # the shortest came back first, the longest last
+    by_index = dict(streamed)
+    for index, expected in enumerate(one_call_per_group(actor, groups)):
+        got = by_index[index]
+        assert [c.request_id for c in got] == [c.request_id for c in expected]
+        assert [c.text for c in got] == [c.text for c in expected] and all(c.ok for c in got)
