@@ -13,7 +13,9 @@ One script does the whole GPU measurement, one workload per call on the lent 2-G
 
 Every configuration runs in its own process (`--config NAME` is what the driver calls), one after the other,
 so none shares an engine, a Ray session or GPU memory with another. Each writes one JSON line; the driver
-collects them into $OUT/<workload>.json and every process's output into $OUT/<workload>.log.
+collects them into $OUT/<workload>.json and every process's output into $OUT/<workload>.log. While a
+configuration runs, the (otherwise idle) driver samples every process's CPU time from /proc, and each row
+gets `cpu_during_generation`: the busiest processes over the generation window, in cores.
 
 Workload A is the same work everywhere: token-id prompts (no tokenisation), greedy, `ignore_eos`, 256
 output tokens each, same engine settings (bf16, max_model_len 1024, max_num_seqs 256, prefix caching on,
