@@ -233,7 +233,7 @@ def defer_detokenization(stop: tuple[str, ...], detokenize_while_generating: boo
 
     vLLM detokenizes incrementally in its front-end process, for every sequence at every step; that work is
     only needed to find stop strings (we ask for final outputs only). Without stop strings one decode of
-    the finished tokens gives the text, and the front-end keeps up with the GPU.
+    the finished tokens gives the same text for less work in the engine actor's process.
     """
     return not stop and not detokenize_while_generating
 

@@ -10,8 +10,8 @@ replica holds at most its running batch, so the last groups go to whichever repl
 instead of waiting inside an engine that is still busy while another one idles.
 
 A replica that can take several groups in one call (`generate_batch`, streaming each group's completions
-back as it finishes) gets everything that fits its window at once: on a GPU the engine then starts a full
-batch in a few steps, as `vllm.LLM.generate` does, instead of one request per round trip.
+back as it finishes) gets everything that fits its window at once, in one round trip instead of one per
+group. (Whether an engine gains from receiving a batch at once depends on it: docs/BENCHMARKS.md.)
 """
 
 from __future__ import annotations
