@@ -97,12 +97,12 @@ class CpuSampler:
 
     def busiest(self, began_at: float, ended_at: float, top: int = 6) -> list[dict]:
         """The `top` processes by CPU seconds between the samples around [began_at, ended_at]."""
-        before = [snap for at, snap in self.snapshots if at <= began_at]
+        before = [(at, snap) for at, snap in self.snapshots if at <= began_at]
         after = [(at, snap) for at, snap in self.snapshots if at >= ended_at]
         if not before or not after:
             return []
-        start, (end_at, end) = before[-1], after[0]
-        span = end_at - max(at for at, _ in self.snapshots if at <= began_at)
+        (start_at, start), (end_at, end) = before[-1], after[0]
+        span = end_at - start_at
         processes: dict[int, dict] = {}
         for (pid, tid), (name, cpu) in end.items():
             used = cpu - start.get((pid, tid), (name, 0.0))[1]

@@ -52,7 +52,6 @@ def engine_settings(
     device: str,
     max_model_len: int | None = None,
     log_stats: bool = False,
-    detokenize_while_generating: bool = False,
 ) -> EngineSettings:
     return EngineSettings(
         model=model_path,
@@ -67,7 +66,6 @@ def engine_settings(
         device=device,
         max_num_batched_tokens=options.max_num_batched_tokens,
         log_stats=log_stats,
-        detokenize_while_generating=detokenize_while_generating,
     )
 
 
