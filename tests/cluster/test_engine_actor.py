@@ -57,7 +57,9 @@ def engine() -> Iterator[tuple[RunPlan, object]]:
     from cluster.session import ray_session
 
     config = RunConfig(
-        model=ModelOptions(max_model_len=512, enforce_eager=True),
+        # float32: the tests compare texts of requests that may run in different batches, and bfloat16 CPU
+        # kernels are not batch-invariant (a greedy token can flip); lm-eval comparisons use float32 too.
+        model=ModelOptions(dtype="float32", max_model_len=512, enforce_eager=True),
         cluster=ClusterOptions(replicas=1, device="cpu"),
     )
     plan = build_model_plan(config, device="cpu")
