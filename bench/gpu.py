@@ -33,10 +33,12 @@ import resource
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from cluster.plan import RunPlan
     from sharding.dispatcher import DispatchStats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +54,10 @@ MAX_NUM_SEQS = 16 if SMOKE else 256
 A_MAX_MODEL_LEN = 1024
 B_SAMPLES, B_TEMPERATURE = (2 if SMOKE else 8), 0.7
 B_LIMIT = 8 if SMOKE else None
+# Workload A generates this many times on the same engines (fresh random prompts each time, so prefix caching
+# cannot help a repeat): the spread between repeats says how much of a difference between configurations is
+# noise. `--repeats` sets it for the children.
+A_REPEATS = int(os.environ.get("RAYEVAL_BENCH_REPEATS", "1"))
 CONFIGS = {
     # vllm-2: two LLM.generate processes, one per GPU, half the prompts each: vLLM's own scaling on this host.
     # Not in the default list, to find where rayeval-1 loses to LLM.generate (`--configs`): asyncllm (vLLM's
@@ -77,7 +83,7 @@ class CpuSampler:
         import threading
 
         self.interval_s = interval_s
-        self.snapshots: list[tuple[float, dict[tuple[int, int], tuple[str, float]]]] = []
+        self.snapshots: list[tuple[float, dict[tuple[int, int], tuple[str, float, int]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -103,28 +109,102 @@ class CpuSampler:
             return []
         (start_at, start), (end_at, end) = before[-1], after[0]
         span = end_at - start_at
+        window = [snap for at, snap in self.snapshots if start_at <= at <= end_at]
         processes: dict[int, dict] = {}
-        for (pid, tid), (name, cpu) in end.items():
-            used = cpu - start.get((pid, tid), (name, 0.0))[1]
+        for (pid, tid), (name, cpu, _) in end.items():
+            used = cpu - start.get((pid, tid), (name, 0.0, 0))[1]
             process = processes.setdefault(pid, {"pid": pid, "name": "", "cpu_s": 0.0, "threads": []})
             process["cpu_s"] += used
-            process["threads"].append((used, name))
+            process["threads"].append((used, name, tid))
             if tid == pid:
                 process["name"] = name
         rows = sorted(processes.values(), key=lambda p: -p["cpu_s"])[:top]
         for row in rows:
-            used, name = max(row.pop("threads"))
+            used, name, tid = max(row.pop("threads"))
+            # which logical CPUs the busiest thread was seen on: two hot threads sharing one says they competed
+            seen_on = Counter(snap[(row["pid"], tid)][2] for snap in window if (row["pid"], tid) in snap)
             row.update(
                 cpu_s=round(row["cpu_s"], 2),
                 cores=round(row["cpu_s"] / span, 2),
                 busiest_thread=name,
                 busiest_thread_cores=round(used / span, 2),
+                busiest_thread_on_cpus=dict(seen_on.most_common(4)),
             )
         return rows
 
 
-def _thread_cpu() -> dict[tuple[int, int], tuple[str, float]]:
-    """(pid, tid) -> (thread name, user + system CPU seconds) for every thread on the machine."""
+class GpuSampler:
+    """Each GPU's utilisation (the share of time a kernel was running), SM clock and power, from nvidia-smi
+    twice a second. The engine core's process shows a full core whether it computes or waits for the GPU
+    (CUDA's default wait spins), so only the GPU side says whether the GPU or the host sets the pace."""
+
+    QUERY = "timestamp,index,utilization.gpu,clocks.sm,power.draw"
+
+    def __init__(self, interval_ms: int = 500) -> None:
+        import threading
+
+        self.interval_ms = interval_ms
+        self.samples: list[tuple[float, int, float, float, float | None]] = []  # at, gpu, util %, MHz, W
+        self._process: subprocess.Popen | None = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def __enter__(self) -> GpuSampler:
+        import shutil
+
+        if not SMOKE and shutil.which("nvidia-smi"):
+            self._process = subprocess.Popen(
+                ["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
+                 f"-lms={self.interval_ms}"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait()
+            self._thread.join()
+
+    def _read(self) -> None:
+        from datetime import datetime
+
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            parts = [p.strip() for p in line.split(",")]
+            try:
+                at = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()  # nvidia-smi's own clock
+                sample = (at, int(parts[1]), float(parts[2]), float(parts[3]))
+            except (ValueError, IndexError):
+                continue
+            try:
+                power: float | None = float(parts[4])
+            except (ValueError, IndexError):
+                power = None
+            self.samples.append((*sample, power))
+
+    def summary(self, began_at: float, ended_at: float) -> list[dict]:
+        """Per GPU over [began_at, ended_at]: mean and lowest utilisation, mean SM clock and power."""
+        rows = []
+        for gpu in sorted({s[1] for s in self.samples}):
+            inside = [s for s in self.samples if s[1] == gpu and began_at <= s[0] <= ended_at]
+            if not inside:
+                continue
+            powers = [s[4] for s in inside if s[4] is not None]
+            rows.append({
+                "gpu": gpu,
+                "samples": len(inside),
+                "utilization_pct_mean": round(sum(s[2] for s in inside) / len(inside), 1),
+                "utilization_pct_min": min(s[2] for s in inside),
+                "sm_clock_mhz_mean": round(sum(s[3] for s in inside) / len(inside)),
+                "power_w_mean": round(sum(powers) / len(powers)) if powers else None,
+            })  # fmt: skip
+        return rows
+
+
+def _thread_cpu() -> dict[tuple[int, int], tuple[str, float, int]]:
+    """(pid, tid) -> (thread name, user + system CPU seconds, the logical CPU it last ran on) for every thread
+    on the machine."""
     ticks = os.sysconf("SC_CLK_TCK")
     threads = {}
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
@@ -139,7 +219,7 @@ def _thread_cpu() -> dict[tuple[int, int], tuple[str, float]]:
                 continue
             fields = raw[raw.rindex(")") + 2 :].split()
             cpu = (int(fields[11]) + int(fields[12])) / ticks
-            threads[(int(pid), int(tid))] = (raw[raw.index("(") + 1 : raw.rindex(")")], cpu)
+            threads[(int(pid), int(tid))] = (raw[raw.index("(") + 1 : raw.rindex(")")], cpu, int(fields[36]))
     return threads
 
 
@@ -178,11 +258,11 @@ def build_random_model() -> dict:
     return {"config": "build", "parameters": params, "build_s": round(time.perf_counter() - began, 1)}
 
 
-def random_prompts() -> list[list[int]]:
+def random_prompts(repeat: int = 0) -> list[list[int]]:
     import numpy as np
 
     vocab = json.loads((RANDOM_MODEL / "config.json").read_text())["vocab_size"]
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(repeat)
     return rng.integers(100, vocab - 100, size=(A_PROMPTS, A_PROMPT_TOKENS)).tolist()
 
 
@@ -191,7 +271,6 @@ def run_vllm(shard: int = 0, shards: int = 1) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in random_prompts()[shard::shards]]
     began = time.perf_counter()
     llm = LLM(model=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
               max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, gpu_memory_utilization=0.3 if SMOKE else 0.9,
@@ -200,13 +279,28 @@ def run_vllm(shard: int = 0, shards: int = 1) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=A_OUTPUT_TOKENS, ignore_eos=True)
     if shards > 1:
         _barrier(shard, shards)
-    began_at = time.time()
-    began = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - began
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    row = _throughput("vllm" if shards == 1 else f"vllm-shard-{shard}", wall, tokens, len(outputs), start_s)
-    row.update(began_at=began_at, ended_at=began_at + wall)
+    repeats = []
+    for repeat in range(A_REPEATS if shards == 1 else 1):  # the two-process reference starts together once
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in random_prompts(repeat)[shard::shards]]
+        began_at, began = time.time(), time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - began
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        repeats.append({"began_at": began_at, "seconds": seconds, "tokens": tokens, "requests": len(outputs)})
+    return _repeated("vllm" if shards == 1 else f"vllm-shard-{shard}", repeats, start_s)
+
+
+def _repeated(name: str, repeats: list[dict], start_s: float, **extra: object) -> dict:
+    """One row for a configuration's repeats: the mean generation time of a repeat (every repeat is the same
+    amount of work), each repeat's time, and the span from the first start to the last end."""
+    mean_s = sum(r["seconds"] for r in repeats) / len(repeats)
+    row = _throughput(name, mean_s, repeats[0]["tokens"], repeats[0]["requests"], start_s)
+    row.update(
+        repeat_generation_s=[round(r["seconds"], 2) for r in repeats],
+        began_at=repeats[0]["began_at"],
+        ended_at=repeats[-1]["began_at"] + repeats[-1]["seconds"],
+        **extra,
+    )
     return row
 
 
@@ -255,51 +349,99 @@ def run_vllm_data_parallel() -> dict:
     return row
 
 
-def _rayeval_a_plan(replicas: int, tp: int) -> tuple:
-    """Workload A's run plan and requests, as rayeval builds them (token-id prompts, greedy, ignore_eos)."""
+def _rayeval_a_plan(replicas: int, tp: int) -> RunPlan:
+    """Workload A's run plan: the same engine settings as `LLM.generate`'s."""
     from cluster.config import ClusterOptions, ModelOptions, RunConfig
     from cluster.plan import build_model_plan
-    from sharding.requests import SamplingSpec, make_request
 
     config = RunConfig(
         model=ModelOptions(path=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
                            max_num_seqs=MAX_NUM_SEQS, tensor_parallel_size=tp, enforce_eager=SMOKE),
         cluster=ClusterOptions(replicas=replicas, device=DEVICE),
     )  # fmt: skip
-    plan = build_model_plan(config, device=DEVICE)
+    return build_model_plan(config, device=DEVICE)
+
+
+def _rayeval_a_requests(model_path: str, repeat: int = 0) -> list:
+    """Workload A's requests, as rayeval builds them (token-id prompts, greedy, ignore_eos)."""
+    from sharding.requests import SamplingSpec, make_request
+
     spec = SamplingSpec(temperature=0.0, max_tokens=A_OUTPUT_TOKENS, engine_options=(("ignore_eos", True),))
-    requests = [
-        make_request(plan.model.path, "", spec, seed=0, sample_index=0, prompt_token_ids=tuple(p))
-        for p in random_prompts()
+    return [
+        make_request(model_path, "", spec, seed=0, sample_index=0, prompt_token_ids=tuple(p))
+        for p in random_prompts(repeat)
     ]
-    return plan, requests
 
 
-def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
+def run_rayeval_a(replicas: int, tp: int, name: str, pin: bool = False) -> dict:
     from cluster.runner import RequestRunner
     from cluster.session import ray_session
 
-    plan, requests = _rayeval_a_plan(replicas, tp)
+    plan = _rayeval_a_plan(replicas, tp)
+    repeats, failed = [], []
     with ray_session(None, plan.replica, replicas, verbose=False):
         runner = RequestRunner(plan, None, progress=False)
         try:
-            results = runner.run(requests, label=name)
+            runner._ensure_replicas()  # engines up first, so no repeat's window holds their start
+            pinned = pin_engine_cores() if pin else {}
+            for repeat in range(A_REPEATS):
+                requests = _rayeval_a_requests(plan.model.path, repeat)
+                done_before = runner.stats.generation_s
+                dispatch = runner.dispatch
+                sequences_before = (
+                    {n: r.sequences for n, r in dispatch.per_replica.items()} if dispatch else {}
+                )
+                began_at = time.time()
+                results = runner.run(requests, label=name)
+                failed += [c.error for c in results.values() if not c.ok]
+                repeats.append({
+                    "began_at": began_at,
+                    "seconds": runner.stats.generation_s - done_before,
+                    "tokens": sum(c.output_tokens for c in results.values()),
+                    "requests": len(results),
+                    **_dispatch_timeline(runner.dispatch, began_at, sequences_before),
+                })  # fmt: skip
         finally:
             runner.close()
-    failed = [c.error for c in results.values() if not c.ok]
-    tokens = sum(c.output_tokens for c in results.values())
-    row = _throughput(
-        name, runner.stats.generation_s, tokens, len(results), max(e.start_s for e in runner.stats.engines)
-    )
-    row.update(
-        failed=len(failed),
-        first_error=failed[0] if failed else None,
-        vllm_version=runner.stats.engines[0].vllm_version,
-        max_num_batched_tokens=runner.stats.engines[0].max_num_batched_tokens,
-        async_scheduling=runner.stats.engines[0].async_scheduling,
-        **_dispatch_timeline(runner.dispatch),
-    )
-    return row
+    engine = runner.stats.engines[0]
+    return _repeated(
+        name, repeats, max(e.start_s for e in runner.stats.engines),
+        failed=len(failed), first_error=failed[0] if failed else None, vllm_version=engine.vllm_version,
+        max_num_batched_tokens=engine.max_num_batched_tokens, async_scheduling=engine.async_scheduling,
+        dispatch_per_repeat=[{k: v for k, v in r.items() if k not in ("began_at", "seconds", "tokens", "requests")}
+                             for r in repeats],
+        pinned_engine_cores=pinned or None,
+    )  # fmt: skip
+
+
+def pin_engine_cores() -> dict[int, list[int]]:
+    """Bench-only experiment (`-pinned`): every thread of each vLLM engine-core process onto physical cores
+    of its own (with their hyperthread siblings), so no two engine cores ever share a core. Nothing else is
+    moved. Returns pid -> logical CPUs."""
+    engines = sorted(
+        int(pid) for pid in os.listdir("/proc")
+        if pid.isdigit() and _comm(int(pid)).startswith("VLLM::EngineCor")
+    )  # fmt: skip
+    cores: dict[str, list[int]] = {}  # physical core -> its logical CPUs, highest first (away from CPU 0)
+    for cpu in sorted(os.sched_getaffinity(0), reverse=True):
+        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        cores.setdefault(siblings, []).append(cpu)
+    physical = list(cores.values())
+    per_engine = max(1, min(2, len(physical) // max(1, len(engines))))
+    pinned = {}
+    for index, pid in enumerate(engines):
+        cpus = sorted(c for core in physical[index * per_engine : (index + 1) * per_engine] for c in core)
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(tid), cpus)
+        pinned[pid] = cpus
+    return pinned
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def run_engine_one_call() -> dict:
@@ -313,7 +455,8 @@ def run_engine_one_call() -> dict:
     from cluster.session import ray_session
     from sharding.requests import build_group
 
-    plan, requests = _rayeval_a_plan(1, 1)
+    plan = _rayeval_a_plan(1, 1)
+    requests = _rayeval_a_requests(plan.model.path)
     options = plan.config.model
     with ray_session(None, plan.replica, 1, verbose=False):
         pool = ReplicaPool(engine_settings(options, plan.model.path, plan.device), plan.replica, 1,
@@ -413,9 +556,12 @@ def run_ray_calls() -> dict:
     return row
 
 
-def _dispatch_timeline(stats: DispatchStats | None) -> dict:
+def _dispatch_timeline(
+    stats: DispatchStats | None, start: float | None = None, sequences_before: dict[str, int] | None = None
+) -> dict:
     """Where the generation time went, from the dispatcher's clock: hand-outs, the tail after the last
-    hand-out (replicas draining with nothing left to pull), and when each replica finished."""
+    hand-out (replicas draining with nothing left to pull), and when each replica finished. `start` and
+    `sequences_before` cut out one repeat of several on the same dispatcher (its stats add up over runs)."""
     if (
         stats is None
         or stats.tail_s is None
@@ -423,7 +569,8 @@ def _dispatch_timeline(stats: DispatchStats | None) -> dict:
         or stats.last_handout_at is None
     ):
         return {}
-    start = stats.first_handout_at
+    start = start or stats.first_handout_at
+    before = sequences_before or {}
     return {
         "began_at": start,
         "ended_at": stats.last_finish_at,
@@ -432,9 +579,9 @@ def _dispatch_timeline(stats: DispatchStats | None) -> dict:
         "replica_finished_s": {
             name: round(r.last_finish_at - start, 2)
             for name, r in stats.per_replica.items()
-            if r.last_finish_at is not None
+            if r.last_finish_at is not None and r.last_finish_at >= start
         },
-        "per_replica": {name: r.sequences for name, r in stats.per_replica.items()},
+        "per_replica": {name: r.sequences - before.get(name, 0) for name, r in stats.per_replica.items()},
     }
 
 
@@ -491,8 +638,9 @@ def _throughput(name: str, seconds: float, tokens: int, requests: int, start_s: 
 
 
 # Suffixes of a rayeval-1 / rayeval-2 / rayeval-tp2 name that force one way of working, to measure what each
-# buys: the hand-out of one Ray call per group or batch calls, and vLLM detokenizing every token as it comes.
-VARIANTS = ("-per-group", "-batched", "-stream-detok")
+# buys: the hand-out of one Ray call per group or batch calls, vLLM detokenizing every token as it comes, and
+# each engine core pinned to physical cores of its own (`pin_engine_cores`).
+VARIANTS = ("-per-group", "-batched", "-stream-detok", "-pinned")
 
 
 def run_rayeval_variant(name: str) -> dict:
@@ -515,7 +663,7 @@ def run_rayeval_variant(name: str) -> dict:
 
         cluster.runner.engine_settings = streaming_detokenization  # type: ignore[assignment]
     tp = 2 if layout == "rayeval-tp2" else 1
-    return run_rayeval_a(1 if tp == 2 else int(layout.split("-")[1]), tp, name)
+    return run_rayeval_a(1 if tp == 2 else int(layout.split("-")[1]), tp, name, pin="-pinned" in name)
 
 
 def run_config(name: str) -> dict:
@@ -536,8 +684,25 @@ def run_config(name: str) -> dict:
     return run_ifeval(int(name.split("-")[1]), name, engine_stats=name.endswith("-stats"))
 
 
+def record_machine(out: Path) -> None:
+    """The host's CPU topology and the GPUs' limits, once per call: hosts of one kind differ."""
+    commands = [
+        ["lscpu"],
+        ["nvidia-smi", "--query-gpu=name,clocks.max.sm,power.limit,pcie.link.gen.current", "--format=csv"],
+        ["nvidia-smi", "topo", "-m"],
+    ]
+    with (out / "machine.txt").open("w") as file:
+        for command in commands:
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+                file.write(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}\n")
+            except (OSError, subprocess.TimeoutExpired) as error:
+                file.write(f"$ {' '.join(command)}\n{error}\n")
+
+
 def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    record_machine(out)
     env = {**os.environ, **SAFE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
     configs = only or CONFIGS[workload]
@@ -547,7 +712,7 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
     log = (out / f"{workload}.log").open("a")
     for name in names:
         began = time.perf_counter()
-        with CpuSampler() as sampler:
+        with CpuSampler() as sampler, GpuSampler() as gpus:
             done = subprocess.run(
                 [sys.executable, __file__, "--config", name], env=env, capture_output=True, text=True
             )
@@ -562,6 +727,7 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
         row["process_s"] = round(time.perf_counter() - began, 1)
         if "began_at" in row and "ended_at" in row:
             row["cpu_during_generation"] = sampler.busiest(row["began_at"], row["ended_at"])
+            row["gpu_during_generation"] = gpus.summary(row["began_at"], row["ended_at"])
         rows.append(row)
         print(json.dumps(row), flush=True)
         (out / f"{workload}.json").write_text(json.dumps(_with_ratios(rows), indent=2))
@@ -611,7 +777,13 @@ def main() -> None:
     )
     parser.add_argument("--config", help="run one configuration in this process and print its JSON line")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu"))
+    parser.add_argument(
+        "--repeats", type=int, default=A_REPEATS,
+        help="workload A: generate this many times per configuration on the same engines, fresh prompts each "
+        "time (about 15 s each on one H100); rows give the mean and every repeat",
+    )  # fmt: skip
     args = parser.parse_args()
+    os.environ["RAYEVAL_BENCH_REPEATS"] = str(args.repeats)  # the children read it as A_REPEATS
     if args.config:
         from cluster.cli import _configure_logging
 

