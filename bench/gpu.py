@@ -373,7 +373,7 @@ def _rayeval_a_requests(model_path: str, repeat: int = 0) -> list:
     ]
 
 
-def run_rayeval_a(replicas: int, tp: int, name: str, pin: bool = False) -> dict:
+def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
     from cluster.runner import RequestRunner
     from cluster.session import ray_session
 
@@ -383,7 +383,6 @@ def run_rayeval_a(replicas: int, tp: int, name: str, pin: bool = False) -> dict:
         runner = RequestRunner(plan, None, progress=False)
         try:
             runner._ensure_replicas()  # engines up first, so no repeat's window holds their start
-            pinned = pin_engine_cores() if pin else {}
             for repeat in range(A_REPEATS):
                 requests = _rayeval_a_requests(plan.model.path, repeat)
                 done_before = runner.stats.generation_s
@@ -410,38 +409,8 @@ def run_rayeval_a(replicas: int, tp: int, name: str, pin: bool = False) -> dict:
         max_num_batched_tokens=engine.max_num_batched_tokens, async_scheduling=engine.async_scheduling,
         dispatch_per_repeat=[{k: v for k, v in r.items() if k not in ("began_at", "seconds", "tokens", "requests")}
                              for r in repeats],
-        pinned_engine_cores=pinned or None,
+        engine_core_cpus=[list(e.engine_core_cpus) for e in runner.stats.engines],
     )  # fmt: skip
-
-
-def pin_engine_cores() -> dict[int, list[int]]:
-    """Bench-only experiment (`-pinned`): every thread of each vLLM engine-core process onto physical cores
-    of its own (with their hyperthread siblings), so no two engine cores ever share a core. Nothing else is
-    moved. Returns pid -> logical CPUs."""
-    engines = sorted(
-        int(pid) for pid in os.listdir("/proc")
-        if pid.isdigit() and _comm(int(pid)).startswith("VLLM::EngineCor")
-    )  # fmt: skip
-    cores: dict[str, list[int]] = {}  # physical core -> its logical CPUs, highest first (away from CPU 0)
-    for cpu in sorted(os.sched_getaffinity(0), reverse=True):
-        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
-        cores.setdefault(siblings, []).append(cpu)
-    physical = list(cores.values())
-    per_engine = max(1, min(2, len(physical) // max(1, len(engines))))
-    pinned = {}
-    for index, pid in enumerate(engines):
-        cpus = sorted(c for core in physical[index * per_engine : (index + 1) * per_engine] for c in core)
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            os.sched_setaffinity(int(tid), cpus)
-        pinned[pid] = cpus
-    return pinned
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 def run_engine_one_call() -> dict:
@@ -639,8 +608,8 @@ def _throughput(name: str, seconds: float, tokens: int, requests: int, start_s: 
 
 # Suffixes of a rayeval-1 / rayeval-2 / rayeval-tp2 name that force one way of working, to measure what each
 # buys: the hand-out of one Ray call per group or batch calls, vLLM detokenizing every token as it comes, and
-# each engine core pinned to physical cores of its own (`pin_engine_cores`).
-VARIANTS = ("-per-group", "-batched", "-stream-detok", "-pinned")
+# engine cores left where the OS puts them instead of on cores of their own (cluster.affinity).
+VARIANTS = ("-per-group", "-batched", "-stream-detok", "-unpinned")
 
 
 def run_rayeval_variant(name: str) -> dict:
@@ -654,16 +623,24 @@ def run_rayeval_variant(name: str) -> dict:
         layout = layout.replace(suffix, "")
     if "-per-group" in name or "-batched" in name:
         cluster.pool.BATCH_HANDOUT = "-batched" in name
-    if "-stream-detok" in name:
+    changes = {
+        field: value
+        for suffix, field, value in [
+            ("-stream-detok", "detokenize_while_generating", True),
+            ("-unpinned", "pin_engine_core", False),
+        ]
+        if suffix in name
+    }
+    if changes:
         default_settings = cluster.runner.engine_settings
 
-        def streaming_detokenization(*args: object, **kwargs: object) -> object:
+        def changed_settings(*args: object, **kwargs: object) -> object:
             settings = default_settings(*args, **kwargs)  # type: ignore[arg-type]
-            return dataclasses.replace(settings, detokenize_while_generating=True)
+            return dataclasses.replace(settings, **changes)
 
-        cluster.runner.engine_settings = streaming_detokenization  # type: ignore[assignment]
+        cluster.runner.engine_settings = changed_settings  # type: ignore[assignment]
     tp = 2 if layout == "rayeval-tp2" else 1
-    return run_rayeval_a(1 if tp == 2 else int(layout.split("-")[1]), tp, name, pin="-pinned" in name)
+    return run_rayeval_a(1 if tp == 2 else int(layout.split("-")[1]), tp, name)
 
 
 def run_config(name: str) -> dict:

@@ -12,7 +12,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from cluster.engine import EngineActor, EngineDead, EngineInfo, EngineSettings
+from cluster.engine import ENGINE_CORE_SLOT_ENV, EngineActor, EngineDead, EngineInfo, EngineSettings
 from cluster.errors import ClusterError
 from cluster.plan import ReplicaPlan
 from sharding.dispatcher import BatchCall, Replica, ReplicaCall, ReplicaDead
@@ -134,7 +134,10 @@ class ReplicaPool:
         return str(table.get("bundles_to_node_id", {}).get(0, ""))
 
     def _env(self, local_index: int, local_count: int) -> dict[str, str]:
-        env = {"VLLM_LOGGING_LEVEL": "INFO" if self.verbose else "WARNING"}
+        env = {
+            "VLLM_LOGGING_LEVEL": "INFO" if self.verbose else "WARNING",
+            ENGINE_CORE_SLOT_ENV: f"{local_index}/{local_count}",
+        }
         if self.settings.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(
