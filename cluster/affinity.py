@@ -1,13 +1,13 @@
 """CPU cores of their own for the vLLM engine cores of GPU replicas.
 
 On a GPU, vLLM's engine core (one Python process per replica: scheduler, input preparation, output
-serialisation) is what sets the pace for small and medium models: on 2 x H100 with a 1.1B model the GPU ran
-kernels under half of the time while that process's main thread stayed on a CPU core (issue 5, round 4).
-Left to the kernel's scheduler, that hot thread migrates between cores many times a second, and two
-replicas' engine cores can land on the same core. Each replica's engine core therefore gets a few cores of
-its own, disjoint from the other replicas' on the node, taken from the top of the node's range (away from
-core 0, where the driver, Ray's daemons and interrupts tend to run). Only the engine core's process is
-pinned; the Ray actor that talks to it and everything else stay where the scheduler puts them.
+serialisation) sets the pace for small models: on 2 x H100 with a 1.1B model the GPU ran
+kernels under half of the time. Left to the kernel's scheduler, that process's busy thread moved between two
+or three cores within seconds; pinned to two cores of its own, the replica generated about 10 % faster
+(docs/BENCHMARKS.md, issue 5 round 4). Each replica's engine core therefore gets cores of its own, disjoint
+from the other replicas' on the node, taken from the top of the node's range (away from core 0, where the
+driver, Ray's daemons and interrupts tend to run). Only the engine core's process is pinned; the Ray actor
+that talks to it, tensor-parallel workers and everything else stay where the scheduler puts them.
 """
 
 from __future__ import annotations

@@ -101,6 +101,14 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         help="KV cache per replica on CPU (default 1)",
     )
     m.add_argument(
+        "--pin-engine-core",
+        dest="model.pin_engine_core",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="on GPUs, give each replica's vLLM engine-core process two CPU cores of its own, disjoint on a node "
+        "(default on; --no-pin-engine-core on nodes shared with other CPU-heavy work)",
+    )
+    m.add_argument(
         "--chat-template",
         dest="model.chat_template",
         action=argparse.BooleanOptionalAction,

@@ -45,6 +45,10 @@ class ModelOptions(Strict):
         None, description="apply the tokenizer's chat template; default: if it has one"
     )
     enforce_eager: bool = False
+    pin_engine_core: bool = Field(
+        True,
+        description="GPU: each replica's vLLM engine-core process on CPU cores of its own (about 10 % faster)",
+    )
     cpu_kv_cache_gib: int = Field(
         1, ge=1, description="KV cache GiB per replica on CPU (VLLM_CPU_KVCACHE_SPACE)"
     )

@@ -66,6 +66,7 @@ def engine_settings(
         device=device,
         max_num_batched_tokens=options.max_num_batched_tokens,
         log_stats=log_stats,
+        pin_engine_core=options.pin_engine_core,
     )
 
 

@@ -184,3 +184,16 @@ def test_lm_eval_tasks_in_a_config_file_are_planned_with_their_options(capsys, t
 def test_tasks_lists_lm_eval_names(capsys):
     assert main(["tasks", "--lm-eval", "arc_eas"]) == 0
     assert "arc_easy" in capsys.readouterr().out.split()
+
+
+def test_engine_core_pinning_is_on_by_default_and_a_flag_turns_it_off():
+    from cluster.cli import _overrides, build_parser
+    from cluster.config import build_config
+    from cluster.runner import engine_settings
+
+    def settings(argv: list[str]):
+        config = build_config({}, _overrides(build_parser().parse_args(["run", *argv])), "flags")
+        return engine_settings(config.model, "m", "gpu")
+
+    assert settings([]).pin_engine_core is True
+    assert settings(["--no-pin-engine-core"]).pin_engine_core is False
