@@ -64,18 +64,36 @@ def _resolve_local(path: Path, task: str, split: str) -> Path:
 
 
 def _load_local(path: Path, task: str) -> list[dict[str, Any]]:
+    """Local files are read directly (pyarrow for Parquet): `datasets` would copy each into its cache and
+    print a progress bar the first time, even for a dry run."""
     if path.suffix == ".jsonl":
         return _read_jsonl(path, task)
     try:
-        import datasets
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
 
-        kind = "parquet" if path.suffix == ".parquet" else "json"
-        return list(datasets.load_dataset(kind, data_files=str(path), split="train"))
-    except Exception as exc:  # noqa: BLE001 - datasets raises many types; the user needs one message
+            return pq.read_table(path).to_pylist()
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # JSON Lines under a .json name
+            return _read_jsonl(path, task)
+        raise DataError(
+            f"Task '{task}': {path} is not valid JSON (line {exc.lineno}: {exc.msg}). Give a JSON array of "
+            "records, or one JSON object per line."
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - pyarrow and the file system raise many types; one message
         raise DataError(
             f"Task '{task}': could not read {path} ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
             "Check that the file is valid JSON/Parquet with one record per row."
         ) from exc
+    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+        raise DataError(
+            f"Task '{task}': {path} holds a JSON {type(data).__name__}, not an array of records. Give a JSON "
+            "array with one object per row, or a .jsonl file with one object per line."
+        )
+    if not data:
+        raise DataError(f"Task '{task}': {path} holds no rows. Point --data-path at a file with data.")
+    return data
 
 
 def _read_jsonl(path: Path, task: str) -> list[dict[str, Any]]:
