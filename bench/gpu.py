@@ -398,7 +398,7 @@ def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
                     "seconds": runner.stats.generation_s - done_before,
                     "tokens": sum(c.output_tokens for c in results.values()),
                     "requests": len(results),
-                    **_dispatch_timeline(runner.dispatch, began_at, sequences_before),
+                    "dispatch": _dispatch_timeline(runner.dispatch, began_at, sequences_before),
                 })  # fmt: skip
         finally:
             runner.close()
@@ -407,8 +407,7 @@ def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
         name, repeats, max(e.start_s for e in runner.stats.engines),
         failed=len(failed), first_error=failed[0] if failed else None, vllm_version=engine.vllm_version,
         max_num_batched_tokens=engine.max_num_batched_tokens, async_scheduling=engine.async_scheduling,
-        dispatch_per_repeat=[{k: v for k, v in r.items() if k not in ("began_at", "seconds", "tokens", "requests")}
-                             for r in repeats],
+        dispatch_per_repeat=[r["dispatch"] for r in repeats],
         engine_core_cpus=[list(e.engine_core_cpus) for e in runner.stats.engines],
     )  # fmt: skip
 

@@ -91,9 +91,7 @@ def _load_local(path: Path, task: str) -> list[dict[str, Any]]:
             f"Task '{task}': {path} holds a JSON {type(data).__name__}, not an array of records. Give a JSON "
             "array with one object per row, or a .jsonl file with one object per line."
         )
-    if not data:
-        raise DataError(f"Task '{task}': {path} holds no rows. Point --data-path at a file with data.")
-    return data
+    return _non_empty(data, path, task)
 
 
 def _read_jsonl(path: Path, task: str) -> list[dict[str, Any]]:
@@ -115,6 +113,10 @@ def _read_jsonl(path: Path, task: str) -> list[dict[str, Any]]:
                     "Every line must be one JSON object with the task's fields."
                 )
             rows.append(row)
+    return _non_empty(rows, path, task)
+
+
+def _non_empty(rows: list[dict[str, Any]], path: Path, task: str) -> list[dict[str, Any]]:
     if not rows:
         raise DataError(f"Task '{task}': {path} holds no rows. Point --data-path at a file with data.")
     return rows

@@ -38,7 +38,9 @@ def test_malformed_json_names_the_task_and_the_file(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(DataError) as error:
         load_rows(str(path), "gsm8k", ("question",))
-    assert message in str(error.value) and "Task 'gsm8k'" in str(error.value) and str(path) in str(error.value)
+    assert (
+        message in str(error.value) and "Task 'gsm8k'" in str(error.value) and str(path) in str(error.value)
+    )
 
 
 def test_a_row_lacking_a_field_is_named(tmp_path):
