@@ -589,6 +589,7 @@ def run_ifeval(replicas: int, name: str, engine_stats: bool = False) -> dict:
         driver_peak_rss_mib=round(usage.ru_maxrss / 1024),
         failed=result.requests_failed,
         prompt_level_strict_acc=round(strict.mean, 4),
+        engine_core_cpus=[list(e.engine_core_cpus) for e in result.engines],
         **_dispatch_timeline(result.dispatch),
     )
     return row
