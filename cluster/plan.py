@@ -201,6 +201,7 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
             lm_eval_plans.append(_lm_eval_plan(resolved.name, options, config, default_limit))
             continue
         task = get_task(resolved.name)
+        task.check_ready()
         samples = task.load_samples(options.data_path)
         available = len(samples)
         limit = options.limit or default_limit

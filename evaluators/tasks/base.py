@@ -83,6 +83,11 @@ class Task(ABC):
     def load_samples(self, data_path: str | None) -> list[Sample]:
         """Every sample of the evaluation split, in dataset order."""
 
+    def check_ready(self) -> None:
+        """Raise EvalInputError if scoring cannot work in this environment (a scorer dependency that does not
+        import, say): called while planning, so the run stops before any engine starts or output is lost."""
+        return None  # most tasks score with the standard library and need no check
+
     def load_fewshot(self, data_path: str | None) -> list[Sample]:
         """Samples few-shot examples are drawn from; tasks without few-shot support keep the default."""
         return []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evaluators.data import load_rows, packaged_or_hub
-from evaluators.errors import DataError
+from evaluators.errors import DataError, EvalInputError
 from evaluators.sentence_splitting import load_ifeval_utils
 from evaluators.tasks.base import (
     DataSourceInfo,
@@ -47,6 +47,16 @@ class IFEval(Task):
                     f"instruction ids but {len(row['kwargs'])} kwargs entries; they must pair up one to one."
                 )
         return [Sample(i, row) for i, row in enumerate(rows)]
+
+    def check_ready(self) -> None:
+        try:
+            load_ifeval_utils()
+        except ImportError as error:
+            raise EvalInputError(
+                f"Task 'ifeval' scores with lm-eval's IFEval checkers, which do not import here ({error}). "
+                "Install rayeval's dependencies into this environment (`pip install -e .` in the project, or "
+                "`pip install 'lm-eval[ifeval]'`), then run again."
+            ) from None
 
     def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
         text = sample.doc["prompt"]
