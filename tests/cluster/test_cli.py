@@ -197,3 +197,19 @@ def test_engine_core_pinning_is_on_by_default_and_a_flag_turns_it_off():
 
     assert settings([]).pin_engine_core is True
     assert settings(["--no-pin-engine-core"]).pin_engine_core is False
+
+
+def test_a_scorer_dependency_that_does_not_import_stops_a_dry_run_with_the_fix(tmp_path):
+    # Fault injection: `datasets` made unimportable in a child process, as on a machine where lm-eval's own
+    # dependencies were not installed (the lent GPU machine of issue 5 was one). The same check runs before a
+    # real run starts any engine.
+    script = (
+        "import sys; sys.modules['datasets'] = None\n"
+        "from cluster.cli import main\n"
+        f"sys.exit(main(['run', '--dry-run', '--tasks', 'ifeval', '--output-dir', {str(tmp_path)!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Task 'ifeval' scores with lm-eval's IFEval checkers, which do not import here" in done.stderr
+    assert "datasets" in done.stderr and "pip install -e ." in done.stderr
+    assert "Traceback" not in done.stderr
