@@ -6,6 +6,7 @@ session (see `cluster.session`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -301,20 +302,21 @@ def run_evaluation(
         core_slots=core_slots(plan, judge=False, mode=mode),
     )
     prepare_began = time.perf_counter()
-    renderer = None
-    if plan.tasks and config.model.chat_template:  # an asked-for template the tokenizer may lack: fail first
-        renderer = PromptRenderer(plan.model, config.model.chat_template, config.model.revision)
-    if len(store) == 0 and mode != "judge_only":
-        # A fresh run needs engines: start them while prompts are rendered (loading the tokenizer took 12 s of
-        # a 171 s IFEval run on 2 x H100, docs/BENCHMARKS.md round 5) and lm-eval builds its requests.
-        runner.start_in_background()
+    make_renderer = functools.partial(
+        PromptRenderer, plan.model, config.model.chat_template, config.model.revision
+    )
     try:
+        renderer = None
+        if plan.tasks and config.model.chat_template:
+            # an asked-for template the tokenizer may lack: fail before any engine starts
+            renderer = make_renderer()
+        if len(store) == 0 and mode != "judge_only":
+            # A fresh run needs engines: start them while prompts are rendered (loading the tokenizer took 12 s
+            # of a 171 s IFEval run on 2 x H100, docs/BENCHMARKS.md round 5) and lm-eval builds its requests.
+            runner.start_in_background()
         planned: list[PlannedSample] = []
         if plan.tasks:
-            renderer = renderer or PromptRenderer(
-                plan.model, config.model.chat_template, config.model.revision
-            )
-            planned = build_requests(plan, renderer)
+            planned = build_requests(plan, renderer or make_renderer())
         prepare_s = time.perf_counter() - prepare_began
         judging = None if mode == "inference_only" else _start_judging(plan, run_dir, verbose, mode)
     except BaseException:

@@ -267,3 +267,24 @@ def test_losing_every_replica_fails_clearly_and_loses_nothing(tmp_path):
     assert f"8 requests, {len(kept)} reused" in resumed.stderr
     rows = records(tmp_path / "lost" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert sorted(r["doc_id"] for r in rows) == list(range(8)) and all(r["error"] is None for r in rows)
+
+
+def test_an_asked_for_chat_template_the_tokenizer_lacks_fails_before_any_engine_starts(tmp_path):
+    # The embedded model's files, its chat template taken out (the weights are linked, not copied).
+    from cluster.model import resolve_model
+
+    source = Path(resolve_model(None).path)
+    model = tmp_path / "no-template"
+    model.mkdir()
+    for item in source.iterdir():
+        if item.name == "tokenizer_config.json":
+            settings = json.loads(item.read_text())
+            settings.pop("chat_template", None)
+            (model / item.name).write_text(json.dumps(settings))
+        elif item.name != "chat_template.jinja":
+            (model / item.name).symlink_to(item)
+    done = rayeval("run", "--model", str(model), "--chat-template", "--tasks", "ifeval", "--limit", "2",
+                   "--output-dir", str(tmp_path / "runs"), *ENGINE_FLAGS)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--chat-template was asked for, but the tokenizer of" in done.stderr
+    assert "starting 1 engine replica" not in done.stderr and "Traceback" not in done.stderr

@@ -69,7 +69,3 @@ def test_packaged_data_has_all_541_prompts():
     samples = IFEval().load_samples(None)
     assert len(samples) == 541
     assert samples[0].doc["instruction_id_list"]
-
-
-def test_ready_where_lm_evals_checkers_import():
-    IFEval().check_ready()  # raises EvalInputError where they do not (tests/cluster/test_cli.py shows the message)
