@@ -15,7 +15,9 @@ Every configuration runs in its own process (`--config NAME` is what the driver 
 so none shares an engine, a Ray session or GPU memory with another. Each writes one JSON line; the driver
 collects them into $OUT/<workload>.json and every process's output into $OUT/<workload>.log. While a
 configuration runs, the (otherwise idle) driver samples every process's CPU time from /proc, and each row
-gets `cpu_during_generation`: the busiest processes over the generation window, in cores.
+gets `cpu_during_generation`: the busiest processes over the generation window, in cores (and how much of
+it in the kernel), and `host_cpu_during_generation`: the logical CPUs' busy, kernel and steal time from
+/proc/stat (steal: time the hypervisor ran something else on a vCPU that wanted to run).
 
 Workload A is the same work everywhere: token-id prompts (no tokenisation), greedy, `ignore_eos`, 256
 output tokens each, same engine settings (bf16, max_model_len 1024, max_num_seqs 256, prefix caching on,
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,7 +86,8 @@ class CpuSampler:
         import threading
 
         self.interval_s = interval_s
-        self.snapshots: list[tuple[float, dict[tuple[int, int], tuple[str, float, int]]]] = []
+        self.snapshots: list[tuple[float, dict[tuple[int, int], ThreadTimes]]] = []
+        self.host_snapshots: list[tuple[float, dict[int, CpuTicks]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -94,12 +98,49 @@ class CpuSampler:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.snapshots.append((time.time(), _thread_cpu()))
+        self._snapshot()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.snapshots.append((time.time(), _thread_cpu()))
+            self._snapshot()
             self._stop.wait(self.interval_s)
+
+    def _snapshot(self) -> None:
+        at = time.time()
+        self.snapshots.append((at, _thread_cpu()))
+        self.host_snapshots.append((at, _host_cpu()))
+
+    def host(self, began_at: float, ended_at: float, top: int = 6) -> dict:
+        """The logical CPUs over [began_at, ended_at], in cores: busy (user + kernel), kernel, and steal (the
+        vCPU wanted to run, the hypervisor ran something else); and the `top` busiest CPUs in percent. Two
+        engine cores that each stay at a full core but do less per step when both run point at the host's
+        physical cores: steal says whether the hypervisor took them away."""
+        before = [snap for at, snap in self.host_snapshots if at <= began_at]
+        after = [(at, snap) for at, snap in self.host_snapshots if at >= ended_at]
+        if not before or not after:
+            return {}
+        start, (_, end) = before[-1], after[0]
+        used = {cpu: end[cpu] - start[cpu] for cpu in end if cpu in start}
+        total = sum(ticks.total for ticks in used.values())
+        cpus = len(used)
+
+        def cores(value: int) -> float:
+            return round(value * cpus / total, 2) if total else 0.0
+
+        def percent(ticks: CpuTicks, value: int) -> float:
+            return round(100 * value / ticks.total, 1) if ticks.total else 0.0
+
+        busiest = sorted(used.items(), key=lambda item: -item[1].busy)[:top]
+        return {
+            "busy_cores": cores(sum(t.busy for t in used.values())),
+            "kernel_cores": cores(sum(t.kernel for t in used.values())),
+            "steal_cores": cores(sum(t.steal for t in used.values())),
+            "busiest_cpus": {
+                str(cpu): {"busy_pct": percent(t, t.busy), "kernel_pct": percent(t, t.kernel),
+                           "steal_pct": percent(t, t.steal)}
+                for cpu, t in busiest
+            },
+        }  # fmt: skip
 
     def busiest(self, began_at: float, ended_at: float, top: int = 6) -> list[dict]:
         """The `top` processes by CPU seconds between the samples around [began_at, ended_at]."""
@@ -111,23 +152,32 @@ class CpuSampler:
         span = end_at - start_at
         window = [snap for at, snap in self.snapshots if start_at <= at <= end_at]
         processes: dict[int, dict] = {}
-        for (pid, tid), (name, cpu, _) in end.items():
-            used = cpu - start.get((pid, tid), (name, 0.0, 0))[1]
-            process = processes.setdefault(pid, {"pid": pid, "name": "", "cpu_s": 0.0, "threads": []})
+        for (pid, tid), times in end.items():
+            earlier = start.get((pid, tid))
+            used = times.cpu_s - (earlier.cpu_s if earlier else 0.0)
+            kernel = times.system_s - (earlier.system_s if earlier else 0.0)
+            process = processes.setdefault(
+                pid, {"pid": pid, "name": "", "cpu_s": 0.0, "kernel_s": 0.0, "threads": []}
+            )
             process["cpu_s"] += used
-            process["threads"].append((used, name, tid))
+            process["kernel_s"] += kernel
+            process["threads"].append((used, kernel, times.name, tid))
             if tid == pid:
-                process["name"] = name
+                process["name"] = times.name
         rows = sorted(processes.values(), key=lambda p: -p["cpu_s"])[:top]
         for row in rows:
-            used, name, tid = max(row.pop("threads"))
+            used, kernel, name, tid = max(row.pop("threads"))
             # which logical CPUs the busiest thread was seen on: two hot threads sharing one says they competed
-            seen_on = Counter(snap[(row["pid"], tid)][2] for snap in window if (row["pid"], tid) in snap)
+            seen_on = Counter(
+                snap[(row["pid"], tid)].last_cpu for snap in window if (row["pid"], tid) in snap
+            )
             row.update(
                 cpu_s=round(row["cpu_s"], 2),
                 cores=round(row["cpu_s"] / span, 2),
+                kernel_cores=round(row.pop("kernel_s") / span, 2),
                 busiest_thread=name,
                 busiest_thread_cores=round(used / span, 2),
+                busiest_thread_kernel_cores=round(kernel / span, 2),
                 busiest_thread_on_cpus=dict(seen_on.most_common(4)),
             )
         return rows
@@ -202,9 +252,53 @@ class GpuSampler:
         return rows
 
 
-def _thread_cpu() -> dict[tuple[int, int], tuple[str, float, int]]:
-    """(pid, tid) -> (thread name, user + system CPU seconds, the logical CPU it last ran on) for every thread
-    on the machine."""
+@dataclass(frozen=True)
+class ThreadTimes:
+    name: str
+    user_s: float
+    system_s: float
+    last_cpu: int
+
+    @property
+    def cpu_s(self) -> float:
+        return self.user_s + self.system_s
+
+
+@dataclass(frozen=True)
+class CpuTicks:
+    """One logical CPU's counters from /proc/stat, in clock ticks since boot."""
+
+    busy: int  # user, nice, system, irq, softirq
+    kernel: int  # system, irq, softirq
+    steal: int
+    total: int  # everything, idle and iowait included
+
+    def __sub__(self, other: CpuTicks) -> CpuTicks:
+        return CpuTicks(
+            self.busy - other.busy,
+            self.kernel - other.kernel,
+            self.steal - other.steal,
+            self.total - other.total,
+        )
+
+
+def _host_cpu() -> dict[int, CpuTicks]:
+    counters = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+        kernel = system + irq + softirq
+        counters[int(name[3:])] = CpuTicks(
+            user + nice + kernel, kernel, steal, user + nice + kernel + idle + iowait + steal
+        )
+    return counters
+
+
+def _thread_cpu() -> dict[tuple[int, int], ThreadTimes]:
+    """(pid, tid) -> the thread's name, user and system CPU seconds and the logical CPU it last ran on, for
+    every thread on the machine."""
     ticks = os.sysconf("SC_CLK_TCK")
     threads = {}
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
@@ -218,8 +312,12 @@ def _thread_cpu() -> dict[tuple[int, int], tuple[str, float, int]]:
             except OSError:
                 continue
             fields = raw[raw.rindex(")") + 2 :].split()
-            cpu = (int(fields[11]) + int(fields[12])) / ticks
-            threads[(int(pid), int(tid))] = (raw[raw.index("(") + 1 : raw.rindex(")")], cpu, int(fields[36]))
+            threads[(int(pid), int(tid))] = ThreadTimes(
+                raw[raw.index("(") + 1 : raw.rindex(")")],
+                int(fields[11]) / ticks,
+                int(fields[12]) / ticks,
+                int(fields[36]),
+            )
     return threads
 
 
@@ -725,6 +823,7 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
         row["process_s"] = round(time.perf_counter() - began, 1)
         if "began_at" in row and "ended_at" in row:
             row["cpu_during_generation"] = sampler.busiest(row["began_at"], row["ended_at"])
+            row["host_cpu_during_generation"] = sampler.host(row["began_at"], row["ended_at"])
             row["gpu_during_generation"] = gpus.summary(row["began_at"], row["ended_at"])
         rows.append(row)
         print(json.dumps(row), flush=True)
