@@ -17,7 +17,9 @@ collects them into $OUT/<workload>.json and every process's output into $OUT/<wo
 configuration runs, the (otherwise idle) driver samples every process's CPU time from /proc, and each row
 gets `cpu_during_generation`: the busiest processes over the generation window, in cores (and how much of
 it in the kernel), and `host_cpu_during_generation`: the logical CPUs' busy, kernel and steal time from
-/proc/stat (steal: time the hypervisor ran something else on a vCPU that wanted to run).
+/proc/stat (steal: time the hypervisor ran something else on a vCPU that wanted to run). Before the first
+configuration, `host_probe` times a fixed Python loop on two replicas' engine-core CPUs, one set at a time and
+both at once (about 10 s): the host's own slowdown when two engine cores run, in $OUT/<workload>.json.
 
 Workload A is the same work everywhere: token-id prompts (no tokenisation), greedy, `ignore_eos`, 256
 output tokens each, same engine settings (bf16, max_model_len 1024, max_num_seqs 256, prefix caching on,
@@ -32,6 +34,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -775,6 +778,58 @@ def record_machine(out: Path) -> None:
                 file.write(f"$ {' '.join(command)}\n{error}\n")
 
 
+# A fixed stretch of pure-Python dict work, like an engine core's scheduling step, on the CPUs given in argv[1],
+# starting at the wall-clock time in argv[2] (so two copies start together); prints its own seconds.
+PROBE_LOOP = """
+import os, sys, time
+os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])
+start_at = float(sys.argv[2])
+while time.time() < start_at:
+    time.sleep(0.001)
+began = time.perf_counter()
+table = {}
+for i in range(6_000_000):
+    table[i & 1023] = table.get((i * 7) & 1023, 0) + i
+print(time.perf_counter() - began)
+"""
+
+
+def host_probe(rounds: int = 3) -> dict:
+    """How much slower two replicas' engine-core CPUs run a fixed Python loop at once than one at a time, on
+    this host, without vLLM or rayeval: round 6 saw each of two engine cores take 52 % longer per wave than
+    one alone, with both at a full core. A large slowdown here says the vCPUs share physical cores (or are
+    taken away); none says look at the GPU side."""
+    from cluster.affinity import engine_core_cpus
+
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu_sets = [engine_core_cpus(index, 2, allowed) for index in range(2)]
+    if not all(cpu_sets):
+        return {}
+
+    def timed(sets: list[list[int]]) -> list[float]:
+        start_at = f"{time.time() + 0.3:.3f}"
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", PROBE_LOOP, ",".join(map(str, cpus)), start_at],
+                stdout=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for cpus in sets
+        ]
+        return [round(float(child.communicate()[0]), 3) for child in children]
+
+    alone = [[timed([cpus])[0] for cpus in cpu_sets] for _ in range(rounds)]
+    together = [timed(cpu_sets) for _ in range(rounds)]
+    median_alone = statistics.median(t for pair in alone for t in pair)
+    median_together = statistics.median(t for pair in together for t in pair)
+    return {
+        "engine_core_cpus": cpu_sets,
+        "alone_s": alone,
+        "together_s": together,
+        "slowdown_pct": round(100 * (median_together / median_alone - 1), 1),
+    }
+
+
 # What each kind of configuration imports beyond the standard library, checked in a child process before
 # anything starts: an upload missing a wheel then costs seconds of the lease, not a whole configuration.
 PREFLIGHT = {
@@ -802,6 +857,8 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
     configs = only or CONFIGS[workload]
     preflight(configs, env)
+    probe = host_probe()
+    print(json.dumps({"host_probe": probe}), flush=True)
     needs_model = any(c.startswith(("vllm", "rayeval", "asyncllm", "engine-")) for c in configs)
     names = (["build"] if needs_model and not (RANDOM_MODEL / "config.json").exists() else []) + configs
     rows = []
@@ -827,7 +884,9 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
             row["gpu_during_generation"] = gpus.summary(row["began_at"], row["ended_at"])
         rows.append(row)
         print(json.dumps(row), flush=True)
-        (out / f"{workload}.json").write_text(json.dumps(_with_ratios(rows), indent=2))
+        (out / f"{workload}.json").write_text(
+            json.dumps({**_with_ratios(rows), "host_probe": probe}, indent=2)
+        )
 
 
 def _result_row(stdout: str) -> dict | None:
