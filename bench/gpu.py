@@ -19,7 +19,7 @@ gets `cpu_during_generation`: the busiest processes over the generation window, 
 it in the kernel), and `host_cpu_during_generation`: the logical CPUs' busy, kernel and steal time from
 /proc/stat (steal: time the hypervisor ran something else on a vCPU that wanted to run). Before the first
 configuration, `host_probe` times a fixed Python loop on two replicas' engine-core CPUs, one set at a time and
-both at once (about 10 s): the host's own slowdown when two engine cores run, in $OUT/<workload>.json.
+both at once (about 15 s): the host's own slowdown when two engine cores run, in $OUT/<workload>.json.
 
 Workload A is the same work everywhere: token-id prompts (no tokenisation), greedy, `ignore_eos`, 256
 output tokens each, same engine settings (bf16, max_model_len 1024, max_num_seqs 256, prefix caching on,
@@ -788,17 +788,18 @@ while time.time() < start_at:
     time.sleep(0.001)
 began = time.perf_counter()
 table = {}
-for i in range(6_000_000):
+for i in range(3_000_000):
     table[i & 1023] = table.get((i * 7) & 1023, 0) + i
 print(time.perf_counter() - began)
 """
 
 
-def host_probe(rounds: int = 3) -> dict:
+def host_probe(rounds: int = 4) -> dict:
     """How much slower two replicas' engine-core CPUs run a fixed Python loop at once than one at a time, on
     this host, without vLLM or rayeval: round 6 saw each of two engine cores take 52 % longer per wave than
     one alone, with both at a full core. A large slowdown here says the vCPUs share physical cores (or are
-    taken away); none says look at the GPU side."""
+    taken away); none says look at the GPU side. The spread matters as much: on one lease the same loop on
+    one vCPU took 1.3 to 2.5 s from one run to the next, with no steal time (docs/BENCHMARKS.md round 6)."""
     from cluster.affinity import engine_core_cpus
 
     allowed = sorted(os.sched_getaffinity(0))
@@ -820,13 +821,15 @@ def host_probe(rounds: int = 3) -> dict:
 
     alone = [[timed([cpus])[0] for cpus in cpu_sets] for _ in range(rounds)]
     together = [timed(cpu_sets) for _ in range(rounds)]
-    median_alone = statistics.median(t for pair in alone for t in pair)
-    median_together = statistics.median(t for pair in together for t in pair)
+    alone_all = [t for pair in alone for t in pair]
+    together_all = [t for pair in together for t in pair]
     return {
         "engine_core_cpus": cpu_sets,
         "alone_s": alone,
         "together_s": together,
-        "slowdown_pct": round(100 * (median_together / median_alone - 1), 1),
+        "alone_min_median_max_s": [min(alone_all), statistics.median(alone_all), max(alone_all)],
+        "together_min_median_max_s": [min(together_all), statistics.median(together_all), max(together_all)],
+        "slowdown_pct": round(100 * (statistics.median(together_all) / statistics.median(alone_all) - 1), 1),
     }
 
 
