@@ -18,8 +18,8 @@ configuration runs, the (otherwise idle) driver samples every process's CPU time
 gets `cpu_during_generation`: the busiest processes over the generation window, in cores (and how much of
 it in the kernel), and `host_cpu_during_generation`: the logical CPUs' busy, kernel and steal time from
 /proc/stat (steal: time the hypervisor ran something else on a vCPU that wanted to run). Before the first
-configuration, `host_probe` times a fixed Python loop on two replicas' engine-core CPUs, one set at a time and
-both at once (about 15 s): the host's own slowdown when two engine cores run, in $OUT/<workload>.json.
+configuration, `bench/host_probe.py` measures whether the host slows two replicas' engine cores when both
+run (a Python loop on their vCPUs, tiny kernel launches on the two GPUs; about 30 s), in $OUT/<workload>.json.
 
 Workload A is the same work everywhere: token-id prompts (no tokenisation), greedy, `ignore_eos`, 256
 output tokens each, same engine settings (bf16, max_model_len 1024, max_num_seqs 256, prefix caching on,
@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -778,61 +777,6 @@ def record_machine(out: Path) -> None:
                 file.write(f"$ {' '.join(command)}\n{error}\n")
 
 
-# A fixed stretch of pure-Python dict work, like an engine core's scheduling step, on the CPUs given in argv[1],
-# starting at the wall-clock time in argv[2] (so two copies start together); prints its own seconds.
-PROBE_LOOP = """
-import os, sys, time
-os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])
-start_at = float(sys.argv[2])
-while time.time() < start_at:
-    time.sleep(0.001)
-began = time.perf_counter()
-table = {}
-for i in range(3_000_000):
-    table[i & 1023] = table.get((i * 7) & 1023, 0) + i
-print(time.perf_counter() - began)
-"""
-
-
-def host_probe(rounds: int = 4) -> dict:
-    """How much slower two replicas' engine-core CPUs run a fixed Python loop at once than one at a time, on
-    this host, without vLLM or rayeval: round 6 saw each of two engine cores take 52 % longer per wave than
-    one alone, with both at a full core. A large slowdown here says the vCPUs share physical cores (or are
-    taken away); none says look at the GPU side. The spread matters as much: on one lease the same loop on
-    one vCPU took 1.3 to 2.5 s from one run to the next, with no steal time (docs/BENCHMARKS.md round 6)."""
-    from cluster.affinity import engine_core_cpus
-
-    allowed = sorted(os.sched_getaffinity(0))
-    cpu_sets = [engine_core_cpus(index, 2, allowed) for index in range(2)]
-    if not all(cpu_sets):
-        return {}
-
-    def timed(sets: list[list[int]]) -> list[float]:
-        start_at = f"{time.time() + 0.3:.3f}"
-        children = [
-            subprocess.Popen(
-                [sys.executable, "-c", PROBE_LOOP, ",".join(map(str, cpus)), start_at],
-                stdout=subprocess.PIPE,
-                text=True,
-            )  # fmt: skip
-            for cpus in sets
-        ]
-        return [round(float(child.communicate()[0]), 3) for child in children]
-
-    alone = [[timed([cpus])[0] for cpus in cpu_sets] for _ in range(rounds)]
-    together = [timed(cpu_sets) for _ in range(rounds)]
-    alone_all = [t for pair in alone for t in pair]
-    together_all = [t for pair in together for t in pair]
-    return {
-        "engine_core_cpus": cpu_sets,
-        "alone_s": alone,
-        "together_s": together,
-        "alone_min_median_max_s": [min(alone_all), statistics.median(alone_all), max(alone_all)],
-        "together_min_median_max_s": [min(together_all), statistics.median(together_all), max(together_all)],
-        "slowdown_pct": round(100 * (statistics.median(together_all) / statistics.median(alone_all) - 1), 1),
-    }
-
-
 # What each kind of configuration imports beyond the standard library, checked in a child process before
 # anything starts: an upload missing a wheel then costs seconds of the lease, not a whole configuration.
 PREFLIGHT = {
@@ -860,6 +804,8 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
     configs = only or CONFIGS[workload]
     preflight(configs, env)
+    from host_probe import host_probe  # bench/host_probe.py, beside this file
+
     probe = host_probe()
     print(json.dumps({"host_probe": probe}), flush=True)
     needs_model = any(c.startswith(("vllm", "rayeval", "asyncllm", "engine-")) for c in configs)
