@@ -79,17 +79,16 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 
 
 class CpuSampler:
-    """Every thread's CPU time, read from /proc twice a second by the driver (idle while a configuration
-    runs, so sampling steals nothing from it). Afterwards `busiest` says which processes were busy during
-    generation: a process whose busiest thread sits at one core (a Python front-end holding the GIL) caps
-    throughput whatever the GPU could do."""
+    """Every thread's CPU time and every logical CPU's counters, read from /proc twice a second by the driver
+    (idle while a configuration runs, so sampling steals nothing from it). Afterwards `busiest` says which
+    processes were busy during generation: a process whose busiest thread sits at one core (a Python front-end
+    holding the GIL) caps throughput whatever the GPU could do; `host` says how busy the CPUs were."""
 
     def __init__(self, interval_s: float = 0.5) -> None:
         import threading
 
         self.interval_s = interval_s
-        self.snapshots: list[tuple[float, dict[tuple[int, int], ThreadTimes]]] = []
-        self.host_snapshots: list[tuple[float, dict[int, CpuTicks]]] = []
+        self.snapshots: list[Snapshot] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -108,20 +107,24 @@ class CpuSampler:
             self._stop.wait(self.interval_s)
 
     def _snapshot(self) -> None:
-        at = time.time()
-        self.snapshots.append((at, _thread_cpu()))
-        self.host_snapshots.append((at, _host_cpu()))
+        self.snapshots.append(Snapshot(time.time(), _thread_cpu(), _host_cpu()))
+
+    def _around(self, began_at: float, ended_at: float) -> list[Snapshot]:
+        """The snapshots from the last one at or before `began_at` to the first at or after `ended_at`; empty
+        when sampling did not cover the window."""
+        first = [i for i, snap in enumerate(self.snapshots) if snap.at <= began_at]
+        last = [i for i, snap in enumerate(self.snapshots) if snap.at >= ended_at]
+        return self.snapshots[first[-1] : last[0] + 1] if first and last else []
 
     def host(self, began_at: float, ended_at: float, top: int = 6) -> dict:
         """The logical CPUs over [began_at, ended_at], in cores: busy (user + kernel), kernel, and steal (the
         vCPU wanted to run, the hypervisor ran something else); and the `top` busiest CPUs in percent. Two
         engine cores that each stay at a full core but do less per step when both run point at the host's
         physical cores: steal says whether the hypervisor took them away."""
-        before = [snap for at, snap in self.host_snapshots if at <= began_at]
-        after = [(at, snap) for at, snap in self.host_snapshots if at >= ended_at]
-        if not before or not after:
+        window = self._around(began_at, ended_at)
+        if not window:
             return {}
-        start, (_, end) = before[-1], after[0]
+        start, end = window[0].cpus, window[-1].cpus
         used = {cpu: end[cpu] - start[cpu] for cpu in end if cpu in start}
         total = sum(ticks.total for ticks in used.values())
         cpus = len(used)
@@ -146,13 +149,11 @@ class CpuSampler:
 
     def busiest(self, began_at: float, ended_at: float, top: int = 6) -> list[dict]:
         """The `top` processes by CPU seconds between the samples around [began_at, ended_at]."""
-        before = [(at, snap) for at, snap in self.snapshots if at <= began_at]
-        after = [(at, snap) for at, snap in self.snapshots if at >= ended_at]
-        if not before or not after:
+        window = self._around(began_at, ended_at)
+        if not window:
             return []
-        (start_at, start), (end_at, end) = before[-1], after[0]
-        span = end_at - start_at
-        window = [snap for at, snap in self.snapshots if start_at <= at <= end_at]
+        start, end = window[0].threads, window[-1].threads
+        span = window[-1].at - window[0].at
         processes: dict[int, dict] = {}
         for (pid, tid), times in end.items():
             earlier = start.get((pid, tid))
@@ -171,7 +172,9 @@ class CpuSampler:
             used, kernel, name, tid = max(row.pop("threads"))
             # which logical CPUs the busiest thread was seen on: two hot threads sharing one says they competed
             seen_on = Counter(
-                snap[(row["pid"], tid)].last_cpu for snap in window if (row["pid"], tid) in snap
+                snap.threads[(row["pid"], tid)].last_cpu
+                for snap in window
+                if (row["pid"], tid) in snap.threads
             )
             row.update(
                 cpu_s=round(row["cpu_s"], 2),
@@ -282,6 +285,13 @@ class CpuTicks:
             self.steal - other.steal,
             self.total - other.total,
         )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float
+    threads: dict[tuple[int, int], ThreadTimes]
+    cpus: dict[int, CpuTicks]
 
 
 def _host_cpu() -> dict[int, CpuTicks]:

@@ -29,8 +29,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SLOTS = ("0", "1", "both")
-
 # argv: cpus (comma-separated), child index (= GPU index), first slot's wall-clock time, slot seconds, rounds,
 # kind ("cpu" or "gpu"). Prints {"alone": [s, ...], "together": [s, ...], "late_slots": n}.
 CHILD = """
