@@ -10,6 +10,8 @@ One script does the whole GPU measurement, one workload per call on the lent 2-G
                                                   # Ray-call cost alone; 2 replicas with vLLM's engine stats
     python bench/gpu.py --workload all --out $OUT # both, one after the other (more than one 10-minute call)
     python bench/gpu.py --workload A --configs rayeval-1,rayeval-2 --out $OUT   # a chosen subset, in that order
+    python bench/gpu.py --workload A --configs rayeval-1-vs-vllm,rayeval-2-vs-1,vllm-2-vs-1 --repeats 3 --out $OUT
+                                                  # the three A comparisons as paired, interleaved turns
 
 Every configuration runs in its own process (`--config NAME` is what the driver calls), one after the other,
 so none shares an engine, a Ray session or GPU memory with another. Each writes one JSON line; the driver
@@ -26,6 +28,10 @@ output tokens each, same engine settings (bf16, max_model_len 1024, max_num_seqs
 CUDA graphs on). rayeval goes through its real request runner, dispatcher and engine actors
 (`cluster.runner.RequestRunner`, what `cluster.api.evaluate` uses underneath), with no result store.
 Generation time excludes engine start for all (the clock starts when the engines are up).
+
+The `-vs-` configurations compare two ways of generating in turns on engines that stay up (bench/paired.py):
+on these hosts a vCPU's speed drifts by up to 2x within seconds, so configurations run minutes apart differ
+by the host as much as by what they do; pairs of turns seconds apart, in ABBA order, give a ratio per pair.
 """
 
 from __future__ import annotations
@@ -43,7 +49,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from paired import Referee
+    from vllm import LLM
+
     from cluster.plan import RunPlan
+    from cluster.runner import RequestRunner
     from sharding.dispatcher import DispatchStats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +80,7 @@ CONFIGS = {
     # Not in the default list, to find where rayeval-1 loses to LLM.generate (`--configs`): asyncllm (vLLM's
     # AsyncLLM in a plain process, everything submitted at once) and engine-one-call (rayeval's engine actor
     # given everything in one call, no dispatcher), and rayeval names with VARIANTS' suffixes.
+    # The paired comparisons (rayeval-1-vs-vllm, rayeval-2-vs-1, vllm-2-vs-1; see TURNS) are chosen with --configs.
     "A": ["vllm", "vllm-2", "rayeval-1", "rayeval-2", "rayeval-tp2"],
     # ifeval-2-stats: the 2-replica run again with vLLM's engine stats logged every 2 s (running / waiting
     # requests per engine), to see where the time goes; kept out of the ratios (logging costs a little).
@@ -376,27 +389,38 @@ def random_prompts(repeat: int = 0) -> list[list[int]]:
     return rng.integers(100, vocab - 100, size=(A_PROMPTS, A_PROMPT_TOKENS)).tolist()
 
 
-def run_vllm(shard: int = 0, shards: int = 1) -> dict:
-    """`vllm.LLM.generate` over the prompts (or shard `shard` of `shards`, for the two-GPU reference)."""
-    from vllm import LLM, SamplingParams
+def _llm() -> LLM:
+    from vllm import LLM
+
+    return LLM(model=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
+               max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, gpu_memory_utilization=0.3 if SMOKE else 0.9,
+               enforce_eager=SMOKE)  # fmt: skip
+
+
+def _llm_generate(llm: LLM, prompts: list[list[int]]) -> dict:
+    """One `LLM.generate` over token-id prompts: when it began, how long it took, tokens and requests out."""
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    began = time.perf_counter()
-    llm = LLM(model=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
-              max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, gpu_memory_utilization=0.3 if SMOKE else 0.9,
-              enforce_eager=SMOKE)  # fmt: skip
-    start_s = time.perf_counter() - began
     params = SamplingParams(temperature=0.0, max_tokens=A_OUTPUT_TOKENS, ignore_eos=True)
+    began_at, began = time.time(), time.perf_counter()
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    seconds = time.perf_counter() - began
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"began_at": began_at, "seconds": seconds, "tokens": tokens, "requests": len(outputs)}
+
+
+def run_vllm(shard: int = 0, shards: int = 1) -> dict:
+    """`vllm.LLM.generate` over the prompts (or shard `shard` of `shards`, for the two-GPU reference)."""
+    began = time.perf_counter()
+    llm = _llm()
+    start_s = time.perf_counter() - began
     if shards > 1:
         _barrier(shard, shards)
-    repeats = []
-    for repeat in range(A_REPEATS if shards == 1 else 1):  # the two-process reference starts together once
-        prompts = [TokensPrompt(prompt_token_ids=p) for p in random_prompts(repeat)[shard::shards]]
-        began_at, began = time.time(), time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        seconds = time.perf_counter() - began
-        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-        repeats.append({"began_at": began_at, "seconds": seconds, "tokens": tokens, "requests": len(outputs)})
+    repeats = [
+        _llm_generate(llm, random_prompts(repeat)[shard::shards])
+        for repeat in range(A_REPEATS if shards == 1 else 1)  # the two-process reference starts together once
+    ]
     return _repeated("vllm" if shards == 1 else f"vllm-shard-{shard}", repeats, start_s)
 
 
@@ -459,6 +483,205 @@ def run_vllm_data_parallel() -> dict:
     return row
 
 
+# Paired configurations (bench/paired.py): both sides' engines start once, then `--repeats` pairs of turns
+# in ABBA order, fresh prompts each turn; each pair gives one ratio (its median and range in the row).
+# rayeval-1-vs-vllm: `LLM.generate` on GPU 1 against one rayeval replica on GPU 0 (two processes).
+# rayeval-2-vs-1: one rayeval pool of 2 replicas; each pair, one pass on one replica (which one alternates)
+# and one on both. vllm-2-vs-1: two `LLM` processes, one per GPU; each pair, one of them alone on all the
+# prompts (which one alternates) and both at once on half each.
+TURNS = WORK / "turns"
+
+
+def _span(turns: list[dict]) -> dict:
+    """Turns of several processes that started together, as one: first start to last end, summed output."""
+    began_at = min(t["began_at"] for t in turns)
+    return {
+        "began_at": began_at,
+        "seconds": max(t["began_at"] + t["seconds"] for t in turns) - began_at,
+        "tokens": sum(t["tokens"] for t in turns),
+        "requests": sum(t["requests"] for t in turns),
+        "each_s": [round(t["seconds"], 2) for t in turns],
+    }
+
+
+def _paired_row(name: str, sides: dict[str, list[dict]], **extra: object) -> dict:
+    """One row for two sides' turns (`sides` in A, B order): each turn's time, each side's mean output tok/s,
+    and B's speed over A's for every pair."""
+    from paired import pair_ratios
+
+    (a, a_turns), (b, b_turns) = sides.items()
+    turns = a_turns + b_turns
+    row: dict = {"config": name}
+    for side, side_turns in sides.items():
+        row[f"{side}_s"] = [round(t["seconds"], 2) for t in side_turns]
+        row[f"{side}_tok_per_s"] = round(
+            sum(t["tokens"] for t in side_turns) / sum(t["seconds"] for t in side_turns), 1
+        )
+    row[f"{b}_over_{a}"] = pair_ratios([t["seconds"] for t in a_turns], [t["seconds"] for t in b_turns])
+    row.update(
+        requests_per_turn=a_turns[0]["requests"],
+        failed=sum(t.get("failed", 0) for t in turns),
+        began_at=min(t["began_at"] for t in turns),
+        ended_at=max(t["began_at"] + t["seconds"] for t in turns),
+        **extra,
+    )
+    return row
+
+
+def _take_turns(sides: dict[str, tuple[str, str]], play: Callable[[Referee], dict]) -> dict:
+    """Start one `--config` process per role (role: (config, GPU index)), let `play` hand out the turns once
+    every engine is up, and stop them. Each child's stdout goes to TURNS/<role>.out, its stderr to ours."""
+    import shutil
+
+    from paired import Referee
+
+    shutil.rmtree(TURNS, ignore_errors=True)
+    TURNS.mkdir(parents=True)
+    children = {}
+    for role, (config, gpu) in sides.items():
+        env = {**os.environ, **SAFE_ENV, "RAYEVAL_TURN_ROLE": role}
+        if not SMOKE:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        with (TURNS / f"{role}.out").open("w") as stdout:
+            children[role] = subprocess.Popen(
+                [sys.executable, __file__, "--config", config], env=env, stdout=stdout
+            )
+    referee = Referee(TURNS, children)
+    try:
+        referee.wait_ready()
+        played = play(referee)
+        referee.stop()
+        for role, child in children.items():
+            if child.wait(timeout=120) != 0:
+                raise RuntimeError(f"{role} ({sides[role][0]}) exited with status {child.returncode}")
+    finally:
+        for role, child in children.items():
+            if child.poll() is None:
+                child.kill()
+            sys.stderr.write(f"----- {role} ({sides[role][0]})\n{(TURNS / f'{role}.out').read_text()}\n")
+    return played
+
+
+def serve_vllm_turns() -> dict:
+    """Child: an `LLM` on this process's GPU; each turn generates shard `shard` of `shards` of `seed`'s prompts."""
+    from paired import serve_turns
+
+    began = time.perf_counter()
+    llm = _llm()
+    start_s = round(time.perf_counter() - began, 1)
+
+    def turn(order: dict) -> dict:
+        prompts = random_prompts(order["seed"])[order["shard"] :: order["shards"]]
+        return {**_llm_generate(llm, prompts), "engine_start_s": start_s}
+
+    served = serve_turns(TURNS, os.environ["RAYEVAL_TURN_ROLE"], turn)
+    return {"config": "vllm-turns", "turns": served}
+
+
+def serve_rayeval_turns() -> dict:
+    """Child: one rayeval replica (real runner, dispatcher and engine actor); each turn generates `seed`'s prompts."""
+    from paired import serve_turns
+
+    from cluster.runner import RequestRunner
+    from cluster.session import ray_session
+
+    plan = _rayeval_a_plan(1, 1)
+    with ray_session(None, plan.replica, 1, verbose=False):
+        runner = RequestRunner(plan, None, progress=False)
+        try:
+            runner._ensure_replicas()
+            engine = runner.stats.engines[0]
+
+            def turn(order: dict) -> dict:
+                result = _rayeval_generate(runner, "rayeval-1", order["seed"])
+                result["failed"] = len(result.pop("errors"))
+                return {
+                    **result,
+                    "engine_start_s": engine.start_s,
+                    "engine_core_cpus": list(engine.engine_core_cpus),
+                }
+
+            served = serve_turns(TURNS, os.environ["RAYEVAL_TURN_ROLE"], turn)
+        finally:
+            runner.close()
+    return {"config": "rayeval-1-turns", "turns": served}
+
+
+def run_rayeval_vs_vllm() -> dict:
+    from paired import abba
+
+    def play(referee: Referee) -> dict:
+        turns: dict[str, list[dict]] = {"vllm": [], "rayeval-1": []}
+        for k, order in enumerate(abba(A_REPEATS)):
+            for role in ("vllm" if side == "a" else "rayeval-1" for side in order):
+                turns[role].append(referee.turn({role: {"seed": k, "shard": 0, "shards": 1}})[role])
+        return turns
+
+    turns = _take_turns({"vllm": ("vllm-turns", "1"), "rayeval-1": ("rayeval-1-turns", "0")}, play)
+    return _paired_row(
+        "rayeval-1-vs-vllm", turns,
+        engine_start_s={side: round(t[0]["engine_start_s"], 1) for side, t in turns.items()},
+        gpus={"vllm": 1, "rayeval-1": 0},
+        engine_core_cpus=turns["rayeval-1"][0]["engine_core_cpus"],
+        dispatch_per_turn=[t["dispatch"] for t in turns["rayeval-1"]],
+    )  # fmt: skip
+
+
+def run_vllm_scaling_paired() -> dict:
+    from paired import abba
+
+    def play(referee: Referee) -> dict:
+        turns: dict[str, list[dict]] = {"vllm-1": [], "vllm-2": []}
+        for k, order in enumerate(abba(A_REPEATS)):
+            for side in order:
+                if side == "a":
+                    role = f"gpu{k % 2}"
+                    result = referee.turn({role: {"seed": 2 * k, "shard": 0, "shards": 1}})[role]
+                    turns["vllm-1"].append({**result, "gpu": k % 2})
+                else:
+                    orders = {f"gpu{i}": {"seed": 2 * k + 1, "shard": i, "shards": 2} for i in range(2)}
+                    turns["vllm-2"].append(_span(list(referee.turn(orders).values())))
+        return turns
+
+    turns = _take_turns({f"gpu{i}": ("vllm-turns", str(i)) for i in range(2)}, play)
+    return _paired_row(
+        "vllm-2-vs-1", turns,
+        alone_on_gpu=[t["gpu"] for t in turns["vllm-1"]],
+        each_gpu_s=[t["each_s"] for t in turns["vllm-2"]],
+    )  # fmt: skip
+
+
+def run_rayeval_scaling_paired() -> dict:
+    from paired import abba
+
+    from cluster.runner import RequestRunner
+    from cluster.session import ray_session
+    from sharding.dispatcher import Dispatcher
+
+    plan = _rayeval_a_plan(2, 1)
+    turns: dict[str, list[dict]] = {"rayeval-1": [], "rayeval-2": []}
+    with ray_session(None, plan.replica, 2, verbose=False):
+        runner = RequestRunner(plan, None, progress=False)
+        try:
+            both = runner._ensure_replicas()
+            alone = [Dispatcher([replica]) for replica in runner._pool.replicas()]
+            for k, order in enumerate(abba(A_REPEATS)):
+                for side in order:
+                    runner._dispatcher = alone[k % 2] if side == "a" else both
+                    result = _rayeval_generate(runner, "rayeval-2-vs-1", 2 * k + (side == "b"))
+                    result["failed"] = len(result.pop("errors"))
+                    turns["rayeval-1" if side == "a" else "rayeval-2"].append(result)
+        finally:
+            runner.close()
+    return _paired_row(
+        "rayeval-2-vs-1", turns,
+        engine_start_s=round(max(e.start_s for e in runner.stats.engines), 1),
+        alone_on=[f"replica-{k % 2}" for k in range(A_REPEATS)],
+        engine_core_cpus=[list(e.engine_core_cpus) for e in runner.stats.engines],
+        dispatch_per_turn={side: [t["dispatch"] for t in side_turns] for side, side_turns in turns.items()},
+    )  # fmt: skip
+
+
 def _rayeval_a_plan(replicas: int, tp: int) -> RunPlan:
     """Workload A's run plan: the same engine settings as `LLM.generate`'s."""
     from cluster.config import ClusterOptions, ModelOptions, RunConfig
@@ -483,6 +706,25 @@ def _rayeval_a_requests(model_path: str, repeat: int = 0) -> list:
     ]
 
 
+def _rayeval_generate(runner: RequestRunner, name: str, seed: int) -> dict:
+    """One pass of workload A (prompts from `seed`) through the runner's current dispatcher: when it began,
+    how long it took, tokens and requests out, the dispatcher's timeline, and the failed requests' errors."""
+    requests = _rayeval_a_requests(runner.model_path, seed)
+    done_before = runner.stats.generation_s
+    dispatch = runner.dispatch
+    sequences_before = {n: r.sequences for n, r in dispatch.per_replica.items()} if dispatch else {}
+    began_at = time.time()
+    results = runner.run(requests, label=name)
+    return {
+        "began_at": began_at,
+        "seconds": runner.stats.generation_s - done_before,
+        "tokens": sum(c.output_tokens for c in results.values()),
+        "requests": len(results),
+        "dispatch": _dispatch_timeline(runner.dispatch, began_at, sequences_before),
+        "errors": [c.error for c in results.values() if not c.ok],
+    }
+
+
 def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
     from cluster.runner import RequestRunner
     from cluster.session import ray_session
@@ -494,22 +736,8 @@ def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
         try:
             runner._ensure_replicas()  # engines up first, so no repeat's window holds their start
             for repeat in range(A_REPEATS):
-                requests = _rayeval_a_requests(plan.model.path, repeat)
-                done_before = runner.stats.generation_s
-                dispatch = runner.dispatch
-                sequences_before = (
-                    {n: r.sequences for n, r in dispatch.per_replica.items()} if dispatch else {}
-                )
-                began_at = time.time()
-                results = runner.run(requests, label=name)
-                failed += [c.error for c in results.values() if not c.ok]
-                repeats.append({
-                    "began_at": began_at,
-                    "seconds": runner.stats.generation_s - done_before,
-                    "tokens": sum(c.output_tokens for c in results.values()),
-                    "requests": len(results),
-                    "dispatch": _dispatch_timeline(runner.dispatch, began_at, sequences_before),
-                })  # fmt: skip
+                repeats.append(_rayeval_generate(runner, name, repeat))
+                failed += repeats[-1].pop("errors")
         finally:
             runner.close()
     engine = runner.stats.engines[0]
@@ -761,6 +989,11 @@ def run_config(name: str) -> dict:
         "ray-calls": run_ray_calls,
         "engine-one-call": run_engine_one_call,
         "asyncllm": run_asyncllm,
+        "rayeval-1-vs-vllm": run_rayeval_vs_vllm,
+        "rayeval-2-vs-1": run_rayeval_scaling_paired,
+        "vllm-2-vs-1": run_vllm_scaling_paired,
+        "vllm-turns": serve_vllm_turns,
+        "rayeval-1-turns": serve_rayeval_turns,
     }
     if name in runners:
         return runners[name]()
@@ -863,7 +1096,11 @@ def _with_ratios(rows: list[dict]) -> dict:
         )
 
     variants = sorted(
-        {r["config"].removeprefix("rayeval-1") for r in rows if r["config"].startswith("rayeval-1")}
+        {
+            r["config"].removeprefix("rayeval-1")
+            for r in rows
+            if r["config"].startswith("rayeval-1") and "-vs-" not in r["config"]
+        }
     )
     return {
         "rows": rows,
@@ -874,6 +1111,16 @@ def _with_ratios(rows: list[dict]) -> dict:
         "engine_one_call_over_rayeval_1": ratio("engine-one-call", "rayeval-1"),
         "rayeval_tp2_over_1": ratio("rayeval-tp2", "rayeval-1"),
         "ifeval_2_over_1": ratio("ifeval-2", "ifeval-1"),
+        **{
+            f"paired_{name}_median": row[key]["median"]
+            for name, key in [
+                ("rayeval_1_over_llm_generate", "rayeval-1_over_vllm"),
+                ("rayeval_2_over_1", "rayeval-2_over_rayeval-1"),
+                ("llm_generate_2_gpus_over_1", "vllm-2_over_vllm-1"),
+            ]
+            for row in rows
+            if key in row
+        },
     }
 
 
