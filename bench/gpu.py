@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -543,8 +544,8 @@ def _take_turns(sides: dict[str, tuple[str, str]], play: Callable[[Referee], dic
         if not SMOKE:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         with (TURNS / f"{role}.out").open("w") as stdout:
-            children[role] = subprocess.Popen(
-                [sys.executable, __file__, "--config", config], env=env, stdout=stdout
+            children[role] = subprocess.Popen(  # own process group: a kill reaches its engine processes too
+                [sys.executable, __file__, "--config", config], env=env, stdout=stdout, start_new_session=True
             )
     referee = Referee(TURNS, children)
     try:
@@ -557,7 +558,7 @@ def _take_turns(sides: dict[str, tuple[str, str]], play: Callable[[Referee], dic
     finally:
         for role, child in children.items():
             if child.poll() is None:
-                child.kill()
+                os.killpg(child.pid, signal.SIGKILL)
             sys.stderr.write(f"----- {role} ({sides[role][0]})\n{(TURNS / f'{role}.out').read_text()}\n")
     return played
 
