@@ -18,8 +18,9 @@ so none shares an engine, a Ray session or GPU memory with another. Each writes 
 collects them into $OUT/<workload>.json and every process's output into $OUT/<workload>.log. While a
 configuration runs, the (otherwise idle) driver samples every process's CPU time from /proc, and each row
 gets `cpu_during_generation`: the busiest processes over the generation window, in cores (and how much of
-it in the kernel), and `host_cpu_during_generation`: the logical CPUs' busy, kernel and steal time from
-/proc/stat (steal: time the hypervisor ran something else on a vCPU that wanted to run). Before the first
+it in the kernel), and `host_cpu_during_generation`: the logical CPUs' busy, kernel, interrupt and steal time
+from /proc/stat (steal: time the hypervisor ran something else on a vCPU that wanted to run) and the softirqs of
+the most interrupted one. Before the first
 configuration, `bench/host_probe.py` measures whether the host slows two replicas' engine cores when both
 run (a Python loop on their vCPUs, tiny kernel launches on the two GPUs; about 30 s), in $OUT/<workload>.json.
 
@@ -121,7 +122,7 @@ class CpuSampler:
             self._stop.wait(self.interval_s)
 
     def _snapshot(self) -> None:
-        self.snapshots.append(Snapshot(time.time(), _thread_cpu(), _host_cpu()))
+        self.snapshots.append(Snapshot(time.time(), _thread_cpu(), _host_cpu(), _softirqs()))
 
     def _around(self, began_at: float, ended_at: float) -> list[Snapshot]:
         """The snapshots from the last one at or before `began_at` to the first at or after `ended_at`; empty
@@ -132,7 +133,8 @@ class CpuSampler:
 
     def host(self, began_at: float, ended_at: float, top: int = 6) -> dict:
         """The logical CPUs over [began_at, ended_at], in cores: busy (user + kernel), kernel, and steal (the
-        vCPU wanted to run, the hypervisor ran something else); and the `top` busiest CPUs in percent. Two
+        vCPU wanted to run, the hypervisor ran something else); the `top` busiest CPUs in percent (with their
+        interrupt time, which no process is charged with); and the CPU with the most interrupt time. Two
         engine cores that each stay at a full core but do less per step when both run point at the host's
         physical cores: steal says whether the hypervisor took them away."""
         window = self._around(began_at, ended_at)
@@ -150,14 +152,27 @@ class CpuSampler:
             return round(100 * value / ticks.total, 1) if ticks.total else 0.0
 
         busiest = sorted(used.items(), key=lambda item: -item[1].busy)[:top]
+        interrupted, ticks = max(used.items(), key=lambda item: item[1].interrupt)
+        seconds = window[-1].at - window[0].at
+        softirqs = {
+            kind: round((counts[interrupted] - window[0].softirqs[kind][interrupted]) / seconds)
+            for kind, counts in window[-1].softirqs.items()
+            if kind in window[0].softirqs and interrupted < len(counts) and seconds > 0
+        }
         return {
             "busy_cores": cores(sum(t.busy for t in used.values())),
             "kernel_cores": cores(sum(t.kernel for t in used.values())),
             "steal_cores": cores(sum(t.steal for t in used.values())),
             "busiest_cpus": {
                 str(cpu): {"busy_pct": percent(t, t.busy), "kernel_pct": percent(t, t.kernel),
-                           "steal_pct": percent(t, t.steal)}
+                           "interrupt_pct": percent(t, t.interrupt), "steal_pct": percent(t, t.steal)}
                 for cpu, t in busiest
+            },
+            # The CPU that spent most time on interrupts, and which softirqs it ran (per second).
+            "most_interrupted_cpu": {
+                "cpu": interrupted,
+                "interrupt_pct": percent(ticks, ticks.interrupt),
+                "softirqs_per_s": dict(sorted(softirqs.items(), key=lambda item: -item[1])[:5]),
             },
         }  # fmt: skip
 
@@ -289,6 +304,7 @@ class CpuTicks:
 
     busy: int  # user, nice, system, irq, softirq
     kernel: int  # system, irq, softirq
+    interrupt: int  # irq, softirq: kernel time no process is charged with
     steal: int
     total: int  # everything, idle and iowait included
 
@@ -296,6 +312,7 @@ class CpuTicks:
         return CpuTicks(
             self.busy - other.busy,
             self.kernel - other.kernel,
+            self.interrupt - other.interrupt,
             self.steal - other.steal,
             self.total - other.total,
         )
@@ -306,6 +323,15 @@ class Snapshot:
     at: float
     threads: dict[tuple[int, int], ThreadTimes]
     cpus: dict[int, CpuTicks]
+    softirqs: dict[str, list[int]]  # kind -> count on each logical CPU since boot (/proc/softirqs)
+
+
+def _softirqs() -> dict[str, list[int]]:
+    try:
+        lines = Path("/proc/softirqs").read_text().splitlines()[1:]
+    except OSError:
+        return {}
+    return {kind.rstrip(":"): [int(c) for c in counts] for kind, *counts in (line.split() for line in lines)}
 
 
 def _host_cpu() -> dict[int, CpuTicks]:
@@ -317,7 +343,7 @@ def _host_cpu() -> dict[int, CpuTicks]:
         user, nice, system, idle, iowait, irq, softirq, steal = (int(f) for f in fields[:8])
         kernel = system + irq + softirq
         counters[int(name[3:])] = CpuTicks(
-            user + nice + kernel, kernel, steal, user + nice + kernel + idle + iowait + steal
+            user + nice + kernel, kernel, irq + softirq, steal, user + nice + kernel + idle + iowait + steal
         )
     return counters
 
