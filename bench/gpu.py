@@ -46,6 +46,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -609,28 +611,17 @@ def serve_rayeval_turns() -> dict:
     """Child: one rayeval replica (real runner, dispatcher and engine actor); each turn generates `seed`'s prompts."""
     from paired import serve_turns
 
-    from cluster.runner import RequestRunner
-    from cluster.session import ray_session
+    with _rayeval_runner(1) as runner:
+        engine = runner.stats.engines[0]
 
-    plan = _rayeval_a_plan(1, 1)
-    with ray_session(None, plan.replica, 1, verbose=False):
-        runner = RequestRunner(plan, None, progress=False)
-        try:
-            runner._ensure_replicas()
-            engine = runner.stats.engines[0]
+        def turn(order: dict) -> dict:
+            return {
+                **_rayeval_generate(runner, "rayeval-1", order["seed"]),
+                "engine_start_s": engine.start_s,
+                "engine_core_cpus": list(engine.engine_core_cpus),
+            }
 
-            def turn(order: dict) -> dict:
-                result = _rayeval_generate(runner, "rayeval-1", order["seed"])
-                result["failed"] = len(result.pop("errors"))
-                return {
-                    **result,
-                    "engine_start_s": engine.start_s,
-                    "engine_core_cpus": list(engine.engine_core_cpus),
-                }
-
-            served = serve_turns(TURNS, os.environ["RAYEVAL_TURN_ROLE"], turn)
-        finally:
-            runner.close()
+        served = serve_turns(TURNS, os.environ["RAYEVAL_TURN_ROLE"], turn)
     return {"config": "rayeval-1-turns", "turns": served}
 
 
@@ -681,25 +672,17 @@ def run_vllm_scaling_paired() -> dict:
 def run_rayeval_scaling_paired() -> dict:
     from paired import abba
 
-    from cluster.runner import RequestRunner
-    from cluster.session import ray_session
     from sharding.dispatcher import Dispatcher
 
-    plan = _rayeval_a_plan(2, 1)
     turns: dict[str, list[dict]] = {"rayeval-1": [], "rayeval-2": []}
-    with ray_session(None, plan.replica, 2, verbose=False):
-        runner = RequestRunner(plan, None, progress=False)
-        try:
-            both = runner._ensure_replicas()
-            alone = [Dispatcher([replica]) for replica in runner._pool.replicas()]
-            for k, order in enumerate(abba(A_REPEATS)):
-                for side in order:
-                    runner._dispatcher = alone[k % 2] if side == "a" else both
-                    result = _rayeval_generate(runner, "rayeval-2-vs-1", 2 * k + (side == "b"))
-                    result["failed"] = len(result.pop("errors"))
-                    turns["rayeval-1" if side == "a" else "rayeval-2"].append(result)
-        finally:
-            runner.close()
+    with _rayeval_runner(2) as runner:
+        both = runner._ensure_replicas()
+        alone = [Dispatcher([replica]) for replica in runner._pool.replicas()]
+        for k, order in enumerate(abba(A_REPEATS)):
+            for side in order:
+                runner._dispatcher = alone[k % 2] if side == "a" else both
+                result = _rayeval_generate(runner, "rayeval-2-vs-1", 2 * k + (side == "b"))
+                turns["rayeval-1" if side == "a" else "rayeval-2"].append(result)
     return _paired_row(
         "rayeval-2-vs-1", turns,
         engine_start_s=round(max(e.start_s for e in runner.stats.engines), 1),
@@ -733,44 +716,54 @@ def _rayeval_a_requests(model_path: str, repeat: int = 0) -> list:
     ]
 
 
+@contextmanager
+def _rayeval_runner(replicas: int, tp: int = 1) -> Iterator[RequestRunner]:
+    """Workload A's rayeval runner in a local Ray session, its engines up before the first pass (so no pass's
+    window holds their start), closed on the way out; `runner.stats.engines` stays readable afterwards."""
+    from cluster.runner import RequestRunner
+    from cluster.session import ray_session
+
+    plan = _rayeval_a_plan(replicas, tp)
+    with ray_session(None, plan.replica, replicas, verbose=False):
+        runner = RequestRunner(plan, None, progress=False)
+        try:
+            runner._ensure_replicas()
+            yield runner
+        finally:
+            runner.close()
+
+
 def _rayeval_generate(runner: RequestRunner, name: str, seed: int) -> dict:
     """One pass of workload A (prompts from `seed`) through the runner's current dispatcher: when it began,
-    how long it took, tokens and requests out, the dispatcher's timeline, and the failed requests' errors."""
+    how long it took, tokens and requests out, the dispatcher's timeline, and the failed requests (how many,
+    the first one's error)."""
     requests = _rayeval_a_requests(runner.model_path, seed)
     done_before = runner.stats.generation_s
     dispatch = runner.dispatch
     sequences_before = {n: r.sequences for n, r in dispatch.per_replica.items()} if dispatch else {}
     began_at = time.time()
     results = runner.run(requests, label=name)
+    errors = [c.error for c in results.values() if not c.ok]
     return {
         "began_at": began_at,
         "seconds": runner.stats.generation_s - done_before,
         "tokens": sum(c.output_tokens for c in results.values()),
         "requests": len(results),
         "dispatch": _dispatch_timeline(runner.dispatch, began_at, sequences_before),
-        "errors": [c.error for c in results.values() if not c.ok],
+        "failed": len(errors),
+        "first_error": errors[0] if errors else None,
     }
 
 
 def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
-    from cluster.runner import RequestRunner
-    from cluster.session import ray_session
-
-    plan = _rayeval_a_plan(replicas, tp)
-    repeats, failed = [], []
-    with ray_session(None, plan.replica, replicas, verbose=False):
-        runner = RequestRunner(plan, None, progress=False)
-        try:
-            runner._ensure_replicas()  # engines up first, so no repeat's window holds their start
-            for repeat in range(A_REPEATS):
-                repeats.append(_rayeval_generate(runner, name, repeat))
-                failed += repeats[-1].pop("errors")
-        finally:
-            runner.close()
+    with _rayeval_runner(replicas, tp) as runner:
+        repeats = [_rayeval_generate(runner, name, repeat) for repeat in range(A_REPEATS)]
     engine = runner.stats.engines[0]
+    errors = [r["first_error"] for r in repeats if r["first_error"] is not None]
     return _repeated(
         name, repeats, max(e.start_s for e in runner.stats.engines),
-        failed=len(failed), first_error=failed[0] if failed else None, vllm_version=engine.vllm_version,
+        failed=sum(r["failed"] for r in repeats), first_error=errors[0] if errors else None,
+        vllm_version=engine.vllm_version,
         max_num_batched_tokens=engine.max_num_batched_tokens, async_scheduling=engine.async_scheduling,
         dispatch_per_repeat=[r["dispatch"] for r in repeats],
         engine_core_cpus=[list(e.engine_core_cpus) for e in runner.stats.engines],
