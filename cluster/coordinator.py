@@ -94,15 +94,22 @@ def run_dir_for(plan: RunPlan) -> Path:
     return Path(plan.config.output_dir).expanduser() / run_id
 
 
-def build_requests(plan: RunPlan, renderer: PromptRenderer) -> list[PlannedSample]:
+def build_requests(
+    plan: RunPlan, renderer: PromptRenderer, sampling_seed: int | None = None
+) -> list[PlannedSample]:
+    """Every task's requests, `num_samples` per question; sample i is seeded `sampling_seed + i` (the config's
+    seed unless given: the GPU bench draws fresh samples of the same prompts this way)."""
     n = plan.config.num_samples
     seed = plan.config.sampling.seed
+    first_sample_seed = seed if sampling_seed is None else sampling_seed
     planned: list[PlannedSample] = []
     for task_plan in plan.tasks:
         for doc_index, sample in enumerate(task_plan.samples):
             prompt = renderer.render(task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed)))
             for index in range(n):
-                request = make_request(plan.model.path, prompt, task_plan.sampling, seed + index, index)
+                request = make_request(
+                    plan.model.path, prompt, task_plan.sampling, first_sample_seed + index, index
+                )
                 planned.append(PlannedSample(task_plan, doc_index, request))
     return planned
 

@@ -74,3 +74,22 @@ def test_tokenised_prompts_are_identified_by_their_tokens_not_their_text():
     b = make_request("m", "text b", SamplingSpec(), 0, 0, prompt_token_ids=(1, 2))
     c = make_request("m", "text a", SamplingSpec(), 0, 0, prompt_token_ids=(1, 3))
     assert a.request_id == b.request_id != c.request_id
+
+
+def test_a_sampling_seed_draws_new_samples_of_the_same_prompts():
+    from cluster.config import RunConfig, TaskOptions
+    from cluster.coordinator import build_requests
+    from cluster.model import PromptRenderer
+    from cluster.plan import build_plan
+
+    plan = build_plan(
+        RunConfig(tasks=[TaskOptions(name="ifeval", limit=3)], num_samples=2, cluster={"device": "cpu"})
+    )
+    renderer = PromptRenderer(plan.model, plan.config.model.chat_template, plan.config.model.revision)
+    default = [p.request for p in build_requests(plan, renderer)]
+    fresh = [p.request for p in build_requests(plan, renderer, sampling_seed=1000)]
+
+    assert [r.prompt for r in fresh] == [r.prompt for r in default]
+    assert [r.seed for r in default] == [plan.config.sampling.seed + i for i in (0, 1)] * 3
+    assert [r.seed for r in fresh] == [1000, 1001] * 3
+    assert not {r.request_id for r in fresh} & {r.request_id for r in default}
