@@ -345,9 +345,8 @@ class Snapshot:
     threads: dict[tuple[int, int], ThreadTimes]
     cpus: dict[int, CpuTicks]
     softirqs: dict[str, list[int]]  # kind -> count on each logical CPU since boot (/proc/softirqs)
-    interrupts: dict[
-        str, list[int]
-    ]  # the same for /proc/interrupts ("LOC Local timer interrupts", "24 nvidia")
+    # the same for /proc/interrupts, a row named "LOC Local timer interrupts" or "24 nvidia" (IRQ and device)
+    interrupts: dict[str, list[int]]
 
 
 def _per_cpu_counts(table: str) -> dict[str, list[int]]:
@@ -704,9 +703,9 @@ def run_vllm_scaling_paired() -> dict:
     )  # fmt: skip
 
 
-def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[RequestRunner, int], list]) -> dict:
+def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], list]) -> dict:
     """One rayeval pool of two replicas, in ABBA pairs of turns: one replica alone (which one alternates),
-    then both through one dispatcher, each turn on `requests(runner, seed)` with a fresh seed."""
+    then both through one dispatcher, each turn on `requests(seed)` with a fresh seed."""
     from paired import abba
 
     from sharding.dispatcher import Dispatcher
@@ -720,7 +719,7 @@ def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[Reques
             for side in order:
                 runner._dispatcher = alone[k % 2] if side == "a" else both
                 seed = 2 * k + (side == "b")
-                result = _rayeval_generate(runner, name, requests(runner, seed))
+                result = _rayeval_generate(runner, name, requests(seed))
                 turns[sides[side == "b"]].append(result)
     return _paired_row(
         name, turns,
@@ -732,10 +731,9 @@ def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[Reques
 
 
 def run_rayeval_scaling_paired() -> dict:
+    plan = _rayeval_a_plan(2, 1)
     return _rayeval_scaling_paired(
-        "rayeval-2-vs-1",
-        _rayeval_a_plan(2, 1),
-        lambda runner, seed: _rayeval_a_requests(runner.model_path, seed),
+        "rayeval-2-vs-1", plan, lambda seed: _rayeval_a_requests(plan.model.path, seed)
     )
 
 
@@ -750,7 +748,7 @@ def run_ifeval_scaling_paired() -> dict:
     plan = build_plan(_ifeval_config(2, "ifeval-2-vs-1"))
     renderer = PromptRenderer(plan.model, plan.config.model.chat_template, plan.config.model.revision)
 
-    def requests(runner: RequestRunner, seed: int) -> list:
+    def requests(seed: int) -> list:
         return [p.request for p in build_requests(plan, renderer, sampling_seed=1000 * seed)]
 
     return _rayeval_scaling_paired("ifeval-2-vs-1", plan, requests)
