@@ -20,8 +20,8 @@ collects them into $OUT/<workload>.json and every process's output into $OUT/<wo
 configuration runs, the (otherwise idle) driver samples every process's CPU time from /proc, and each row
 gets `cpu_during_generation`: the busiest processes over the generation window, in cores (and how much of
 it in the kernel), and `host_cpu_during_generation`: the logical CPUs' busy, kernel, interrupt and steal time
-from /proc/stat (steal: time the hypervisor ran something else on a vCPU that wanted to run) and the softirqs of
-the most interrupted one. Before the first
+from /proc/stat (steal: time the hypervisor ran something else on a vCPU that wanted to run) and the softirqs
+and interrupts per second of the most interrupted one. Before the first
 configuration, `bench/host_probe.py` measures whether the host slows two replicas' engine cores when both
 run (a Python loop on their vCPUs, tiny kernel launches on the two GPUs; about 30 s), in $OUT/<workload>.json.
 
@@ -548,8 +548,8 @@ def run_vllm_data_parallel() -> dict:
 # in ABBA order, fresh prompts each turn; each pair gives one ratio (its median and range in the row).
 # rayeval-1-vs-vllm: `LLM.generate` on GPU 1 against one rayeval replica on GPU 0 (two processes).
 # rayeval-2-vs-1: one rayeval pool of 2 replicas; each pair, one pass on one replica (which one alternates)
-# and one on both. vllm-2-vs-1: two `LLM` processes, one per GPU; each pair, one of them alone on all the
-# prompts (which one alternates) and both at once on half each.
+# and one on both; ifeval-2-vs-1 the same on workload B's requests. vllm-2-vs-1: two `LLM` processes, one per
+# GPU; each pair, one of them alone on all the prompts (which one alternates) and both at once on half each.
 TURNS = WORK / "turns"
 
 
@@ -566,8 +566,8 @@ def _span(turns: list[dict]) -> dict:
 
 
 def _paired_row(name: str, sides: dict[str, list[dict]], **extra: object) -> dict:
-    """One row for two sides' turns (`sides` in A, B order): each turn's time, each side's mean output tok/s,
-    and B's speed over A's for every pair."""
+    """One row for two sides' turns (`sides` in A, B order): each turn's time, each side's mean output tok/s
+    and requests/s, and B's speed over A's for every pair."""
     from paired import pair_ratios
 
     (a, a_turns), (b, b_turns) = sides.items()
