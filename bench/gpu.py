@@ -13,6 +13,8 @@ One script does the whole GPU measurement, one workload per call on the lent 2-G
     python bench/gpu.py --workload A --configs rayeval-1-vs-vllm,rayeval-2-vs-1,vllm-2-vs-1 --repeats 3 --out $OUT
                                                   # the three A comparisons as paired, interleaved turns
     python bench/gpu.py --workload B --configs ifeval-2-vs-1 --repeats 2 --out $OUT   # B's scaling, paired
+    python bench/gpu.py --workload A --configs rayeval-1-vs-vllm,rayeval-2-vs-1 --repeats 9 --budget-s 550 --out $OUT
+                                                  # up to 9 pairs each, as many as fit in 550 s for the call
 
 Every configuration runs in its own process (`--config NAME` is what the driver calls), one after the other,
 so none shares an engine, a Ray session or GPU memory with another. Each writes one JSON line; the driver
@@ -48,10 +50,10 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -81,6 +83,10 @@ B_LIMIT = 8 if SMOKE else None
 # cannot help a repeat): the spread between repeats says how much of a difference between configurations is
 # noise. `--repeats` sets it for the children.
 A_REPEATS = int(os.environ.get("RAYEVAL_BENCH_REPEATS", "1"))
+# `--budget-s`: the driver gives each configuration its share of the call's time left, as a `time.time()` the
+# child reads here; a paired configuration then takes fewer than `--repeats` pairs rather than be cut off with
+# none (round 9 lost one that way to the call's `timeout`), and the driver stops what overruns the whole call.
+DEADLINE = float(os.environ["RAYEVAL_BENCH_DEADLINE"]) if "RAYEVAL_BENCH_DEADLINE" in os.environ else None
 CONFIGS = {
     # vllm-2: two LLM.generate processes, one per GPU, half the prompts each: vLLM's own scaling on this host.
     # Not in the default list, to find where rayeval-1 loses to LLM.generate (`--configs`): asyncllm (vLLM's
@@ -545,7 +551,8 @@ def run_vllm_data_parallel() -> dict:
 
 
 # Paired configurations (bench/paired.py): both sides' engines start once, then `--repeats` pairs of turns
-# in ABBA order, fresh prompts each turn; each pair gives one ratio (its median and range in the row).
+# (fewer if the configuration's share of `--budget-s` runs out first: `pairs` in the row) in ABBA order, fresh
+# prompts each turn; each pair gives one ratio (its median and range in the row).
 # rayeval-1-vs-vllm: `LLM.generate` on GPU 1 against one rayeval replica on GPU 0 (two processes).
 # rayeval-2-vs-1: one rayeval pool of 2 replicas; each pair, one pass on one replica (which one alternates)
 # and one on both; ifeval-2-vs-1 the same on workload B's requests. vllm-2-vs-1: two `LLM` processes, one per
@@ -580,6 +587,8 @@ def _paired_row(name: str, sides: dict[str, list[dict]], **extra: object) -> dic
         row[f"{side}_requests_per_s"] = round(sum(t["requests"] for t in side_turns) / seconds, 1)
     row[f"{b}_over_{a}"] = pair_ratios([t["seconds"] for t in a_turns], [t["seconds"] for t in b_turns])
     row.update(
+        pairs=len(a_turns),
+        pairs_asked=A_REPEATS,  # more than `pairs` when the configuration's share of --budget-s ran out first
         requests_per_turn=a_turns[0]["requests"],
         failed=sum(t.get("failed", 0) for t in turns),
         began_at=min(t["began_at"] for t in turns),
@@ -660,11 +669,11 @@ def serve_rayeval_turns() -> dict:
 
 
 def run_rayeval_vs_vllm() -> dict:
-    from paired import abba
+    from paired import pairs_before
 
     def play(referee: Referee) -> dict:
         turns: dict[str, list[dict]] = {"vllm": [], "rayeval-1": []}
-        for k, order in enumerate(abba(A_REPEATS)):
+        for k, order in pairs_before(DEADLINE, A_REPEATS):
             for role in ("vllm" if side == "a" else "rayeval-1" for side in order):
                 turns[role].append(referee.turn({role: {"seed": k, "shard": 0, "shards": 1}})[role])
         return turns
@@ -680,11 +689,11 @@ def run_rayeval_vs_vllm() -> dict:
 
 
 def run_vllm_scaling_paired() -> dict:
-    from paired import abba
+    from paired import pairs_before
 
     def play(referee: Referee) -> dict:
         turns: dict[str, list[dict]] = {"vllm-1": [], "vllm-2": []}
-        for k, order in enumerate(abba(A_REPEATS)):
+        for k, order in pairs_before(DEADLINE, A_REPEATS):
             for side in order:
                 if side == "a":
                     role = f"gpu{k % 2}"
@@ -706,7 +715,7 @@ def run_vllm_scaling_paired() -> dict:
 def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], list]) -> dict:
     """One rayeval pool of two replicas, in ABBA pairs of turns: one replica alone (which one alternates),
     then both through one dispatcher, each turn on `requests(seed)` with a fresh seed."""
-    from paired import abba
+    from paired import pairs_before
 
     from sharding.dispatcher import Dispatcher
 
@@ -715,7 +724,7 @@ def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], 
     with _rayeval_runner(plan) as runner:
         both = runner._ensure_replicas()
         alone = [Dispatcher([replica]) for replica in runner._pool.replicas()]
-        for k, order in enumerate(abba(A_REPEATS)):
+        for k, order in pairs_before(DEADLINE, A_REPEATS):
             for side in order:
                 runner._dispatcher = alone[k % 2] if side == "a" else both
                 seed = 2 * k + (side == "b")
@@ -724,7 +733,7 @@ def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], 
     return _paired_row(
         name, turns,
         engine_start_s=round(max(e.start_s for e in runner.stats.engines), 1),
-        alone_on=[f"replica-{k % 2}" for k in range(A_REPEATS)],
+        alone_on=[f"replica-{k % 2}" for k in range(len(turns[sides[0]]))],
         engine_core_cpus=[list(e.engine_core_cpus) for e in runner.stats.engines],
         dispatch_per_turn={side: [t["dispatch"] for t in side_turns] for side, side_turns in turns.items()},
     )  # fmt: skip
@@ -1130,7 +1139,10 @@ def preflight(configs: list[str], env: dict[str, str]) -> None:
             )
 
 
-def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
+def drive(workload: str, out: Path, only: list[str] | None = None, deadline: float | None = None) -> None:
+    """Runs the configurations one after the other. With a `deadline` (a `time.time()`), each gets an equal
+    share of the time left when it starts (paired ones fit their pairs to it), one that would have under
+    MIN_CONFIG_S is skipped, and one still running at the deadline is stopped; every row is written either way."""
     out.mkdir(parents=True, exist_ok=True)
     record_machine(out)
     env = {**os.environ, **SAFE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
@@ -1145,30 +1157,110 @@ def drive(workload: str, out: Path, only: list[str] | None = None) -> None:
     names = (["build"] if needs_model and not (RANDOM_MODEL / "config.json").exists() else []) + configs
     rows = []
     log = (out / f"{workload}.log").open("a")
-    for name in names:
-        began = time.perf_counter()
-        with CpuSampler() as sampler, GpuSampler() as gpus:
-            done = subprocess.run(
-                [sys.executable, __file__, "--config", name], env=env, capture_output=True, text=True
-            )
-        log.write(
-            f"===== {name} (exit {done.returncode}, {time.perf_counter() - began:.0f} s)\n{done.stdout}\n{done.stderr}\n"
-        )
-        log.flush()
-        row = (_result_row(done.stdout) if done.returncode == 0 else None) or {
-            "config": name,
-            "error": done.stderr[-1500:],
-        }
-        row["process_s"] = round(time.perf_counter() - began, 1)
-        if "began_at" in row and "ended_at" in row:
-            row["cpu_during_generation"] = sampler.busiest(row["began_at"], row["ended_at"])
-            row["host_cpu_during_generation"] = sampler.host(row["began_at"], row["ended_at"])
-            row["gpu_during_generation"] = gpus.summary(row["began_at"], row["ended_at"])
+    for index, name in enumerate(names):
+        left_s = None if deadline is None else deadline - time.time()
+        if left_s is not None and left_s < MIN_CONFIG_S:
+            row = {
+                "config": name,
+                "skipped": f"{left_s:.0f} s of --budget-s left, under {MIN_CONFIG_S:.0f} s",
+            }
+        else:
+            share = None if left_s is None else time.time() + left_s / (len(names) - index)
+            row = _measured_row(name, env, left_s, share, log)
         rows.append(row)
         print(json.dumps(row), flush=True)
         (out / f"{workload}.json").write_text(
             json.dumps({**_with_ratios(rows), "host_probe": probe}, indent=2)
         )
+
+
+def _measured_row(
+    name: str, env: dict[str, str], timeout_s: float | None, share_deadline: float | None, log: TextIO
+) -> dict:
+    """One configuration's row, with the CPU and GPU use sampled over its generation window; its whole
+    output goes to `log`."""
+    began = time.perf_counter()
+    if share_deadline is not None:
+        env = {**env, "RAYEVAL_BENCH_DEADLINE": str(share_deadline)}
+    with CpuSampler() as sampler, GpuSampler() as gpus:
+        returncode, stdout, stderr = _run_config_process(name, env, timeout_s)
+    log.write(f"===== {name} (exit {returncode}, {time.perf_counter() - began:.0f} s)\n{stdout}\n{stderr}\n")
+    log.flush()
+    row = (_result_row(stdout) if returncode == 0 else None) or {"config": name, "error": stderr[-1500:]}
+    row["process_s"] = round(time.perf_counter() - began, 1)
+    if "began_at" in row and "ended_at" in row:
+        row["cpu_during_generation"] = sampler.busiest(row["began_at"], row["ended_at"])
+        row["host_cpu_during_generation"] = sampler.host(row["began_at"], row["ended_at"])
+        row["gpu_during_generation"] = gpus.summary(row["began_at"], row["ended_at"])
+    return row
+
+
+MIN_CONFIG_S = 60.0  # no configuration starts its engines and finishes a turn in less, even the smoke ones
+STOP_GRACE_S = 20.0  # from SIGTERM to SIGKILL, for a stopped configuration's processes
+
+
+def _run_config_process(name: str, env: dict[str, str], timeout_s: float | None) -> tuple[int, str, str]:
+    """`--config name` in a child process: exit status, stdout, stderr (through files, which a process it
+    started and outlived cannot hold open the way it holds a pipe). Past `timeout_s` the child and every
+    process it started are stopped (`_stop_tree`)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--config", name], env=env, stdout=stdout, stderr=stderr
+        )
+        try:
+            child.wait(timeout=timeout_s)
+            stopped = ""
+        except subprocess.TimeoutExpired:
+            _stop_tree(child.pid)
+            child.wait()
+            stopped = (
+                f"\nstopped: the call's --budget-s ran out after {timeout_s:.0f} s of this configuration"
+            )
+        stdout.seek(0)
+        stderr.seek(0)
+        return child.returncode, stdout.read(), stderr.read() + stopped
+
+
+def _stop_tree(pid: int) -> None:
+    """SIGTERM to `pid` and all its descendants (paired sides sit in sessions of their own, so a process
+    group would miss them; Ray's processes and engine cores too), then SIGKILL to any left after STOP_GRACE_S."""
+    tree = [pid, *_descendants(pid)]
+    for signum, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+        for member in tree:
+            with suppress(ProcessLookupError):
+                os.kill(member, signum)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_running(member) for member in tree):
+            time.sleep(0.2)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from the parent ids in /proc/<pid>/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in (e for e in os.listdir("/proc") if e.isdigit()):
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parent = int(raw[raw.rindex(")") + 2 :].split()[1])
+        children.setdefault(parent, []).append(int(entry))
+    found, queue = [], [pid]
+    while queue:
+        below = children.get(queue.pop(), [])
+        found += below
+        queue += below
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its parent to collect it."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return raw[raw.rindex(")") + 2] != "Z"
 
 
 def _result_row(stdout: str) -> dict | None:
@@ -1231,11 +1323,19 @@ def main() -> None:
     parser.add_argument("--config", help="run one configuration in this process and print its JSON line")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu"))
     parser.add_argument(
+        "--budget-s", type=float,
+        help="seconds for the whole call: each configuration gets an equal share of what is left when it "
+        "starts, paired ones take as many of their --repeats pairs as fit, and rows are written even when the "
+        "time runs out (give the device call's limit less about 40 s: a configuration still running at the end "
+        "gets 20 s to stop)",
+    )  # fmt: skip
+    parser.add_argument(
         "--repeats", type=int, default=A_REPEATS,
         help="workload A: generate this many times per configuration on the same engines, fresh prompts each "
         "time (about 15 s each on one H100); rows give the mean and every repeat",
     )  # fmt: skip
     args = parser.parse_args()
+    started = time.time()
     os.environ["RAYEVAL_BENCH_REPEATS"] = str(args.repeats)  # the children read it as A_REPEATS
     if args.config:
         from cluster.cli import _configure_logging
@@ -1246,9 +1346,14 @@ def main() -> None:
         return
     if not args.workload:
         parser.error("give --workload A or B (or --config NAME)")
+    if args.budget_s is not None and args.budget_s < MIN_CONFIG_S:
+        parser.error(
+            f"--budget-s {args.budget_s:g} is under {MIN_CONFIG_S:g} s, too short for any configuration"
+        )
     only = args.configs.split(",") if args.configs else None
+    deadline = None if args.budget_s is None else started + args.budget_s
     for workload in ["A", "B"] if args.workload == "all" else [args.workload]:
-        drive(workload, Path(args.out), only)
+        drive(workload, Path(args.out), only, deadline)
 
 
 if __name__ == "__main__":

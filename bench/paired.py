@@ -20,12 +20,13 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 POLL_S = 0.005
 READY_TIMEOUT_S = 480.0  # engine start (CUDA graph capture included) of the slowest side
 TURN_TIMEOUT_S = 300.0
+STOP_MARGIN_S = 30.0  # after the last pair: the sides stop, their engines shut down, the row is written
 
 
 def serve_turns(folder: Path, role: str, run_turn: Callable[[dict], dict]) -> int:
@@ -87,6 +88,20 @@ class Referee:
 def abba(pairs: int) -> list[tuple[str, str]]:
     """The order of each pair's two turns: A then B, B then A, and so on."""
     return [("a", "b") if k % 2 == 0 else ("b", "a") for k in range(pairs)]
+
+
+def pairs_before(
+    deadline: float | None, pairs: int, margin_s: float = STOP_MARGIN_S
+) -> Iterator[tuple[int, tuple[str, str]]]:
+    """`abba(pairs)`, ending early when the next pair would not end `margin_s` before `deadline` (a
+    `time.time()`), judged by the slowest pair so far. The first pair always runs: a row needs one ratio."""
+    slowest = 0.0
+    for k, order in enumerate(abba(pairs)):
+        if k and deadline is not None and time.time() + slowest + margin_s > deadline:
+            return
+        began = time.time()
+        yield k, order
+        slowest = max(slowest, time.time() - began)
 
 
 def pair_ratios(a_s: list[float], b_s: list[float]) -> dict:
