@@ -1226,32 +1226,16 @@ def _run_config_process(name: str, env: dict[str, str], timeout_s: float | None)
 def _stop_tree(pid: int) -> None:
     """SIGTERM to `pid` and all its descendants (paired sides sit in sessions of their own, so a process
     group would miss them; Ray's processes and engine cores too), then SIGKILL to any left after STOP_GRACE_S."""
-    tree = [pid, *_descendants(pid)]
+    from cluster.affinity import descendants
+
+    tree = [pid, *descendants(pid)]
     for signum, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
-        for member in tree:
+        for member in filter(_running, tree):
             with suppress(ProcessLookupError):
                 os.kill(member, signum)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and any(_running(member) for member in tree):
             time.sleep(0.2)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from the parent ids in /proc/<pid>/stat."""
-    children: dict[int, list[int]] = {}
-    for entry in (e for e in os.listdir("/proc") if e.isdigit()):
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        parent = int(raw[raw.rindex(")") + 2 :].split()[1])
-        children.setdefault(parent, []).append(int(entry))
-    found, queue = [], [pid]
-    while queue:
-        below = children.get(queue.pop(), [])
-        found += below
-        queue += below
-    return found
 
 
 def _running(pid: int) -> bool:

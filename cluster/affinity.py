@@ -40,7 +40,7 @@ def pin_descendants(parent_pid: int, cpus: list[int], name_prefix: str = ENGINE_
     if not cpus or not hasattr(os, "sched_setaffinity") or not Path("/proc").is_dir():
         return []
     pinned = []
-    for pid in _descendants(parent_pid):
+    for pid in descendants(parent_pid):
         if not _comm(pid).startswith(name_prefix):
             continue
         try:
@@ -53,7 +53,9 @@ def pin_descendants(parent_pid: int, cpus: list[int], name_prefix: str = ENGINE_
     return pinned
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
+    """Every process below `root`, from the parent ids in /proc/<pid>/stat (also how bench/gpu.py finds what
+    a configuration started, to stop it)."""
     parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
