@@ -6,6 +6,9 @@ Two uncertainties are reported and never mixed up:
   Bars to Evals", arXiv 2411.00640). Metrics that are rates over several items per question (IFEval's
   instruction-level accuracy) use the cluster-robust form of the same estimator, weighted by item count.
 - `std_across_runs`: the standard deviation of the N per-run scores, i.e. sampling noise between runs.
+
+The CI95 is a t-interval on `sem`. For a proportion of successes (accuracy, a pass rate) it is cut to [0, 1]:
+near 0 or 1 the symmetric interval would otherwise claim rates that cannot exist.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 from scipy import stats
 
 CI_METHOD = "t-interval on the question-clustered SEM, df = questions - 1"
+CI_METHOD_PROPORTION = CI_METHOD + ", cut to [0, 1] (a proportion of successes)"
 
 
 @dataclass(frozen=True)
@@ -74,15 +78,26 @@ def summarize(items: list[ScoredItem], num_runs: int) -> MetricSummary:
         if weights[mask].sum() > 0:
             run_means.append(float(values[mask].sum() / weights[mask].sum()))
     std_runs = float(np.std(run_means, ddof=1)) if len(run_means) > 1 else float("nan")
+    low, high, method = mean - half, mean + half, CI_METHOD
+    if _counts_successes(values, weights):
+        low, high, method = max(low, 0.0), min(high, 1.0), CI_METHOD_PROPORTION
     return MetricSummary(
         mean=mean,
         sem=sem,
-        ci95_low=mean - half,
-        ci95_high=mean + half,
-        ci_method=CI_METHOD,
+        ci95_low=low,
+        ci95_high=high,
+        ci_method=method,
         std_across_runs=std_runs,
         run_means=tuple(run_means),
         num_runs=num_runs,
         num_questions=n_q,
         num_scored=len(items),
     )
+
+
+def _counts_successes(values: np.ndarray, weights: np.ndarray) -> bool:
+    """Whether every item is a whole number of successes out of a whole number of trials (0/1 accuracy,
+    IFEval's instructions followed out of those given), so the metric is a proportion bounded by [0, 1].
+    A continuous score (F1, BLEU, a judge's rating) is left unbounded: its range is not known here."""
+    whole = np.all(values == np.round(values)) and np.all(weights == np.round(weights))
+    return bool(whole and np.all(values >= 0) and np.all(values <= weights))

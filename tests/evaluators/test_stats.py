@@ -44,3 +44,30 @@ def test_weighted_rate_matches_the_flattened_mean():
 def test_no_items_gives_nan_not_a_crash():
     s = summarize([], num_runs=4)
     assert math.isnan(s.mean) and s.num_scored == 0
+
+
+def test_a_rare_success_rate_never_gets_a_negative_lower_bound():
+    # 1 success in 10 questions: the t-interval alone would reach below 0
+    items = [ScoredItem(q, 0, 1 if q == 0 else 0, 1) for q in range(10)]
+    s = summarize(items, num_runs=1)
+    t = scipy_stats.t.ppf(0.975, df=9)
+    assert s.mean - t * s.sem < 0
+    assert s.ci95_low == 0.0
+    assert s.ci95_high == pytest.approx(s.mean + t * s.sem)
+    assert "cut to [0, 1]" in s.ci_method
+
+
+def test_an_instruction_rate_near_one_is_cut_at_one():
+    # IFEval-style counts: every instruction followed but one
+    items = [ScoredItem(q, 0, 3, 3) for q in range(7)] + [ScoredItem(7, 0, 0, 2)]
+    s = summarize(items, num_runs=1)
+    assert s.ci95_high == 1.0 and s.ci95_low < s.mean < 1.0
+
+
+def test_a_continuous_score_keeps_its_plain_interval():
+    # F1-like fractional values: not a count of successes, so no bounds are assumed
+    values = [0.05, 0.0, 0.0, 0.1, 0.0, 0.0]
+    items = [ScoredItem(q, 0, v, 1.0) for q, v in enumerate(values)]
+    s = summarize(items, num_runs=1)
+    assert s.ci95_low < 0
+    assert "cut" not in s.ci_method
