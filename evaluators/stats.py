@@ -98,6 +98,8 @@ def summarize(items: list[ScoredItem], num_runs: int) -> MetricSummary:
 def _counts_successes(values: np.ndarray, weights: np.ndarray) -> bool:
     """Whether every item is a whole number of successes out of a whole number of trials (0/1 accuracy,
     IFEval's instructions followed out of those given), so the metric is a proportion bounded by [0, 1].
-    A continuous score (F1, BLEU, a judge's rating) is left unbounded: its range is not known here."""
-    whole = np.all(values == np.round(values)) and np.all(weights == np.round(weights))
-    return bool(whole and np.all(values >= 0) and np.all(values <= weights))
+    A continuous score (F1, BLEU, a judge's rating) is left unbounded: its range is not known here.
+    A value arrives as rate x weight, which floats do not always round-trip (7 / 25 * 25 != 7), hence the
+    tolerance."""
+    whole = np.allclose(values, np.round(values), rtol=0, atol=1e-9) and np.all(weights == np.round(weights))
+    return bool(whole and np.all(values >= 0) and np.all(values <= weights + 1e-9))

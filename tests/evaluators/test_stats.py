@@ -64,6 +64,14 @@ def test_an_instruction_rate_near_one_is_cut_at_one():
     assert s.ci95_high == 1.0 and s.ci95_low < s.mean < 1.0
 
 
+def test_counts_stored_as_rate_times_weight_are_still_counts():
+    # the report passes rate x weight, and 7 / 25 * 25 is not exactly 7 in floats
+    assert (7 / 25) * 25 != 7
+    items = [ScoredItem(0, 0, (7 / 25) * 25, 25)] + [ScoredItem(q, 0, 0.0, 25) for q in range(1, 6)]
+    s = summarize(items, num_runs=1)
+    assert s.ci95_low == 0.0 and "cut to [0, 1]" in s.ci_method
+
+
 def test_a_continuous_score_keeps_its_plain_interval():
     # F1-like fractional values: not a count of successes, so no bounds are assumed
     values = [0.05, 0.0, 0.0, 0.1, 0.0, 0.0]
