@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
 from evaluators.data import load_rows, packaged_or_hub
 from evaluators.errors import DataError, EvalInputError
 from evaluators.sentence_splitting import load_ifeval_utils
@@ -17,6 +24,45 @@ from evaluators.tasks.base import (
 
 PACKAGED = ("eval_framework.tasks.ifeval", "data/input_data.jsonl")
 HUB = "hf://google/IFEval"
+
+# Serialises seeded scoring: the checkers' random source and langdetect's seed are process-wide.
+_SEEDED_LOCK = threading.Lock()
+
+
+def sample_seed(doc: dict[str, Any]) -> int:
+    """A seed from the sample's key, stable across processes (unlike the salted built-in `hash`)."""
+    digest = hashlib.sha256(f"ifeval:{doc['key']}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+@contextlib.contextmanager
+def seeded_checkers(seed: int) -> Iterator[None]:
+    """Make lm-eval's IFEval checkers draw from `seed` instead of unseeded randomness.
+
+    `build_description` falls back to draws from the `random` module when an argument is unusable (a
+    letter like "!", a missing count), and `langdetect` seeds each detection from
+    `DetectorFactory.seed`, which is None (fresh OS entropy) by default. Inside this block the
+    checker modules see a private `random.Random(seed)`, which draws exactly what `random.seed(seed)`
+    would, so the process-wide `random` state is neither read nor changed and other threads using it
+    do not shift these draws; langdetect gets the same seed. Both are restored on exit.
+    """
+    import langdetect
+    from lm_eval.tasks.ifeval import instructions, instructions_util
+
+    with _SEEDED_LOCK:
+        saved_lang_seed = langdetect.DetectorFactory.seed
+        modules = (instructions, instructions_util)
+        saved_random = [module.random for module in modules]
+        private = random.Random(seed)
+        try:
+            langdetect.DetectorFactory.seed = seed
+            for module in modules:
+                module.random = private
+            yield
+        finally:
+            langdetect.DetectorFactory.seed = saved_lang_seed
+            for module, original in zip(modules, saved_random, strict=True):
+                module.random = original
 
 
 class IFEval(Task):
@@ -63,7 +109,14 @@ class IFEval(Task):
         return Prompt.user_turn(text)
 
     def score(self, sample: Sample, output: str) -> dict[str, MetricValue]:
-        result = load_ifeval_utils().process_results(sample.doc, [output])
+        """lm-eval's `process_results`, with its random draws seeded from the sample's key.
+
+        The result is a function of (sample, output) alone: the same in every process and run, and equal
+        to lm-eval's wherever lm-eval's own result does not depend on a draw.
+        """
+        utils = load_ifeval_utils()
+        with seeded_checkers(sample_seed(sample.doc)):
+            result = utils.process_results(sample.doc, [output])
         scores: dict[str, MetricValue] = {}
         for metric in self.metrics:
             value = result[metric.name]

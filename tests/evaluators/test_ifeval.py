@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
 import pytest
 
 from evaluators.sentence_splitting import load_ifeval_utils, offline_punkt
 from evaluators.tasks.base import Sample
-from evaluators.tasks.ifeval import IFEval
+from evaluators.tasks.ifeval import IFEval, sample_seed, seeded_checkers
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def doc(instructions: list[str], kwargs: list[dict]) -> Sample:
@@ -69,3 +78,120 @@ def test_packaged_data_has_all_541_prompts():
     samples = IFEval().load_samples(None)
     assert len(samples) == 541
     assert samples[0].doc["instruction_id_list"]
+
+
+# Cases whose lm-eval result depends on a draw. The letter "!" is unusable, so `letter_frequency` checks a
+# random letter; the response has each of a-m five times and no n-z, so the draw decides pass/fail.
+# langdetect calls "I am" Italian or Catalan, and "hello" Finnish or Dutch, depending on its seed.
+HALF_ALPHABET = " ".join(letter * 5 for letter in "abcdefghijklm")
+RANDOM_PATH_CASES = [
+    (
+        ["keywords:letter_frequency"],
+        [{"letter": "!", "let_frequency": 3, "let_relation": "at least"}],
+        HALF_ALPHABET,
+    ),
+    (["language:response_language"], [{"language": "it"}], "I am"),
+    (["language:response_language"], [{"language": "fi"}], "hello"),
+]
+
+SCORE_IN_FRESH_PROCESS = """
+import json, sys
+from evaluators.tasks.base import Sample
+from evaluators.tasks.ifeval import IFEval
+task = IFEval()
+cases = json.load(sys.stdin)
+scores = [{k: [v.value, v.weight] for k, v in task.score(Sample(0, doc), out).items()} for doc, out in cases]
+print(json.dumps(scores))
+"""
+
+
+def random_path_cases(copies: int) -> list[tuple[dict, str]]:
+    """Each random-path case under `copies` keys, so unseeded scoring agrees twice with odds ~2**-copies."""
+    cases = []
+    for key in range(copies):
+        for instructions, kwargs, output in RANDOM_PATH_CASES:
+            cases.append((doc(instructions, kwargs).doc | {"key": key}, output))
+    return cases
+
+
+def score_in_fresh_processes(cases: list[tuple[dict, str]], runs: int) -> list[list[dict]]:
+    """Score `cases` in `runs` separate Python processes, run side by side; one score list per process."""
+    stdin = json.dumps(cases)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCORE_IN_FRESH_PROCESS],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(runs)
+    ]
+    outputs = [proc.communicate(stdin, timeout=300) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * runs
+    return [json.loads(stdout) for stdout, _ in outputs]
+
+
+def test_scores_are_identical_across_processes():
+    cases = random_path_cases(copies=30)
+    first, second = score_in_fresh_processes(cases, runs=2)
+    assert first == second
+    here = [
+        {k: [v.value, v.weight] for k, v in IFEval().score(Sample(0, d), out).items()} for d, out in cases
+    ]
+    assert here == first
+    # The draws differ between keys, so the cases do reach the random paths.
+    strict = {case: {s["inst_level_strict_acc,none"][0] for s in first[case::3]} for case in range(3)}
+    assert strict == {0: {0.0, 1.0}, 1: {0.0, 1.0}, 2: {0.0, 1.0}}
+
+
+def test_seeded_draws_are_those_of_random_seed_and_leave_global_state_alone():
+    utils = load_ifeval_utils()
+    state = random.getstate()
+    seeded, reference = [], []
+    for d, out in random_path_cases(copies=20)[::3]:  # the letter_frequency cases, under 20 keys
+        seeded.append(score(Sample(0, d), out))
+        assert random.getstate() == state
+        random.seed(sample_seed(d))  # lm-eval's own scorer, with the same seed on the global source
+        reference.append(utils.process_results(d, [out]))
+        random.setstate(state)
+    for mine, theirs in zip(seeded, reference, strict=True):
+        assert mine["inst_level_strict_acc,none"] == (float(sum(theirs["inst_level_strict_acc"])), 1.0)
+        assert mine["inst_level_loose_acc,none"] == (float(sum(theirs["inst_level_loose_acc"])), 1.0)
+    assert {mine["inst_level_strict_acc,none"][0] for mine in seeded} == {0.0, 1.0}
+
+
+def test_seed_comes_from_the_key_only():
+    assert sample_seed({"key": 1001}) == sample_seed({"key": 1001, "prompt": "other"})
+    assert sample_seed({"key": 1001}) != sample_seed({"key": 1002})
+
+
+def test_other_threads_drawing_from_random_do_not_change_scores():
+    cases = random_path_cases(copies=10)
+    expected = [score(Sample(0, d), out) for d, out in cases]
+    stop = threading.Event()
+
+    def draw_forever() -> None:
+        while not stop.is_set():
+            random.random()
+
+    thread = threading.Thread(target=draw_forever)
+    thread.start()
+    try:
+        assert [score(Sample(0, d), out) for d, out in cases] == expected
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_seeded_block_restores_checker_random_and_langdetect_seed():
+    import langdetect
+    from lm_eval.tasks.ifeval import instructions
+
+    load_ifeval_utils()
+    with seeded_checkers(7):
+        assert langdetect.DetectorFactory.seed == 7
+        assert instructions.random is not random
+    assert langdetect.DetectorFactory.seed is None
+    assert instructions.random is random
