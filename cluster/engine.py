@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from cluster.affinity import engine_core_cpus, pin_descendants
+from cluster.engine_log import LogPlace, describe_failure, mark, own_log_files
 from sharding.dispatcher import each_as_finished
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
@@ -51,6 +52,9 @@ class EngineSettings:
     # GPU only: the engine core process onto cores of its own (cluster.affinity; measured in issue 5).
     pin_engine_core: bool = True
 
+    # None: off on CPU, vLLM's default elsewhere (see engine_chunked_prefill); True or False forces it.
+    chunked_prefill: bool | None = None
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -63,11 +67,18 @@ class EngineInfo:
     vllm_version: str
     max_num_batched_tokens: int = 0
     async_scheduling: bool = False
+    chunked_prefill: bool = True
     engine_core_cpus: tuple[int, ...] = ()  # where its engine core was pinned; empty: not pinned
+    log_files: tuple[str, ...] = ()  # the actor's stdout / stderr files on its node: the engine's full log
 
 
 class EngineDead(RuntimeError):
-    """The vLLM engine inside the actor has died; the caller treats the replica as lost."""
+    """The vLLM engine inside the actor has died; the caller treats the replica as lost. The message is the
+    engine's root error, read back from its log, and where that log is."""
+
+
+class EngineStartFailed(RuntimeError):
+    """The vLLM engine could not be built; the message is its root error and where its full log is."""
 
 
 @ray.remote(max_restarts=0)
@@ -80,8 +91,19 @@ class EngineActor:
         self.info: EngineInfo | None = None
         self.tokenizer: Any = None
         self.stats_logging: asyncio.Task[None] | None = None
+        self.log_files = own_log_files()
+        self.since_start: list[LogPlace] = []  # the logs from the engine's first request on
+        self.death_cause: str | None = None
 
     async def start(self) -> EngineInfo:
+        """Build the engine; a failure raises EngineStartFailed with the root error from the engine's log."""
+        before = mark(self.log_files)
+        try:
+            return await self._start()
+        except Exception as exc:
+            raise EngineStartFailed(describe_failure(f"{type(exc).__name__}: {exc}", before)) from None
+
+    async def _start(self) -> EngineInfo:
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
@@ -101,6 +123,7 @@ class EngineActor:
             gpu_memory_utilization=s.gpu_memory_utilization,
             enforce_eager=s.enforce_eager,
             enable_prefix_caching=True,
+            enable_chunked_prefill=engine_chunked_prefill(s),
             distributed_executor_backend="mp" if workers > 1 else None,
             disable_log_stats=not s.log_stats,
             max_num_batched_tokens=s.max_num_batched_tokens,
@@ -120,10 +143,13 @@ class EngineActor:
             max_num_seqs=config.scheduler_config.max_num_seqs,
             max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
             async_scheduling=bool(getattr(config.scheduler_config, "async_scheduling", False)),
+            chunked_prefill=bool(config.scheduler_config.enable_chunked_prefill),
             max_model_len=config.model_config.max_model_len,
             vllm_version=vllm.__version__,
             engine_core_cpus=tuple(pinned_to),
+            log_files=tuple(self.log_files),
         )
+        self.since_start = mark(self.log_files)
         if s.log_stats:  # AsyncLLM only logs its stats when asked; vLLM's API server asks on a timer too
             self.stats_logging = asyncio.create_task(self._log_stats_forever())
         return self.info
@@ -178,7 +204,9 @@ class EngineActor:
             async for output in self.engine.generate(prompt, params, request_id=engine_id):
                 final = output
         except EngineDeadError as exc:
-            raise EngineDead(str(exc)) from exc
+            if self.death_cause is None:  # every in-flight request sees the death; read the log once
+                self.death_cause = describe_failure(str(exc), self.since_start)
+            raise EngineDead(self.death_cause) from None
         except Exception as exc:  # noqa: BLE001 - a bad request is a failed sample, never a dead run
             return Completion(
                 request_id=request.request_id,
@@ -225,6 +253,17 @@ class EngineActor:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+def engine_chunked_prefill(settings: EngineSettings) -> bool | None:
+    """Off on CPU unless forced, vLLM's default elsewhere. A prompt prefilled in chunks has the token sampled
+    after each partial chunk thrown away, and vLLM then rewinds the request's seeded generator by an offset,
+    which only GPU (Philox) generators have: on CPU that raises and kills the engine. Without chunking every
+    prompt is prefilled in one step (max_num_batched_tokens is at least max_model_len), no draw is thrown
+    away, and each request's generator draws the same numbers whatever else shares its steps."""
+    if settings.chunked_prefill is not None:
+        return settings.chunked_prefill
+    return False if settings.device == "cpu" else None
 
 
 def _sampling_params(request: GenerationRequest, detokenize_while_generating: bool = False) -> Any:

@@ -12,7 +12,15 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from cluster.engine import ENGINE_CORE_SLOT_ENV, EngineActor, EngineDead, EngineInfo, EngineSettings
+from cluster.engine import (
+    ENGINE_CORE_SLOT_ENV,
+    EngineActor,
+    EngineDead,
+    EngineInfo,
+    EngineSettings,
+    EngineStartFailed,
+)
+from cluster.engine_log import LogPlace, describe_failure, mark
 from cluster.errors import ClusterError
 from cluster.plan import ReplicaPlan
 from sharding.dispatcher import BatchCall, Replica, ReplicaCall, ReplicaDead
@@ -94,6 +102,7 @@ class ReplicaPool:
         self.groups: list[PlacementGroup] = []
         self.actors: list[ray.actor.ActorHandle] = []
         self.infos: list[EngineInfo] = []
+        self.log_marks: list[list[LogPlace]] = []
 
     def start(self, placement_timeout_s: float) -> list[EngineInfo]:
         check_feasible(self.plan, self.count)
@@ -126,7 +135,9 @@ class ReplicaPool:
             raise ClusterError(
                 f"The vLLM engine for '{self.settings.model}' failed to start: {remote_message(exc)}. Check that the "
                 "model path or HF id is right and reachable from every node, and that max_model_len fits."
-            ) from exc
+            ) from None
+        # where each engine's log stands now: a replica that dies later has its root error after this mark
+        self.log_marks = [mark(info.log_files) for info in self.infos]
         return self.infos
 
     def _node_of(self, group: PlacementGroup) -> str:
@@ -154,12 +165,12 @@ class ReplicaPool:
         return [
             Replica(
                 info.name,
-                replica_call(actor, info.name),
+                replica_call(actor, info.name, logs),
                 ENGINE_QUEUE_FACTOR * info.max_num_seqs,
                 batch_size=info.max_num_seqs,
-                generate_batch=replica_batch_call(actor, info.name) if BATCH_HANDOUT else None,
+                generate_batch=replica_batch_call(actor, info.name, logs) if BATCH_HANDOUT else None,
             )
-            for actor, info in zip(self.actors, self.infos, strict=True)
+            for actor, info, logs in zip(self.actors, self.infos, self.log_marks, strict=True)
         ]
 
     def shutdown(self) -> None:
@@ -173,22 +184,25 @@ class ReplicaPool:
         self.actors, self.groups = [], []
 
 
-def replica_call(actor: ray.actor.ActorHandle, name: str) -> ReplicaCall:
-    """The dispatcher's call for an actor with `generate(group)` (an engine or an API judge)."""
+def replica_call(actor: ray.actor.ActorHandle, name: str, logs: list[LogPlace] | None = None) -> ReplicaCall:
+    """The dispatcher's call for an actor with `generate(group)` (an engine or an API judge); `logs` are
+    the engine's log files, read for the root error if the actor process dies."""
 
     async def generate(group: PromptGroup) -> list[Completion]:
-        with _dead_replica_reported(actor, name):
+        with _dead_replica_reported(actor, name, logs or []):
             return await actor.generate.remote(group)
 
     return generate
 
 
-def replica_batch_call(actor: ray.actor.ActorHandle, name: str) -> BatchCall:
+def replica_batch_call(
+    actor: ray.actor.ActorHandle, name: str, logs: list[LogPlace] | None = None
+) -> BatchCall:
     """The dispatcher's batch call for an engine actor: one Ray streaming call of `generate_batch(groups)`,
     each group's completions arriving as that group finishes."""
 
     async def generate_batch(groups: list[PromptGroup]) -> AsyncIterator[tuple[int, list[Completion]]]:
-        with _dead_replica_reported(actor, name):
+        with _dead_replica_reported(actor, name, logs or []):
             async for ref in actor.generate_batch.options(num_returns="streaming").remote(groups):
                 yield await ref
 
@@ -196,16 +210,25 @@ def replica_batch_call(actor: ray.actor.ActorHandle, name: str) -> BatchCall:
 
 
 @contextmanager
-def _dead_replica_reported(actor: ray.actor.ActorHandle, name: str) -> Iterator[None]:
-    """A dead actor is killed for good and reported as `ReplicaDead`, so its work goes back on the queue."""
+def _dead_replica_reported(actor: ray.actor.ActorHandle, name: str, logs: list[LogPlace]) -> Iterator[None]:
+    """A dead actor is killed for good and reported as `ReplicaDead` with its root error, so its work goes
+    back on the queue. An engine that died inside a live actor has read its own log (EngineDead); an actor
+    process that died is read here, where its log is on this machine."""
     try:
         yield
-    except (RayActorError, EngineDead) as exc:
+    except EngineDead as exc:
         ray.kill(actor, no_restart=True)
-        raise ReplicaDead(f"{name}: {remote_message(exc)}") from exc
+        raise ReplicaDead(remote_message(exc)) from exc
+    except RayActorError as exc:
+        ray.kill(actor, no_restart=True)
+        raise ReplicaDead(describe_failure(remote_message(exc), logs)) from exc
 
 
 def remote_message(exc: BaseException) -> str:
-    """Ray wraps remote errors in the remote traceback; its last line carries the actual message."""
+    """The message of a remote error: the original exception's own text for rayeval's errors, else the last
+    line of Ray's wrapping (which holds the remote traceback)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, EngineDead | EngineStartFailed):
+        return str(cause)
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__
