@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.config import RunConfig, build_config
-from cluster.coordinator import RunMode, RunResult, run_evaluation
-from cluster.plan import RunPlan, build_plan, check_judge, local_judge_replicas, replica_plan
+from cluster.coordinator import RunResult, run_evaluation
+from cluster.plan import RunMode, RunPlan, build_plan, local_judge_replicas, replica_plan
+from cluster.preflight import preflight
 from cluster.session import cluster_has_gpus, ray_session
 
 
@@ -42,7 +43,7 @@ def evaluate_plan(
     mode: RunMode = "full",
 ) -> RunResult:
     config = plan.config
-    check_judge(plan, mode)
+    preflight(plan, mode)
     replicas = config.cluster.replicas + local_judge_replicas(plan, mode)
     with ray_session(config.cluster.address, plan.replica, replicas, verbose):
         if config.cluster.address and config.cluster.device == "auto":

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
-from cluster.config import RunConfig
+from cluster.config import COMMAND_LINE, RunConfig
 from evaluators.errors import EvalInputError
 
 EPILOG = """examples:
@@ -24,7 +24,14 @@ EPILOG = """examples:
 Rerunning the same command with the same --output-dir and --run-id resumes: finished requests are reused."""
 
 
-def _run_parser(sub: argparse._SubParsersAction) -> None:
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors in rayeval's one-paragraph style: what is wrong, then where the fix is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"rayeval: error: {message}. `{self.prog} --help` lists every flag and its values.\n")
+
+
+def _run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "run",
         help="evaluate a model on tasks",
@@ -333,10 +340,11 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "--verbose", action="store_true", help="show Ray and vLLM logs, with vLLM's periodic engine stats"
     )
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rayeval", description=__doc__)
+    parser = _Parser(prog="rayeval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     tasks = sub.add_parser("tasks", help="list the tasks with their data sources and metrics")
@@ -373,9 +381,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
+def _flag_names() -> dict[str, str]:
+    """Each `run` flag by the dotted setting it fills (`sampling.temperature` → `--temperature`), for messages."""
+    run = _run_parser(_Parser(prog="rayeval").add_subparsers())
+    return {action.dest: action.option_strings[0] for action in run._actions if action.option_strings}
+
+
 def _apply_data_paths(config: RunConfig, data_paths: list[str] | None) -> None:
     """`--data-path TASK=PATH` (or a bare PATH when the run has one task) sets that task's data_path."""
     tasks = config.enabled_tasks()
+    given: dict[str, str] = {}
     for entry in data_paths or []:
         name, sep, path = entry.partition("=")
         if not sep:
@@ -388,26 +403,37 @@ def _apply_data_paths(config: RunConfig, data_paths: list[str] | None) -> None:
         match = next((t for t in tasks if t.name == name), None)
         if match is None:
             raise EvalInputError(
-                f"--data-path {entry} names task '{name}', which is not among the run's tasks."
+                f"--data-path {entry} names task '{name}', which is not among the run's tasks "
+                f"({', '.join(t.name for t in tasks)}). Add it to --tasks, or fix the name before '='."
             )
-        match.data_path = path
+        if not path.strip():
+            raise EvalInputError(
+                f"--data-path {entry} gives no path. Write TASK=PATH, e.g. --data-path gsm8k=data/gsm8k/test.jsonl, "
+                "or leave it out to use the task's default data."
+            )
+        if name in given:
+            raise EvalInputError(
+                f"--data-path is given twice for task '{name}' ({given[name]} and {path}). Keep one per task."
+            )
+        given[name] = match.data_path = path
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from cluster.config import build_config, load_config_file
 
-    source = args.config or "the command line"
+    source = args.config or COMMAND_LINE
     file_data = load_config_file(args.config) if args.config else {}
     if args.judge_only and not args.config:
         file_data, source = _stored_run_config(args)
-    config = build_config(file_data, _overrides(args), source)
+    config = build_config(file_data, _overrides(args), source, _flag_names())
     _apply_data_paths(config, args.data_path)
 
-    from cluster.plan import build_plan, check_judge
+    from cluster.plan import build_plan
+    from cluster.preflight import preflight
 
     plan = build_plan(config, materialise_model=not args.dry_run)
     mode = "judge_only" if args.judge_only else "inference_only" if args.inference_only else "full"
-    check_judge(plan, mode)
+    preflight(plan, mode)
     if args.dry_run:
         print(plan.describe())
         return 0
@@ -479,14 +505,33 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Check a config without loading data or starting anything: its fields, task names, the model, the
+    judge model, and that local data paths and task folders exist."""
     from cluster.config import build_config, load_config_file
+    from cluster.model import resolve_model
+    from evaluators.data import check_source
     from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
     from evaluators.tasks.registry import TASKS
 
     config = build_config(load_config_file(args.config), {}, args.config)
     catalog = LmEvalCatalog(config.lm_eval.include_path)
     for task in config.tasks:
-        resolve_task_name(task.name, TASKS, catalog)
+        resolved = resolve_task_name(task.name, TASKS, catalog)
+        for path in (task.data_path, task.fewshot_path):
+            if path and resolved.source == "lm_eval":
+                raise EvalInputError(
+                    f"{args.config}: task '{task.name}' is an lm-eval task, so data_path / fewshot_path do not "
+                    "apply (its task YAML names its data). Remove them, or give a task folder with --include-path."
+                )
+            if path:
+                check_source(path, task.name)
+    resolve_model(
+        config.model.path, materialise=False, label=f"{args.config}: model.path {config.model.path}"
+    )
+    if config.judge.kind == "local":
+        resolve_model(
+            config.judge.target, materialise=False, label=f"{args.config}: judge.model {config.judge.model}"
+        )
     names = ", ".join(t.name + ("" if t.enabled else " (disabled)") for t in config.tasks)
     print(
         f"{args.config} is valid: tasks {names}; {config.cluster.replicas} replica(s); N={config.num_samples}"

@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cluster.default_model import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model
+from evaluators.data import offline_if_hub_unreachable
 from evaluators.errors import EvalInputError
 from evaluators.tasks.base import Prompt
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+TOKENIZER_PATTERNS = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "*.model",  # sentencepiece: tokenizer.model, spiece.model
+    "vocab.json",
+    "tekken.json",
+    "*.tiktoken",
+)
+# config.json keys vLLM reads a model's context length from; it takes the smallest present
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
 
 
 @dataclass(frozen=True)
@@ -21,24 +35,96 @@ class ResolvedModel:
     is_default: bool
 
 
-def resolve_model(path: str | None, materialise: bool = True) -> ResolvedModel:
+def resolve_model(path: str | None, materialise: bool = True, label: str | None = None) -> ResolvedModel:
+    """The model a path or hub id names, checked as far as possible without loading it.
+
+    `label` is how the user gave it, for messages (default `--model PATH`; a judge passes its own flag).
+    """
     if not path:
         folder = ensure_default_model() if materialise else default_model_dir()
         return ResolvedModel(DEFAULT_MODEL_NAME, str(folder), True)
+    label = label or f"--model {path}"
     local = Path(path).expanduser()
     if local.exists():
-        if not local.is_dir() or not (local / "config.json").is_file():
-            raise EvalInputError(
-                f"--model {path} is not a model folder: it has no config.json. Point --model at a Hugging Face "
-                "model folder (config.json plus weights), or give a hub id such as org/name."
-            )
+        check_model_folder(local, label)
         return ResolvedModel(local.resolve().name, str(local.resolve()), False)
     if HF_ID.match(path) and not path.startswith((".", "/", "~")):
+        check_hub_model(path, label)
         return ResolvedModel(path.split("/")[-1], path, False)
     raise EvalInputError(
-        f"--model {path} does not exist. Give an existing local model folder, or a Hugging Face hub id "
+        f"{label} does not exist. Give an existing local model folder, or a Hugging Face hub id "
         "of the form org/name (the hub must be reachable, or the model in the HF cache)."
     )
+
+
+def check_model_folder(folder: Path, label: str) -> None:
+    """A folder vLLM can load: a config.json that is a JSON object, weights, and a tokenizer."""
+    fix = "Point it at a Hugging Face model folder (config.json, weights, tokenizer files), or give a hub id."
+    config = folder / "config.json"
+    if not folder.is_dir() or not config.is_file():
+        raise EvalInputError(f"{label} is not a model folder: it has no config.json. {fix}")
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        where = f" (line {exc.lineno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise EvalInputError(
+            f"{label}: {config} is not valid JSON{where}. Restore it from the model's source (a partial "
+            "download or an edit broke it)."
+        ) from None
+    if not isinstance(settings, dict):
+        raise EvalInputError(
+            f"{label}: {config} holds a JSON {type(settings).__name__}, not an object. {fix}"
+        )
+    for kind, patterns in (
+        ("weights (*.safetensors, *.bin)", WEIGHT_PATTERNS),
+        ("tokenizer", TOKENIZER_PATTERNS),
+    ):
+        if not any(next(folder.glob(pattern), None) for pattern in patterns):
+            raise EvalInputError(
+                f"{label} has a config.json but no {kind} files. Download the complete model folder (e.g. "
+                "`huggingface-cli download ORG/NAME --local-dir DIR`) and pass that folder."
+            )
+
+
+def check_hub_model(repo: str, label: str) -> None:
+    """A hub id loads when the hub is reachable or the model is in the local HF cache; say so now if neither."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    snapshots = Path(HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}" / "snapshots"
+    if next(snapshots.glob("*/config.json"), None) is not None or not offline_if_hub_unreachable():
+        return
+    raise EvalInputError(
+        f"{label} is not in the Hugging Face cache ({HF_HUB_CACHE}), and this machine cannot reach the hub "
+        f"to download it. Download it where the hub is reachable (`huggingface-cli download {repo} "
+        "--local-dir DIR`), copy the folder here and pass --model DIR (or fill HF_HOME's cache)."
+    )
+
+
+def check_context_length(model: ResolvedModel, max_model_len: int) -> None:
+    """--max-model-len within the context a local model declares (vLLM refuses more when its engine starts).
+
+    Models with rope scaling (a rope type other than "default") are left to vLLM, which derives their longer
+    context itself; so is everything when VLLM_ALLOW_LONG_MAX_MODEL_LEN is set (vLLM's own way to allow more).
+    """
+    config = Path(model.path) / "config.json"
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") or not config.is_file():
+        return
+    settings = json.loads(config.read_text(encoding="utf-8"))
+    settings = (
+        settings.get("text_config", settings) if isinstance(settings.get("text_config"), dict) else settings
+    )
+    rope = settings.get("rope_scaling") or settings.get("rope_parameters") or {}
+    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type") or "default") != "default":
+        return
+    lengths = {key: settings[key] for key in CONTEXT_KEYS if isinstance(settings.get(key), int)}
+    if not lengths:
+        return
+    key, limit = min(lengths.items(), key=lambda item: item[1])
+    if max_model_len > limit:
+        raise EvalInputError(
+            f"--max-model-len {max_model_len} is longer than {model.name} can read: its config.json gives "
+            f"{key} = {limit}. Give --max-model-len {limit} or less (model.max_model_len in a config file)."
+        )
 
 
 class PromptRenderer:

@@ -5,8 +5,10 @@ Building it loads the datasets but starts nothing, so `rayeval run --dry-run` pr
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from cluster.config import DEMO_LIMIT, RunConfig, TaskOptions
 from cluster.model import ResolvedModel, resolve_model
@@ -15,6 +17,8 @@ from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
 from evaluators.tasks.base import Sample, Task
 from evaluators.tasks.registry import TASKS, get_task
 from sharding.requests import SamplingSpec
+
+RunMode = Literal["full", "inference_only", "judge_only"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def judged_task_names(plan: RunPlan) -> list[str]:
     return [t.task.name for t in plan.tasks if isinstance(t.task, JudgeTask)]
 
 
-def check_judge(plan: RunPlan, mode: str) -> None:
+def check_judge(plan: RunPlan, mode: RunMode) -> None:
     """Judged tasks need a judge unless the run only generates; say so before any engine starts."""
     judged = judged_task_names(plan)
     if mode == "judge_only" and plan.config.judge.model is None:
@@ -140,14 +144,14 @@ def check_judge(plan: RunPlan, mode: str) -> None:
         )
 
 
-def local_judge_replicas(plan: RunPlan, mode: str) -> int:
+def local_judge_replicas(plan: RunPlan, mode: RunMode) -> int:
     """Engine replicas a local judge adds to the cluster (0 for an API judge or a run that does not judge)."""
     if mode == "inference_only" or plan.config.judge.kind != "local" or not judged_task_names(plan):
         return 0
     return plan.config.judge.replicas
 
 
-def core_slots(plan: RunPlan, judge: bool, mode: str) -> tuple[int, int] | None:
+def core_slots(plan: RunPlan, judge: bool, mode: RunMode) -> tuple[int, int] | None:
     """CPU thread-binding slots when a local judge and the model's replicas run at once: the model's take the
     first slots, the judge's the next ones. None when either runs alone (it then has every core)."""
     judges = local_judge_replicas(plan, mode)
@@ -227,6 +231,7 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
             "--fewshot-as-multiturn needs --apply-chat-template (few-shot turns are chat messages). Add "
             "--apply-chat-template, or drop --fewshot-as-multiturn."
         )
+    check_fewshot_pools(plans)
     chosen = device or resolve_device(config, None)
     _check_parallelism(config, chosen)
     return RunPlan(
@@ -268,3 +273,25 @@ def _check_parallelism(config: RunConfig, device: str) -> None:
             "first step with pipeline stages. On CPU split a replica with --tensor-parallel-size instead; "
             "pipeline parallelism is for GPU replicas (--device gpu)."
         )
+
+
+def check_fewshot_pools(task_plans: list[TaskPlan]) -> None:
+    """Each native task's few-shot source holds num_fewshot examples besides the question itself; otherwise
+    `TaskPlan.fewshot_for` would fail while prompts are built, after the engines started."""
+    for t in task_plans:
+        if t.num_fewshot == 0 or t.num_fewshot < len(t.fewshot_pool):
+            continue
+        pool_docs = {_doc_key(s.doc) for s in t.fewshot_pool}
+        overlap = any(_doc_key(s.doc) in pool_docs for s in t.samples)
+        usable = len(t.fewshot_pool) - int(overlap)
+        if t.num_fewshot > usable:
+            source = t.options.fewshot_path or "the task's default few-shot data"
+            raise EvalInputError(
+                f"Task '{t.task.name}': num_fewshot {t.num_fewshot} asks for more few-shot examples than "
+                f"{source} holds ({usable}{' besides the question itself' if overlap else ''}). Lower "
+                f"--num-fewshot to {usable} or less, or give a fewshot_path with more examples."
+            )
+
+
+def _doc_key(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True, default=str)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,7 +33,6 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
         return
     if address:
         try:
-            _check_reachable(address)
             ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
         except Exception as exc:  # noqa: BLE001 - Ray raises several types here; the user needs one message
             raise ClusterError(
@@ -58,16 +56,6 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
         yield
     finally:
         ray.shutdown()
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds on a dead host:port; Ray itself retries for minutes before giving up."""
-    target = address.removeprefix("ray://")
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit():
-        return  # `auto` and friends: Ray resolves them
-    with socket.create_connection((host, int(port)), timeout=timeout_s):
-        pass
 
 
 def _first_line(exc: BaseException) -> str:

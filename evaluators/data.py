@@ -37,6 +37,7 @@ def packaged_or_hub(package: str, relative: str, hub: str) -> str:
 
 def load_rows(source: str, task: str, required: tuple[str, ...], split: str = "test") -> list[dict[str, Any]]:
     """Rows of `source`: a local .jsonl/.json/.parquet file, a folder holding one, or `hf://org/name[:config]`."""
+    check_source(source, task)
     if source.startswith(HUB_PREFIX):
         rows = _load_hub(source[len(HUB_PREFIX) :], task, split)
     else:
@@ -45,46 +46,76 @@ def load_rows(source: str, task: str, required: tuple[str, ...], split: str = "t
     return rows
 
 
+def check_source(source: str, task: str) -> None:
+    """What can be told about a data source without reading it: an empty path, `hf://` without a dataset, a
+    local path that is missing or a file whose extension is none of the formats read here."""
+    if not source.strip():
+        raise DataError(
+            f"Task '{task}': the data path is empty. Give a .jsonl/.json/.parquet file or folder, or "
+            "hf://org/name[:config]; leave data_path out to use the task's default data."
+        )
+    if source.startswith(HUB_PREFIX):
+        if not source[len(HUB_PREFIX) :].partition(":")[0].strip("/"):
+            raise DataError(
+                f"Task '{task}': the data path {source} names no dataset. Write hf://org/name or "
+                "hf://org/name:config, e.g. hf://openai/gsm8k:main."
+            )
+        return
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataError(
+            f"Task '{task}': the data path {path} does not exist. Give an existing .jsonl/.json/.parquet "
+            f"file or folder, or 'hf://org/name' to load from the Hugging Face hub."
+        )
+    if path.is_file() and path.suffix not in LOCAL_SUFFIXES:
+        raise DataError(f"Task '{task}': {_unreadable_format(path)}")
+
+
+def _unreadable_format(path: Path) -> str:
+    """What a file of an extension rayeval does not read seems to be, and how to make it readable."""
+    with path.open("rb") as handle:
+        compressed = handle.read(2) == GZIP_MAGIC
+    if compressed or path.suffix == ".gz":
+        return (
+            f"{path} is gzip-compressed. Decompress it first (`gunzip -k {path}`) and pass the file inside."
+        )
+    kind = f"a {path.suffix} file" if path.suffix else "a file without an extension"
+    return (
+        f"{path} is {kind}; rayeval reads .jsonl (one JSON object per line), .json (an array of objects) and "
+        ".parquet. Convert it (a CSV with pandas: pd.read_csv(path).to_json('data.jsonl', orient='records', "
+        "lines=True)), or rename it to .jsonl if it already holds one JSON object per line."
+    )
+
+
 def _resolve_local(path: Path, task: str, split: str) -> Path:
     if path.is_file():
         return path
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in LOCAL_SUFFIXES)
-        preferred = [p for p in files if p.stem.startswith(split)]
-        if preferred or files:
-            return (preferred or files)[0]
-        raise DataError(
-            f"Task '{task}': the folder {path} holds no .jsonl, .json or .parquet file. "
-            f"Point --data-path at the data file itself, or put a '{split}.jsonl' in that folder."
-        )
+    files = sorted(p for p in path.iterdir() if p.suffix in LOCAL_SUFFIXES)
+    preferred = [p for p in files if p.stem.startswith(split)]
+    if preferred or files:
+        return (preferred or files)[0]
     raise DataError(
-        f"Task '{task}': the data path {path} does not exist. Give an existing .jsonl/.json/.parquet "
-        f"file or folder, or 'hf://org/name' to load from the Hugging Face hub."
+        f"Task '{task}': the folder {path} holds no .jsonl, .json or .parquet file. "
+        f"Point --data-path at the data file itself, or put a '{split}.jsonl' in that folder."
     )
 
 
 def _load_local(path: Path, task: str) -> list[dict[str, Any]]:
     """Local files are read directly (pyarrow for Parquet): `datasets` would copy each into its cache and
     print a progress bar the first time, even for a dry run."""
+    if path.suffix == ".parquet":
+        return _non_empty(_read_parquet(path, task), path, task)
+    text = _read_text(path, task)
     if path.suffix == ".jsonl":
-        return _read_jsonl(path, task)
+        return _parse_jsonl(text, path, task)
     try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path).to_pylist()
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # JSON Lines under a .json name
-            return _read_jsonl(path, task)
+            return _parse_jsonl(text, path, task)
         raise DataError(
             f"Task '{task}': {path} is not valid JSON (line {exc.lineno}: {exc.msg}). Give a JSON array of "
             "records, or one JSON object per line."
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - pyarrow and the file system raise many types; one message
-        raise DataError(
-            f"Task '{task}': could not read {path} ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
-            "Check that the file is valid JSON/Parquet with one record per row."
         ) from exc
     if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
         raise DataError(
@@ -94,31 +125,101 @@ def _load_local(path: Path, task: str) -> list[dict[str, Any]]:
     return _non_empty(data, path, task)
 
 
-def _read_jsonl(path: Path, task: str) -> list[dict[str, Any]]:
+def _read_parquet(path: Path, task: str) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    except Exception as exc:  # noqa: BLE001 - pyarrow and the file system raise many types; one message
+        raise DataError(
+            f"Task '{task}': could not read {path} as Parquet ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}). Check that it is a complete Parquet "
+            "file with one record per row, or give the data as .jsonl."
+        ) from exc
+
+
+def _read_text(path: Path, task: str) -> str:
+    try:
+        return read_utf8(path)
+    except NotUtf8 as exc:
+        raise DataError(f"Task '{task}': {path} is not UTF-8 text: {exc.problem}. {exc.fix}.") from None
+    except OSError as exc:
+        raise DataError(
+            f"Task '{task}': could not read {path} ({exc.strerror or type(exc).__name__}). Check that the "
+            "file is readable by you."
+        ) from None
+
+
+class NotUtf8(ValueError):
+    """A text file in another encoding: what it looks like, and how to convert it."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}. {fix}")
+        self.problem = problem
+        self.fix = fix
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def read_utf8(path: Path) -> str:
+    """The text of a file that must be UTF-8; a UTF-8 byte-order mark (as Windows editors write) is dropped.
+
+    Raises NotUtf8 naming the encoding it looks like (UTF-16, gzip) or the first byte that is not UTF-8.
+    """
+    data = path.read_bytes()
+    if data.startswith(_UTF8_BOM):
+        data = data[len(_UTF8_BOM) :]
+    if data.startswith(_UTF16_BOMS):
+        raise NotUtf8(
+            "it is UTF-16 (it starts with a UTF-16 byte-order mark)",
+            f"Save it as UTF-8, e.g. `iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}`",
+        )
+    if data.startswith(GZIP_MAGIC):
+        raise NotUtf8(
+            "it is gzip-compressed", f"Decompress it first (`gunzip -k {path}`) and pass the result"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise NotUtf8(
+            f"byte 0x{data[exc.start]:02x} on line {line}, column {column} is not UTF-8 (Latin-1 or "
+            "Windows-1252 text, perhaps)",
+            f"Save it as UTF-8, e.g. `iconv -f LATIN1 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}`",
+        ) from None
+
+
+def _parse_jsonl(text: str, path: Path, task: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"Task '{task}': line {line_no} of {path} is not valid JSON ({exc.msg}). "
-                    "Fix or delete that line; every line must be one JSON object."
-                ) from exc
-            if not isinstance(row, dict):
-                raise DataError(
-                    f"Task '{task}': line {line_no} of {path} is a JSON {type(row).__name__}, not an object. "
-                    "Every line must be one JSON object with the task's fields."
-                )
-            rows.append(row)
+    for line_no, line in enumerate(text.split("\n"), start=1):  # JSON strings may hold U+2028, not \n
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"Task '{task}': line {line_no} of {path} is not valid JSON ({exc.msg}, column {exc.colno}). "
+                "Fix or delete that line; every line must be one JSON object."
+            ) from exc
+        if not isinstance(row, dict):
+            raise DataError(
+                f"Task '{task}': line {line_no} of {path} is a JSON {type(row).__name__}, not an object. "
+                "Every line must be one JSON object with the task's fields."
+            )
+        rows.append(row)
     return _non_empty(rows, path, task)
 
 
 def _non_empty(rows: list[dict[str, Any]], path: Path, task: str) -> list[dict[str, Any]]:
     if not rows:
-        raise DataError(f"Task '{task}': {path} holds no rows. Point --data-path at a file with data.")
+        raise DataError(
+            f"Task '{task}': {path} holds no rows. Point --data-path at a file with data (one JSON object per "
+            "line in a .jsonl)."
+        )
     return rows
 
 

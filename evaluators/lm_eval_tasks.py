@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from evaluators.data import offline_if_hub_unreachable
@@ -47,6 +48,8 @@ class LmEvalCatalog:
     """lm-eval's task index (its bundled tasks plus `--include-path` folders), built on first use (~8 s)."""
 
     def __init__(self, include_paths: Sequence[str] = ()) -> None:
+        for folder in include_paths:
+            check_include_path(folder)
         self.include_paths = list(include_paths)
 
     @property
@@ -99,6 +102,18 @@ class LoadedLmEvalTask:
         return any(t.get_config("output_type") == "generate_until" for t in self.leaves.values())
 
 
+def check_include_path(folder: str) -> None:
+    """An --include-path must be a folder: lm-eval walks it for task YAMLs and silently finds none otherwise."""
+    path = Path(folder).expanduser()
+    if path.is_dir():
+        return
+    state = "is a file, not a folder" if path.exists() else "does not exist"
+    raise EvalInputError(
+        f"--include-path {folder} {state}. Give the folder that holds your lm-eval task YAMLs "
+        "(lm_eval.include_path in a config file), or leave it out to use lm-eval's own tasks."
+    )
+
+
 @lru_cache(maxsize=4)
 def _task_manager(include_paths: tuple[str, ...]) -> Any:
     """One index per set of task folders and process: building it reads every task YAML (seconds)."""
@@ -115,8 +130,15 @@ class ResolvedTaskName:
 
 def resolve_task_name(name: str, native: Mapping[str, object], catalog: LmEvalCatalog) -> ResolvedTaskName:
     """Native tasks keep priority; `lm_eval:NAME` forces lm-eval's; unknown names list close matches of both."""
+    if not name.strip() or any(c.isspace() for c in name):
+        raise EvalInputError(_malformed_name(name, native))
     if name.startswith(FORCE_PREFIX):
         forced = name.removeprefix(FORCE_PREFIX)
+        if not forced:
+            raise EvalInputError(
+                f"--tasks {name} names no task after '{FORCE_PREFIX}'. Write {FORCE_PREFIX}NAME with an lm-eval "
+                "task name (`rayeval tasks --lm-eval SUBSTRING` lists them)."
+            )
         if catalog.knows(forced):
             return ResolvedTaskName(forced, "lm_eval")
         close = catalog.close_matches(forced)
@@ -141,6 +163,17 @@ def resolve_task_name(name: str, native: Mapping[str, object], catalog: LmEvalCa
         f"Unknown task '{name}'.{hint} `rayeval tasks` lists rayeval's own tasks; any of lm-eval's "
         f"{len(catalog.manager.all_tasks)} tasks, groups and tags can be named too (prefix lm_eval: to force "
         "lm-eval's version), and --include-path adds task folders."
+    )
+
+
+def _malformed_name(name: str, native: Mapping[str, object]) -> str:
+    """An empty task name, or several names run together with spaces instead of commas."""
+    if not name.strip():
+        return "A task name is empty. Give task names separated by commas, e.g. --tasks ifeval,gsm8k."
+    parts = name.split()
+    return (
+        f"Task name '{name}' holds spaces. Separate task names with commas, without spaces: "
+        f"--tasks {','.join(parts)} (`rayeval tasks` lists the names; {', '.join(sorted(native))} are rayeval's)."
     )
 
 

@@ -1,0 +1,142 @@
+"""Checks made before Ray or any engine starts: whatever would fail minutes later fails now, with the numbers.
+
+Each check raises `EvalInputError` naming the setting, the value and what would fix it. They read the plan
+and this machine only (cores, memory, the output folder), so a `--dry-run` makes them too.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import psutil
+
+from cluster.errors import ClusterError
+from cluster.model import check_context_length, resolve_model
+from cluster.plan import RunMode, RunPlan, check_judge, judged_task_names, local_judge_replicas
+from evaluators.errors import EvalInputError
+
+GIB = 1 << 30
+
+
+def preflight(plan: RunPlan, mode: RunMode) -> None:
+    """Every check of this module; the cluster address last, since it touches the network."""
+    check_context_length(plan.model, plan.config.model.max_model_len)
+    check_judge_inputs(plan, mode)
+    check_output_dir(Path(plan.config.output_dir).expanduser())
+    check_batched_tokens(plan)
+    check_local_replicas(plan, mode)
+    check_kv_cache_fits(plan, mode)
+    check_address_reachable(plan.config.cluster.address)
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """The output folder is a folder, or can be made: no file on its path, its nearest existing parent a
+    writable folder on a writable filesystem."""
+    existing = output_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    fix = "Pass --output-dir a folder you can write to (it is made if missing)."
+    if existing.exists() and not existing.is_dir():
+        what = "is a file" if existing == output_dir else f"cannot be made: {existing} is a file"
+        raise EvalInputError(f"--output-dir {output_dir} {what}. {fix}")
+    if not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing):
+        what = "is not writable" if existing == output_dir else f"cannot be made: {existing} is not writable"
+        raise EvalInputError(f"--output-dir {output_dir} {what}. {fix}")
+
+
+def _read_only(path: Path) -> bool:
+    """A read-only mount (root ignores permission bits, so os.access says yes to it)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def check_batched_tokens(plan: RunPlan) -> None:
+    """On CPU every prompt is prefilled in one engine step (cluster.engine: no chunked prefill there), so a
+    step must hold the longest prompt."""
+    model = plan.config.model
+    if plan.device != "cpu" or model.max_num_batched_tokens is None:
+        return
+    if model.max_num_batched_tokens < model.max_model_len:
+        raise EvalInputError(
+            f"--max-num-batched-tokens {model.max_num_batched_tokens} is below --max-model-len "
+            f"{model.max_model_len}: on CPU a prompt is prefilled in one engine step, so a step must hold "
+            f"max_model_len tokens. Raise --max-num-batched-tokens to at least {model.max_model_len}, lower "
+            "--max-model-len, or leave --max-num-batched-tokens out."
+        )
+
+
+def _local_cpu_run(plan: RunPlan) -> bool:
+    return plan.config.cluster.address is None and plan.device == "cpu"
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def check_local_replicas(plan: RunPlan, mode: RunMode) -> None:
+    """A local cluster that rayeval starts holds one CPU replica per core at most: each replica's engine
+    threads are bound to cores of their own, and more replicas than cores only thrash (or crash Ray)."""
+    if not _local_cpu_run(plan):
+        return
+    replicas = plan.config.cluster.replicas
+    judges = local_judge_replicas(plan, mode)
+    cores = usable_cores()
+    if replicas + judges > cores:
+        asked = f"--replicas {replicas}" + (f" plus --judge-replicas {judges}" if judges else "")
+        raise EvalInputError(
+            f"{asked} asks for {replicas + judges} CPU engine replicas, but this machine has {cores} usable "
+            f"core(s) and a local cluster holds one CPU replica per core. Lower --replicas to at most "
+            f"{max(1, cores - judges)}, or pass --address of a Ray cluster with more nodes."
+        )
+
+
+def check_kv_cache_fits(plan: RunPlan, mode: RunMode) -> None:
+    """The CPU KV cache is allocated up front in each replica (VLLM_CPU_KVCACHE_SPACE): all of it must fit
+    this machine's free memory when rayeval starts the cluster here."""
+    if not _local_cpu_run(plan):
+        return
+    engines = plan.config.cluster.replicas + local_judge_replicas(plan, mode)
+    gib = plan.config.model.cpu_kv_cache_gib
+    available = psutil.virtual_memory().available
+    if engines * gib * GIB > available:
+        raise EvalInputError(
+            f"--kv-cache-gib {gib} for {engines} engine replica(s) needs {engines * gib} GiB of memory for the "
+            f"KV cache alone, but this machine has {available / GIB:.1f} GiB free "
+            f"({psutil.virtual_memory().total / GIB:.1f} GiB in all). Lower --kv-cache-gib (1 to 4 GiB serves "
+            "small models) or --replicas."
+        )
+
+
+def check_judge_inputs(plan: RunPlan, mode: RunMode) -> None:
+    """A judge where judged tasks need one, its API key in the environment, a local judge model that exists."""
+    try:
+        check_judge(plan, mode)
+    except ClusterError as exc:  # it reads only the config and the environment: what it refuses is input
+        raise EvalInputError(str(exc)) from None
+    judge = plan.config.judge
+    if judge.kind == "local" and mode != "inference_only" and judged_task_names(plan):
+        resolve_model(judge.target, materialise=False, label=f"--judge {judge.model}")
+
+
+def check_address_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """A host:port given as --address answers within seconds (Ray itself retries for minutes before failing).
+
+    `auto` and `local` are Ray's to resolve; the address's format was checked with the config.
+    """
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise EvalInputError(
+            f"--address {address}: nothing answers at {host}:{port} ({reason}). Check the address (the head's "
+            "GCS port, 6379 by default, or ray://host:10001 for Ray client) and that `ray start --head` runs "
+            "there; leave --address out to start a local cluster."
+        ) from None

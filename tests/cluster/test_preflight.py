@@ -1,0 +1,74 @@
+"""Settings that would fail minutes into a run fail before Ray or any engine starts, with the numbers.
+
+Each case runs the CLI as a user does; none of them may start a Ray cluster (the checks run first).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import psutil
+import pytest
+
+from tests.cluster.test_end_to_end import rayeval
+
+
+def refused(*argv: str) -> str:
+    done = rayeval("run", "--limit", "2", *argv, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "started a local Ray cluster" not in done.stderr
+    return done.stderr
+
+
+def test_more_local_cpu_replicas_than_cores_is_refused_at_once():
+    cores = len(os.sched_getaffinity(0))
+    err = refused("--replicas", str(cores + 62), "--output-dir", "/tmp/rayeval-preflight")
+    assert f"--replicas {cores + 62} asks for {cores + 62} CPU engine replicas" in err
+    assert f"this machine has {cores} usable core(s)" in err and f"Lower --replicas to at most {cores}" in err
+
+
+def test_a_kv_cache_larger_than_memory_is_refused_with_both_numbers():
+    free_gib = psutil.virtual_memory().available / (1 << 30)
+    err = refused("--kv-cache-gib", "4000", "--output-dir", "/tmp/rayeval-preflight")
+    assert "--kv-cache-gib 4000 for 1 engine replica(s) needs 4000 GiB" in err
+    assert f"this machine has {free_gib:.0f}" in err or "GiB free" in err
+    assert "Lower --kv-cache-gib" in err
+
+
+def test_an_output_dir_that_is_a_file_is_refused(tmp_path):
+    file = tmp_path / "results.txt"
+    file.write_text("keep me")
+    err = refused("--output-dir", str(file))
+    assert f"--output-dir {file} is a file" in err and "Pass --output-dir a folder" in err
+    assert file.read_text() == "keep me"
+
+
+def test_an_output_dir_under_a_file_is_refused(tmp_path):
+    file = tmp_path / "results.txt"
+    file.write_text("keep me")
+    err = refused("--output-dir", str(file / "runs"))
+    assert f"cannot be made: {file} is a file" in err
+
+
+def test_an_output_dir_on_a_read_only_filesystem_is_refused(tmp_path):
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(
+            "mounting a read-only tmpfs needs root (root ignores permission bits, so this is the test)"
+        )
+    try:
+        err = refused("--output-dir", str(disk / "runs"))
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert f"--output-dir {disk / 'runs'} cannot be made: {disk} is not writable" in err
+
+
+def test_a_cpu_step_smaller_than_the_context_is_refused():
+    err = refused("--max-num-batched-tokens", "128", "--output-dir", "/tmp/rayeval-preflight")
+    assert "--max-num-batched-tokens 128 is below --max-model-len 2048" in err
+    assert "Raise --max-num-batched-tokens to at least 2048" in err
