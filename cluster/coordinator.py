@@ -6,26 +6,28 @@ session (see `cluster.session`).
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from cluster.engine import EngineInfo
-from cluster.errors import ClusterError
+from cluster.errors import ClusterError, OutputWriteError
 from cluster.judge_backends import build_judge_backend
 from cluster.judge_runner import JudgeRunner, JudgeStats
 from cluster.judged_samples import JudgedSamples, task_statistics
 from cluster.model import PromptRenderer
-from cluster.plan import RunPlan, TaskPlan, core_slots
+from cluster.plan import RunMode, RunPlan, TaskPlan, core_slots
 from cluster.runner import RequestRunner, progress_bar
 from evaluators.errors import EvalInputError
 from evaluators.judging.base import JudgeTask
@@ -47,8 +49,6 @@ if TYPE_CHECKING:
     from cluster.lm_eval_run import LmEvalRunOutput
 
 log = logging.getLogger(__name__)
-
-RunMode = Literal["full", "inference_only", "judge_only"]
 
 FAILURE_HINTS = {
     "VLLMValidationError": "Usually a prompt longer than max_model_len: raise --max-model-len (up to what the model "
@@ -87,6 +87,42 @@ class RunResult:
     task_errors: dict[str, str] = field(default_factory=dict)  # tasks that could not run at all
     prepare_s: float = 0.0  # rendering prompts and building requests
     scoring_s: float = 0.0  # scoring and writing records, on the dispatch loop
+
+
+# What a failed write of the run's own files looks like: the disk, the quota or the folder, not the network.
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
+
+
+@contextmanager
+def output_written(run_dir: Path) -> Iterator[None]:
+    """A failed write of the run's files becomes one `OutputWriteError` saying what is kept and how to go on."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        raise OutputWriteError(
+            f"Writing the run's files in {run_dir} failed: {exc.strerror or exc} ({exc.filename or exc}). "
+            "Every result finished before that is kept in its cache folder. Free disk space (or make the "
+            "folder writable again) and rerun the same command: it resumes and generates only what is missing."
+        ) from None
+
+
+def make_run_dir(plan: RunPlan) -> Path:
+    """The run folder, made (its parents too); a path that cannot be a folder is the user's to fix."""
+    run_dir = run_dir_for(plan)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise EvalInputError(
+            f"The run folder {run_dir} cannot be made: a file of that name is in the way. Pass another "
+            "--run-id or --output-dir."
+        ) from None
+    except OSError as exc:
+        raise EvalInputError(
+            f"The run folder {run_dir} cannot be made: {exc.strerror}. Pass an --output-dir you can write to."
+        ) from None
+    return run_dir
 
 
 def run_dir_for(plan: RunPlan) -> Path:
@@ -215,7 +251,10 @@ class SampleWriter:
         self._queue.put(None)
         self._thread.join()
         for handle in self.handles.values():
-            handle.close()
+            try:
+                handle.close()
+            except OSError:  # a write that failed (a full disk) fails again here; drain() reported it
+                pass
 
 
 @dataclass
@@ -284,14 +323,15 @@ def run_evaluation(
     """Run the plan on the connected Ray cluster and write every output file; returns the summaries."""
     started = time.perf_counter()
     config = plan.config
-    run_dir = run_dir_for(plan)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if mode != "judge_only":  # a re-judge keeps the config that generated the outputs
-        (run_dir / "config.yaml").write_text(
-            yaml.safe_dump(
-                {**config.model_dump(mode="json"), "resolved_model_path": plan.model.path}, sort_keys=False
+    run_dir = make_run_dir(plan)
+    with output_written(run_dir):
+        if mode != "judge_only":  # a re-judge keeps the config that generated the outputs
+            (run_dir / "config.yaml").write_text(
+                yaml.safe_dump(
+                    {**config.model_dump(mode="json"), "resolved_model_path": plan.model.path},
+                    sort_keys=False,
+                )
             )
-        )
     try:
         store = ResultStore(run_dir / "cache" / "completions.jsonl")
     except StoreInUse:
@@ -336,31 +376,32 @@ def run_evaluation(
     log.info("run %s: results cached in %s", run_dir, store.path)
     lm_eval_output = None
     completed = False
-    try:
-        if planned:
-            runner.run([p.request for p in planned], label="generating", on_completion=writer.add)
-        writer.drain()
-        if judging is not None:
-            _wait_for_judging(judging, progress)
-        if plan.lm_eval_tasks and plan.lm_eval_catalog is not None and not runner.all_replicas_dead:
-            from cluster.lm_eval_run import run_lm_eval_tasks
+    with output_written(run_dir):  # a full disk or a read-only folder: one clear error, nothing lost
+        try:
+            if planned:
+                runner.run([p.request for p in planned], label="generating", on_completion=writer.add)
+            writer.drain()
+            if judging is not None:
+                _wait_for_judging(judging, progress)
+            if plan.lm_eval_tasks and plan.lm_eval_catalog is not None and not runner.all_replicas_dead:
+                from cluster.lm_eval_run import run_lm_eval_tasks
 
-            lm_eval_output = run_lm_eval_tasks(config, plan.lm_eval_catalog, plan.lm_eval_tasks, runner)
-        completed = True
-    finally:
-        if judging is not None:  # interrupted: stop at once; answers already cached stay cached
-            judging.runner.finish(timeout_s=None if completed else 0)
-            judging.samples.close()
-            judging.store.close()
-        runner.close()
-        writer.close()
-        store.close()
-    if runner.stats.reused_failed:
-        log.info(
-            "%d reused requests had failed last time; --retry-failed generates them again",
-            runner.stats.reused_failed,
-        )
-    result = _finish(plan, run_dir, writer, started, runner, lm_eval_output, judging, mode, prepare_s)
+                lm_eval_output = run_lm_eval_tasks(config, plan.lm_eval_catalog, plan.lm_eval_tasks, runner)
+            completed = True
+        finally:
+            if judging is not None:  # interrupted: stop at once; answers already cached stay cached
+                judging.runner.finish(timeout_s=None if completed else 0)
+                judging.samples.close()
+                judging.store.close()
+            runner.close()
+            writer.close()
+            store.close()
+        if runner.stats.reused_failed:
+            log.info(
+                "%d reused requests had failed last time; --retry-failed generates them again",
+                runner.stats.reused_failed,
+            )
+        result = _finish(plan, run_dir, writer, started, runner, lm_eval_output, judging, mode, prepare_s)
     dispatch = runner.dispatch
     if dispatch is not None and dispatch.all_replicas_dead:
         causes = "; ".join(f"{name}: {cause}" for name, cause in dispatch.death_causes().items())

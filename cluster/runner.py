@@ -21,7 +21,7 @@ from cluster.plan import RunPlan
 from cluster.pool import ReplicaPool
 from sharding.dispatcher import Dispatcher, DispatchStats
 from sharding.requests import Completion, GenerationRequest, PromptGroup, build_group
-from sharding.store import ResultStore
+from sharding.store import ResultStore, StoreWriteError
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -104,6 +104,7 @@ class RequestRunner:
         self._dispatcher: Dispatcher | None = None
         self._starting: Future[Dispatcher] | None = None
         self._seen: set[str] = set()
+        self.write_error: StoreWriteError | None = None  # the store could not be written: the run stops
         self._loop = asyncio.new_event_loop()  # one loop for every batch: the dispatcher's state lives in it
 
     @property
@@ -168,8 +169,15 @@ class RequestRunner:
 
         def done(group: PromptGroup, completions: list[Completion]) -> None:
             self.stats.last_completion_at = time.time()
+            if self.write_error is not None:
+                return  # the run is stopping: what cannot be stored is generated again on resume
             if self.store is not None:
-                self.store.add(completions)
+                try:
+                    self.store.add(completions)
+                except StoreWriteError as exc:
+                    self.write_error = exc
+                    dispatcher.abandon_queued(f"not generated: {exc.strerror}")
+                    return
             for completion in completions:
                 results[completion.request_id] = completion
                 if on_completion is not None:
@@ -182,6 +190,8 @@ class RequestRunner:
         with bar:
             self._loop.run_until_complete(dispatcher.run(groups, on_group_done=done))
         self.stats.generation_s += time.perf_counter() - began
+        if self.write_error is not None:
+            raise self.write_error
         self.stats.generated += total
         stats = dispatcher.stats
         if stats.tail_s is not None:

@@ -320,6 +320,13 @@ class Dispatcher:
             self.stats.requeues += 1
             self._push(group)
 
+    def abandon_queued(self, reason: str) -> None:
+        """Hand out nothing more: every queued group fails at once with `reason` (retryable, so a later run
+        does it), and groups in flight finish as they are. Called from `on_group_done`, which runs with the
+        dispatcher's lock held, when their results can no longer be kept (the output disk is full)."""
+        self._fail_everything_queued(reason)
+        self._cond.notify_all()
+
     def _fail_everything_queued(self, reason: str) -> None:
         while self._heap:
             group = self._pop()

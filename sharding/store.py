@@ -23,6 +23,11 @@ class StoreInUse(Exception):
     """Another process holds the store: two writers would interleave and duplicate work."""
 
 
+class StoreWriteError(OSError):
+    """Completions could not be written (a full disk, a folder made read-only); the file holds every record
+    written before, whole, so a later run resumes from it."""
+
+
 class ResultStore:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -35,7 +40,7 @@ class ResultStore:
             self._lock.close()
             raise StoreInUse(str(self.path)) from None
         self._load()
-        self._handle = self.path.open("a", encoding="utf-8")
+        self._handle = self.path.open("ab", buffering=0)  # unbuffered: a failed write leaves nothing pending
 
     def _load(self) -> None:
         if not self.path.exists():
@@ -78,10 +83,25 @@ class ResultStore:
         ]
         if not fresh:
             return
-        self._handle.write("".join(c.to_json() + "\n" for c in fresh))
-        self._handle.flush()
+        data = "".join(c.to_json() + "\n" for c in fresh).encode("utf-8")
+        end = self._handle.seek(0, 2)
+        try:
+            written = 0
+            while written < len(data):
+                written += self._handle.write(data[written:]) or 0
+        except OSError as exc:
+            self._truncate(end)
+            raise StoreWriteError(exc.errno, exc.strerror, str(self.path)) from exc
         for completion in fresh:
             self._completions[completion.request_id] = completion
+
+    def _truncate(self, size: int) -> None:
+        """Drop a partly written record, so the file ends on a whole line (best effort: a resume drops a
+        partial last line anyway)."""
+        try:
+            self._handle.truncate(size)
+        except OSError:
+            log.warning("could not drop a partial record at the end of %s", self.path)
 
     def close(self) -> None:
         self._handle.close()

@@ -1,0 +1,94 @@
+"""The output disk fills up in the middle of a real run.
+
+The run folder lives on a small tmpfs mounted for the test (root is needed to mount). Generation is real: a
+local Ray cluster and a vLLM CPU engine. The test asserts one clear error with no traceback, a store whose
+every line is a whole record, and that the same command resumes and generates only what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.test_end_to_end import (
+    ENGINE_FLAGS,
+    MODEL_DIR,
+    rayeval,
+    records,
+    start_in_background,
+    wait_for_records,
+)
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 16
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def run_argv(output_dir: Path) -> list[str]:
+    return ["run", "--tasks", "ifeval", "--limit", str(LIMIT), "--output-dir", str(output_dir), "--run-id",
+            "r", "--max-num-seqs", "2", *ENGINE_FLAGS]  # fmt: skip
+
+
+def fill(disk: Path) -> Path:
+    """Write zeros until the filesystem says it is full."""
+    filler = disk / "filler"
+    with filler.open("wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * (1 << 20))
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def whole_records(store: Path) -> list[dict]:
+    """Every line of the store parses as a record: nothing half written is left."""
+    text = store.read_text()
+    assert text == "" or text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def stopped_with(argv: list[str], store: Path, fault) -> str:
+    proc = start_in_background(argv)
+    wait_for_records(proc, store, 3)
+    fault()
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err
+    return err
+
+
+def test_a_full_disk_mid_run_stops_cleanly_and_the_same_command_resumes(small_disk):
+    argv = run_argv(small_disk / "runs")
+    store = small_disk / "runs" / "r" / "cache" / "completions.jsonl"
+    filled: list[Path] = []
+    err = stopped_with(argv, store, lambda: filled.append(fill(small_disk)))
+    assert "Writing the run's files in" in err and "No space left on device" in err
+    assert "rerun the same command: it resumes" in err
+    kept = whole_records(store)
+    assert 3 <= len(kept) < LIMIT and all(r["error"] is None for r in kept)
+    filled[0].unlink()
+    resumed = rayeval(*argv)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{LIMIT} requests, {len(kept)} reused" in resumed.stderr
+    rows = records(small_disk / "runs" / "r" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert sorted(r["doc_id"] for r in rows) == list(range(LIMIT)) and all(r["error"] is None for r in rows)
