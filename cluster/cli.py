@@ -125,9 +125,10 @@ def _run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     m.add_argument(
         "--enforce-eager",
         dest="model.enforce_eager",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="disable CUDA graphs / compilation (slower, starts faster)",
+        help="run the model eagerly: no torch.compile and no CUDA graphs (slower generation, faster start; "
+        "default: compiled)",
     )
     t = p.add_argument_group("tasks and sampling")
     t.add_argument(
@@ -270,6 +271,14 @@ def _run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="API judges: attempts per request on 429, 5xx and timeouts (default 6)",
+    )
+    j.add_argument(
+        "--judge-second-pass-pause",
+        dest="judge.second_pass_pause_s",
+        type=float,
+        metavar="S",
+        help="API judges: judgments that still failed after every retry are asked once more after S quiet "
+        "seconds at the end of judging, so a short outage costs no sample (default 5)",
     )
     j.add_argument(
         "--judge-max-tokens",

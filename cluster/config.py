@@ -56,7 +56,7 @@ class ModelOptions(Strict):
     chat_template: bool | None = Field(
         None, description="apply the tokenizer's chat template; default: if it has one"
     )
-    enforce_eager: bool = False
+    enforce_eager: bool | None = Field(None, description="no torch.compile / CUDA graphs; default: compiled")
     pin_engine_core: bool = Field(
         True,
         description="GPU: each replica's vLLM engine-core process on CPU cores of its own (about 10 % faster)",
@@ -136,6 +136,11 @@ class JudgeOptions(Strict):
     max_concurrency: int = Field(8, ge=1, description="API judges: cluster-wide requests in flight")
     max_attempts: int = Field(6, ge=1, description="API judges: attempts per request (429, 5xx, timeouts)")
     timeout_s: float = Field(60.0, gt=0, description="API judges: seconds per attempt")
+    second_pass_pause_s: float = Field(
+        5.0,
+        ge=0,
+        description="API judges: seconds of quiet before judgments that failed on API errors are asked once more",
+    )
     max_tokens: int | None = Field(None, ge=1, description="judge answer length; default: each task's own")
     temperature: float = Field(0.0, ge=0)
     max_model_len: int | None = Field(None, ge=16, description="local judge context; default: the model's")

@@ -285,7 +285,9 @@ def _start_judging(plan: RunPlan, run_dir: Path, verbose: bool, mode: RunMode) -
     samples = JudgedSamples(
         backend, config.judge.max_tokens, config.judge.temperature, directory / "samples", judged
     )
-    runner = JudgeRunner(backend, store, samples.on_answer)
+    runner = JudgeRunner(
+        backend, store, samples.on_answer, second_pass_pause_s=config.judge.second_pass_pause_s
+    )
     samples.submit = runner.submit
     runner.start(eager=len(store) == 0)
     log.info(
@@ -311,6 +313,8 @@ def _wait_for_judging(pipeline: JudgePipeline, progress: bool) -> None:
     pipeline.samples.fail_unanswered(
         "JudgeUnanswered: judging stopped before this sample's verdicts came back"
     )
+    if pipeline.runner.write_error is not None:
+        raise pipeline.runner.write_error
 
 
 def run_evaluation(
@@ -516,6 +520,8 @@ def _finish(
             "reused_from_cache": judge_stats.reused,
             "asked": judge_stats.asked,
             "failed": judge_stats.failed,
+            "second_pass": judge_stats.second_pass,  # judgments asked again after failing on API errors
+            "second_pass_recovered": judge_stats.second_pass_recovered,
             "start_s": round(judge_stats.start_s, 3),
             "start_error": judge_stats.start_error,
             "backend": judging.runner.backend_stats,

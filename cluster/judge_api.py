@@ -3,11 +3,15 @@
 Each `chat` request's prompt is a JSON list of {role, content} messages. Every attempt holds a lease of the
 cluster-wide `RateLimiter` for the length of its HTTP call, so however many judge actors run on however
 many nodes, the API sees one request rate and one concurrency. Failures the API may get over (429, 5xx,
-timeouts, dropped connections) are retried with exponential backoff and full jitter, or after the
-`Retry-After` the API asked for; a request that never succeeds becomes a failed, `retryable` Completion.
+timeouts, dropped connections, and a 200 that is no chat completion: a body that is not JSON, such as a
+proxy's HTML error page, or no choices) are retried with exponential backoff and full jitter, or after the
+`Retry-After` the API asked for; a request that never succeeds becomes a failed, `retryable` Completion
+whose `finish_reason` names its `FailureReason` (`is_transient` tells the judge runner which failures
+deserve a second pass at the end of judging).
 
 The API key is read by the driver from an environment variable and handed to the actors; it is never
-logged and never part of an error message.
+logged, and every error message is redacted of it (and of any bearer token a server quotes back) before
+it leaves the actor.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from enum import StrEnum
 from typing import Any
 
 import openai
@@ -31,6 +37,7 @@ from ray.actor import ActorHandle
 from cluster.errors import ClusterError
 from cluster.pool import remote_message, replica_call
 from cluster.rate_limiter import LimiterStats, RateLimiter
+from evaluators.errors import EvalInputError
 from sharding.dispatcher import Replica
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
@@ -58,37 +65,103 @@ class ApiJudgeSettings:
     backoff_max_s: float = 30.0
 
 
+class FailureReason(StrEnum):
+    """Why one attempt failed; the value is the key of the per-reason counts in `ApiJudgeStats`."""
+
+    RATE_LIMITED = "429"
+    SERVER_ERROR = "5xx"
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+    NOT_JSON = "not_json"  # a 200 whose body is not JSON: a proxy's HTML error page, as transient as a 502
+    NO_CHOICES = "no_choices"  # a 200 whose chat completion holds no (or an empty list of) choices
+    REJECTED_KEY = "rejected_key"  # 401 / 403
+    BAD_REQUEST = "bad_request"  # any other 4xx: the request itself is wrong, asking again changes nothing
+    INVALID_PROMPT = "invalid_prompt"  # the request's prompt is not a list of chat messages
+    OTHER = "other"  # an exception of no known kind
+
+    @property
+    def transient(self) -> bool:
+        """Whether the API may get over it: such attempts are retried, and such requests get a second pass."""
+        return self in TRANSIENT_REASONS
+
+
+TRANSIENT_REASONS = frozenset(
+    {
+        FailureReason.RATE_LIMITED,
+        FailureReason.SERVER_ERROR,
+        FailureReason.TIMEOUT,
+        FailureReason.CONNECTION,
+        FailureReason.NOT_JSON,
+        FailureReason.NO_CHOICES,
+    }
+)
+
+
+def _count(counts: dict[str, int], reason: FailureReason) -> None:
+    counts[reason.value] = counts.get(reason.value, 0) + 1
+
+
+def _summed(first: dict[str, int], second: dict[str, int]) -> dict[str, int]:
+    total = dict(first)
+    for reason, count in second.items():
+        total[reason] = total.get(reason, 0) + count
+    return total
+
+
 @dataclass
 class ApiJudgeStats:
-    """Counts of one actor, or summed over a pool; a retry is counted under the failure that caused it."""
+    """Counts of one actor, or summed over a pool. A retry is counted under the `FailureReason` value of
+    the failure that caused it, a failed request under that of its last attempt's failure."""
 
     requests: int = 0
     attempts: int = 0
     retries: int = 0
     retries_by_reason: dict[str, int] = field(default_factory=dict)
     failures: int = 0
+    failures_by_reason: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: ApiJudgeStats) -> ApiJudgeStats:
-        reasons = dict(self.retries_by_reason)
-        for reason, count in other.retries_by_reason.items():
-            reasons[reason] = reasons.get(reason, 0) + count
         return ApiJudgeStats(
             self.requests + other.requests,
             self.attempts + other.attempts,
             self.retries + other.retries,
-            reasons,
+            _summed(self.retries_by_reason, other.retries_by_reason),
             self.failures + other.failures,
+            _summed(self.failures_by_reason, other.failures_by_reason),
         )
 
 
 @dataclass(frozen=True)
 class AttemptFailure:
-    """Why one attempt failed: `reason` is the stats key ("429", "503", "timeout", "connection", ...)."""
+    """Why one attempt failed, and the wait the API asked for before the next one."""
 
-    reason: str
+    reason: FailureReason
     message: str
-    retry: bool
     retry_after_s: float | None = None
+
+    @property
+    def retry(self) -> bool:
+        return self.reason.transient
+
+
+class BadResponse(Exception):
+    """A 200 that is no chat completion; raised inside the attempt, so it is classified and retried."""
+
+    def __init__(self, reason: FailureReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def is_transient(completion: Completion) -> bool:
+    """Whether a judge API request failed, after all its attempts, on a fault the API may get over (the
+    reason of its last attempt, which `ApiJudgeActor` puts in a failed completion's `finish_reason`)."""
+    if completion.ok or completion.finish_reason not in _REASON_VALUES:
+        return False
+    return FailureReason(completion.finish_reason).transient
+
+
+_REASON_VALUES = frozenset(reason.value for reason in FailureReason)
 
 
 def read_api_key(settings: ApiJudgeSettings) -> str:
@@ -97,7 +170,7 @@ def read_api_key(settings: ApiJudgeSettings) -> str:
     value = os.environ.get(name, "").strip()
     if not value:
         state = "is empty" if name in os.environ else "is not set"
-        raise ClusterError(
+        raise EvalInputError(
             f"The API judge '{settings.model}' needs an API key in the environment variable {name}, which "
             f"{state}. Set it in the shell that starts the run (export {name}=...), or name another "
             "variable with --judge-api-key-env."
@@ -141,27 +214,58 @@ def chat_arguments(model: str, messages: list[dict[str, str]], request: Generati
     return arguments
 
 
+def check_response(response: Any) -> Any:
+    """The chat completion of a 200, or BadResponse. The client hands back the body's text when it is not
+    JSON (an HTML page from a proxy, say); that text is never quoted, as such a page may echo the headers."""
+    if isinstance(response, str | bytes):
+        raise BadResponse(
+            FailureReason.NOT_JSON, f"HTTP 200 whose body is not JSON ({len(response)} characters)"
+        )
+    choices = getattr(response, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        raise BadResponse(FailureReason.NO_CHOICES, "HTTP 200 whose answer holds no choices")
+    return response
+
+
 def classify(exc: BaseException, settings: ApiJudgeSettings) -> AttemptFailure:
-    """Retry 429, 5xx, timeouts and connection errors; no other failure gets better by asking again."""
+    """Retry 429, 5xx, timeouts, connection errors and 200s that are no chat completion; no other failure
+    gets better by asking again."""
+    if isinstance(exc, BadResponse):
+        return AttemptFailure(exc.reason, exc.message)
+    if isinstance(exc, json.JSONDecodeError):  # a 200 that claims to be JSON and is not
+        return AttemptFailure(FailureReason.NOT_JSON, f"HTTP 200 whose body is not valid JSON ({exc.msg})")
     if isinstance(exc, openai.APITimeoutError):  # a subclass of APIConnectionError: test it first
-        return AttemptFailure("timeout", f"timed out after {settings.timeout_s:g} s", True)
+        return AttemptFailure(FailureReason.TIMEOUT, f"timed out after {settings.timeout_s:g} s")
     if isinstance(exc, openai.APIConnectionError):
         cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
-        return AttemptFailure("connection", f"connection error{cause}", True)
+        return AttemptFailure(FailureReason.CONNECTION, f"connection error{cause}")
     if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        wait = retry_after_s(exc.response.headers)
-        if status == 429:
-            return AttemptFailure("429", "HTTP 429 (rate limited)", True, wait)
-        if status >= 500:
-            return AttemptFailure(str(status), f"HTTP {status}", True, wait)
-        if status in (401, 403):
-            # The body would quote part of the key (OpenAI masks only its middle): leave it out.
-            return AttemptFailure(
-                str(status), f"HTTP {status}: the API rejected the key from {settings.api_key_env}", False
-            )
-        return AttemptFailure(str(status), f"HTTP {status}: {_short(exc.message)}", False)
-    return AttemptFailure("error", f"{type(exc).__name__}: {_short(str(exc))}", False)
+        return _status_failure(exc, settings)
+    return AttemptFailure(FailureReason.OTHER, f"{type(exc).__name__}: {_short(str(exc))}")
+
+
+def _status_failure(exc: openai.APIStatusError, settings: ApiJudgeSettings) -> AttemptFailure:
+    status = exc.status_code
+    wait = retry_after_s(exc.response.headers)
+    if status == 429:
+        return AttemptFailure(FailureReason.RATE_LIMITED, "HTTP 429 (rate limited)", wait)
+    if status >= 500:
+        # The body is left out: a server's error page is seldom news, and may quote the request's headers.
+        return AttemptFailure(FailureReason.SERVER_ERROR, f"HTTP {status}", wait)
+    if status in (401, 403):
+        # The body would quote part of the key (OpenAI masks only its middle): leave it out.
+        return AttemptFailure(
+            FailureReason.REJECTED_KEY, f"HTTP {status}: the API rejected the key from {settings.api_key_env}"
+        )
+    # Quoted, since it says what is wrong with the request (a model name, a parameter); redacted later.
+    return AttemptFailure(FailureReason.BAD_REQUEST, f"HTTP {status}: {_short(_api_message(exc))}")
+
+
+def _api_message(exc: openai.APIStatusError) -> str:
+    """The API's own words from an OpenAI-style error body, else the client's message."""
+    if isinstance(exc.body, dict) and isinstance(exc.body.get("message"), str):
+        return exc.body["message"]
+    return exc.message
 
 
 def retry_after_s(headers: Mapping[str, str]) -> float | None:
@@ -194,8 +298,13 @@ def backoff_s(attempt: int, failure: AttemptFailure, settings: ApiJudgeSettings,
     return rng.uniform(0.0, ceiling)
 
 
-def _redact(text: str, secret: str) -> str:
-    return text.replace(secret, "***") if secret else text
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[\w.~+/=*-]+")  # RFC 6750 token characters
+
+
+def redact(text: str, secret: str) -> str:
+    """`text` without the key, or any bearer token a server quoted back (a proxy may echo the headers)."""
+    text = text.replace(secret, "***") if secret else text
+    return _BEARER.sub(r"\1***", text)
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -239,8 +348,14 @@ class ApiJudgeActor:
         try:
             messages = parse_messages(request.prompt)
         except ValueError as exc:  # a fault of the request itself, the same on every run: not retryable
+            _count(self._stats.failures_by_reason, FailureReason.INVALID_PROMPT)
             self._stats.failures += 1
-            return Completion(request.request_id, replica=self.name, error=f"{ERROR_PREFIX}: {exc}")
+            return Completion(
+                request.request_id,
+                replica=self.name,
+                error=f"{ERROR_PREFIX}: {exc}",
+                finish_reason=FailureReason.INVALID_PROMPT.value,
+            )
         arguments = chat_arguments(self.settings.model, messages, request)
         attempt = 0
         while True:
@@ -248,21 +363,21 @@ class ApiJudgeActor:
             self._stats.attempts += 1
             try:
                 async with self._lease():
-                    response = await self._client.chat.completions.create(**arguments)
+                    response = check_response(await self._client.chat.completions.create(**arguments))
             except Exception as exc:  # noqa: BLE001 - every failure ends as this request's Completion
                 failure = classify(exc, self.settings)
                 if not failure.retry or attempt >= self.settings.max_attempts:
                     return self._failed(request, failure, attempt, began)
-                self._stats.retries += 1
-                reasons = self._stats.retries_by_reason
-                reasons[failure.reason] = reasons.get(failure.reason, 0) + 1
-                wait = backoff_s(attempt, failure, self.settings, self._rng)
-                log.debug(
-                    "%s: attempt %d failed (%s); retrying in %.2f s", self.name, attempt, failure.reason, wait
-                )
-                await asyncio.sleep(wait)
+                await self._back_off(attempt, failure)
                 continue
             return self._completion(request, response, began)
+
+    async def _back_off(self, attempt: int, failure: AttemptFailure) -> None:
+        self._stats.retries += 1
+        _count(self._stats.retries_by_reason, failure.reason)
+        wait = backoff_s(attempt, failure, self.settings, self._rng)
+        log.debug("%s: attempt %d failed (%s); retrying in %.2f s", self.name, attempt, failure.reason, wait)
+        await asyncio.sleep(wait)
 
     @asynccontextmanager
     async def _lease(self) -> AsyncIterator[None]:
@@ -289,19 +404,9 @@ class ApiJudgeActor:
         self._limiter.release.remote()
 
     def _completion(self, request: GenerationRequest, response: Any, began: float) -> Completion:
-        latency = (
-            time.perf_counter() - began
-        )  # limiter waits and retries included, as an engine's queueing is
-        if not response.choices:
-            self._stats.failures += 1
-            return Completion(
-                request.request_id,
-                latency_s=latency,
-                replica=self.name,
-                error=f"{ERROR_PREFIX}: the response holds no choices",
-                retryable=True,
-            )
-        choice = response.choices[0]
+        # Limiter waits and retries included, as an engine's queueing is.
+        latency = time.perf_counter() - began
+        choice = response.choices[0]  # check_response saw at least one
         usage = response.usage
         return Completion(
             request_id=request.request_id,
@@ -317,8 +422,9 @@ class ApiJudgeActor:
         self, request: GenerationRequest, failure: AttemptFailure, attempts: int, began: float
     ) -> Completion:
         self._stats.failures += 1
+        _count(self._stats.failures_by_reason, failure.reason)
         if failure.retry:
-            detail = f"{failure.message} after {attempts} attempts"
+            detail = f"{failure.message} after {attempts} attempt{'s' if attempts > 1 else ''}"
         else:
             detail = f"{failure.message} (not retried)"
         # Every API failure is retryable, i.e. never cached: a cached failure from a wrong key, model name
@@ -327,7 +433,8 @@ class ApiJudgeActor:
             request.request_id,
             latency_s=time.perf_counter() - began,
             replica=self.name,
-            error=_redact(f"{ERROR_PREFIX}: {detail}", self._key),
+            error=redact(f"{ERROR_PREFIX}: {detail}", self._key),
+            finish_reason=failure.reason.value,  # why it failed: `is_transient` reads it
             retryable=True,
         )
 

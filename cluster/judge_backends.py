@@ -3,7 +3,8 @@ OpenAI-compatible API called by judge actors under one cluster-wide rate limiter
 
 Both turn a judged task's chat messages into requests for the dispatcher (`make_request`) and hand it
 `Replica`s to feed (`start`); the request id hashes the judge's identity and the full judge prompt, so the
-judge cache is keyed by (judge model, judge prompt, inputs).
+judge cache is keyed by (judge model, judge prompt, inputs). `is_transient` tells the judge runner which
+failed judgments deserve a second pass at the end of judging.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from cluster.model import PromptRenderer, ResolvedModel, resolve_model
 from cluster.plan import ReplicaPlan
 from evaluators.tasks.base import ChatMessage, Prompt
 from sharding.dispatcher import Replica
-from sharding.requests import GenerationRequest, SamplingSpec, make_request
+from sharding.requests import Completion, GenerationRequest, SamplingSpec, make_request
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ class JudgeBackend(Protocol):
     ) -> GenerationRequest: ...
 
     def start(self) -> list[Replica]: ...
+
+    def is_transient(self, completion: Completion) -> bool:
+        """Whether a failed judgment failed on faults that may pass (a second pass may answer it)."""
+        ...
 
     def stats(self) -> dict[str, Any]: ...
 
@@ -102,6 +107,10 @@ class LocalJudgeBackend:
             log.info("%s ready in %.1f s", info.name, info.start_s)
         return pool.replicas()
 
+    def is_transient(self, completion: Completion) -> bool:
+        # An engine's failures (a prompt over max_model_len, say) recur; dead replicas stay dead.
+        return False
+
     def stats(self) -> dict[str, Any]:
         return {"kind": "local", "replicas": self.options.replicas}
 
@@ -144,6 +153,11 @@ class ApiJudgeBackend:
 
         self._pool = start_api_judges(self.settings, self.options.replicas)
         return self._pool.replicas()
+
+    def is_transient(self, completion: Completion) -> bool:
+        from cluster.judge_api import is_transient
+
+        return is_transient(completion)
 
     def stats(self) -> dict[str, Any]:
         if self._pool is None:

@@ -80,7 +80,7 @@ class RayEvalLM(TemplateLM):
         max_num_seqs: int = 64,
         tensor_parallel_size: int = 1,
         replicas: int = 1,
-        enforce_eager: bool = False,
+        enforce_eager: bool | None = None,
         address: str | None = None,
         device: str = "auto",
         max_gen_toks: int = 256,

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import psutil
 
-from cluster.errors import ClusterError
 from cluster.model import check_context_length, resolve_model
 from cluster.plan import RunMode, RunPlan, check_judge, judged_task_names, local_judge_replicas
 from evaluators.errors import EvalInputError
@@ -113,10 +112,7 @@ def check_kv_cache_fits(plan: RunPlan, mode: RunMode) -> None:
 
 def check_judge_inputs(plan: RunPlan, mode: RunMode) -> None:
     """A judge where judged tasks need one, its API key in the environment, a local judge model that exists."""
-    try:
-        check_judge(plan, mode)
-    except ClusterError as exc:  # it reads only the config and the environment: what it refuses is input
-        raise EvalInputError(str(exc)) from None
+    check_judge(plan, mode)
     judge = plan.config.judge
     if judge.kind == "local" and mode != "inference_only" and judged_task_names(plan):
         resolve_model(judge.target, materialise=False, label=f"--judge {judge.model}")

@@ -62,12 +62,17 @@ def engine_settings(
         tensor_parallel_size=options.tensor_parallel_size,
         pipeline_parallel_size=options.pipeline_parallel_size,
         gpu_memory_utilization=options.gpu_memory_utilization,
-        enforce_eager=options.enforce_eager,
+        enforce_eager=eager_by_default(device) if options.enforce_eager is None else options.enforce_eager,
         device=device,
         max_num_batched_tokens=options.max_num_batched_tokens,
         log_stats=log_stats,
         pin_engine_core=options.pin_engine_core,
     )
+
+
+def eager_by_default(device: str) -> bool:
+    """Whether an engine runs eagerly when the config leaves `enforce_eager` unset: engines compile."""
+    return False
 
 
 def group_prompts(requests: Sequence[GenerationRequest]) -> list[PromptGroup]:

@@ -3,7 +3,10 @@
 It stands in for an external judge API (OpenAI or another hosted endpoint) that the tests cannot reach
 from here. It answers `POST /v1/chat/completions` on 127.0.0.1 from a daemon thread, can misbehave on a
 schedule (429 with Retry-After, 500, answers slower than the client's timeout, answers without a
-verdict), and records every request it received so tests can check what the clients really sent.
+verdict, a 200 whose body is an HTML page or broken JSON, a 200 without choices, 400 and 401 errors) or
+through an outage (`Outage`: every request fails for a while, then the server recovers), and records
+every request it received so tests can check what the clients really sent. With `echo_auth` every error
+body and HTML page quotes the request's Authorization header, as a misbehaving server or proxy might.
 """
 
 from __future__ import annotations
@@ -21,7 +24,20 @@ from typing import Any
 Messages = list[dict[str, Any]]
 Answer = Callable[[Messages], str]
 Schedule = Callable[[str, int], str]  # (request key, attempt of that key from 1) -> action
-ACTIONS = ("ok", "429", "500", "timeout", "garbage")
+Route = Callable[[Messages], str | None]  # an action chosen by what a request asks, or None: the schedule's
+ACTIONS = (
+    "ok",
+    "429",
+    "500",
+    "timeout",
+    "garbage",  # a 200 whose answer holds no verdict
+    "html",  # a 200 whose body is an HTML page (text/html), as a proxy in front of the API may send
+    "bad_json",  # a 200 that says application/json but whose body is not JSON
+    "no_choices",  # a 200 chat completion without the `choices` field
+    "empty_choices",  # a 200 chat completion with `choices: []`
+    "400",  # a client error: the request itself is wrong
+    "401",  # the key is rejected
+)
 REPLICA_HEADER = "X-Rayeval-Replica"
 
 
@@ -47,6 +63,51 @@ def always_ok(key: str, attempt: int) -> str:
     return "ok"
 
 
+class Outage:
+    """A schedule: every request fails with `action` while the server is down, then `then` decides.
+
+    The server is down for the first `seconds` after the first request arrives, or for the first `requests`
+    requests, whichever is given (both: down while either holds). It is called under the stand-in's lock.
+    """
+
+    def __init__(
+        self,
+        seconds: float | None = None,
+        requests: int | None = None,
+        action: str = "500",
+        then: Schedule = always_ok,
+    ) -> None:
+        self.seconds = seconds
+        self.requests = requests
+        self.action = action
+        self.then = then
+        self.began: float | None = None  # time.time() of the first request
+        self.count = 0
+
+    def down(self, now: float) -> bool:
+        if self.began is None:
+            self.began = now
+        self.count += 1
+        by_time = self.seconds is not None and now - self.began < self.seconds
+        return by_time or (self.requests is not None and self.count <= self.requests)
+
+    def __call__(self, key: str, attempt: int) -> str:
+        return self.action if self.down(time.time()) else self.then(key, attempt)
+
+
+def dealt(actions: list[str], first_attempt_only: bool = False) -> Schedule:
+    """A schedule that deals the actions out to requests in the order their keys first arrive, so that each
+    action is met (given as many keys), whatever the keys hash to. `first_attempt_only`: later attempts of a
+    key get "ok"."""
+    action_of: dict[str, str] = {}
+
+    def schedule(key: str, attempt: int) -> str:
+        action = action_of.setdefault(key, actions[len(action_of) % len(actions)])
+        return action if attempt == 1 or not first_attempt_only else "ok"
+
+    return schedule
+
+
 def echo_last(messages: Messages) -> str:
     return f"Verdict: [[A]] ({len(messages[-1].get('content', ''))} chars judged)"
 
@@ -64,6 +125,8 @@ class JudgeApiStandin:
         latency_s: Callable[[str], float] | float = 0.0,
         garbage_text: str = "I think both are fine.",
         api_key: str | None = None,
+        echo_auth: bool = False,
+        route: Route | None = None,
     ) -> None:
         self.answer = answer
         self.schedule = schedule
@@ -72,6 +135,9 @@ class JudgeApiStandin:
         self.latency_s = latency_s
         self.garbage_text = garbage_text
         self.api_key = api_key  # when set, other bearer tokens get a 401
+        self.echo_auth = echo_auth
+        self.route = route  # asked before the schedule, for tests that must fault one particular judgment
+        self.echoed = 0  # answers that quoted the Authorization header back
         self.served: list[Served] = []
         self.peak_in_flight = 0
         self._attempts: dict[str, int] = {}
@@ -121,7 +187,7 @@ class JudgeApiStandin:
             self._attempts[key] = attempt
             self._in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
-            action = self.schedule(key, attempt)
+            action = (self.route(messages) if self.route is not None else None) or self.schedule(key, attempt)
             if action not in ACTIONS:
                 raise ValueError(f"schedule returned {action!r}, not one of {ACTIONS}")
             served = Served(time.time(), key, attempt, action, model, replica, self._in_flight)
@@ -134,6 +200,21 @@ class JudgeApiStandin:
 
     def _latency(self, key: str) -> float:
         return self.latency_s(key) if callable(self.latency_s) else self.latency_s
+
+    def _quote(self, authorization: str) -> str:
+        """What an error body or HTML page says of the request: its Authorization header, with echo_auth."""
+        if not self.echo_auth:
+            return ""
+        with self._lock:
+            self.echoed += 1
+        return f" (your request had Authorization: {authorization})"
+
+
+Reply = tuple[int, bytes, str, dict[str, str]]  # status, body, content type, further headers
+
+
+def _json_reply(status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> Reply:
+    return status, json.dumps(payload).encode(), "application/json", headers or {}
 
 
 def _completion_body(model: str, text: str, messages: Messages) -> dict[str, Any]:
@@ -164,6 +245,51 @@ def _error_body(message: str, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
+def _rejected_key(standin: JudgeApiStandin, authorization: str) -> Reply:
+    given = authorization.removeprefix("Bearer ")
+    # Worded as OpenAI words it, ends of the key included, so leaks would show in tests.
+    message = f"Incorrect API key provided: {given[:4]}***{given[-4:]}.{standin._quote(authorization)}"
+    return _json_reply(401, _error_body(message, "invalid_request_error"))
+
+
+def _fault(standin: JudgeApiStandin, action: str, authorization: str) -> Reply | None:
+    """The answer of an action that fails at once, or None for those that answer after a while."""
+    if action == "429":
+        message = f"Rate limit reached for requests.{standin._quote(authorization)}"
+        return _json_reply(
+            429, _error_body(message, "requests"), {"Retry-After": f"{standin.retry_after_s:g}"}
+        )
+    if action == "500":
+        message = f"The server had an error processing your request.{standin._quote(authorization)}"
+        return _json_reply(500, _error_body(message, "server_error"))
+    if action == "400":
+        message = f"Invalid value for 'temperature'.{standin._quote(authorization)}"
+        return _json_reply(400, _error_body(message, "invalid_request_error"))
+    if action == "401":
+        return _rejected_key(standin, authorization)
+    if action == "html":
+        page = (
+            "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1>"
+            f"<p>The upstream server did not answer.{standin._quote(authorization)}</p></body></html>"
+        )
+        return 200, page.encode(), "text/html; charset=utf-8", {}
+    if action == "bad_json":
+        return 200, b'{"id": "chatcmpl-standin", "choices": [{"index": 0, "mess', "application/json", {}
+    return None
+
+
+def _answer(standin: JudgeApiStandin, served: Served, messages: Messages, model: str) -> Reply:
+    """The answer of an action that comes after the latency (or, for "timeout", after the client gave up)."""
+    time.sleep(standin.timeout_sleep_s if served.action == "timeout" else standin._latency(served.key))
+    text = standin.garbage_text if served.action == "garbage" else standin.answer(messages)
+    body = _completion_body(model, text, messages)
+    if served.action == "no_choices":
+        del body["choices"]
+    elif served.action == "empty_choices":
+        body["choices"] = []
+    return _json_reply(200, body)
+
+
 def _handler_for(standin: JudgeApiStandin) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the OpenAI client's connection pool expects
@@ -174,54 +300,33 @@ def _handler_for(standin: JudgeApiStandin) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.path.rstrip("/") != "/v1/chat/completions":
-                self._send(404, _error_body(f"no route {self.path}", "invalid_request_error"))
+                self._send(_json_reply(404, _error_body(f"no route {self.path}", "invalid_request_error")))
                 return
-            if (
-                standin.api_key is not None
-                and self.headers.get("Authorization") != f"Bearer {standin.api_key}"
-            ):
-                given = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
-                # Worded as OpenAI words it, ends of the key included, so leaks would show in tests.
-                message = f"Incorrect API key provided: {given[:4]}***{given[-4:]}."
-                self._send(401, _error_body(message, "invalid_request_error"))
+            authorization = self.headers.get("Authorization") or ""
+            if standin.api_key is not None and authorization != f"Bearer {standin.api_key}":
+                self._send(_rejected_key(standin, authorization))
                 return
             request = json.loads(body)
             messages = request.get("messages", [])
             model = str(request.get("model", ""))
             served = standin._arrive(messages, model, self.headers.get(REPLICA_HEADER, ""))
             try:
-                status, payload, headers = self._act(served, messages, model)
+                reply = _fault(standin, served.action, authorization) or _answer(
+                    standin, served, messages, model
+                )
             finally:
                 # Leave before answering: once the answer is out the client may send its next request, which
                 # must not find this one still counted as in flight.
                 standin._leave()
-            self._send(status, payload, headers)
+            self._send(reply)
 
-        def _act(
-            self, served: Served, messages: Messages, model: str
-        ) -> tuple[int, dict[str, Any], dict[str, str]]:
-            if served.action == "429":
-                retry_after = {"Retry-After": f"{standin.retry_after_s:g}"}
-                return 429, _error_body("Rate limit reached for requests", "requests"), retry_after
-            if served.action == "500":
-                return (
-                    500,
-                    _error_body("The server had an error processing your request.", "server_error"),
-                    {},
-                )
-            time.sleep(
-                standin.timeout_sleep_s if served.action == "timeout" else standin._latency(served.key)
-            )
-            text = standin.garbage_text if served.action == "garbage" else standin.answer(messages)
-            return 200, _completion_body(model, text, messages), {}
-
-        def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-            data = json.dumps(payload).encode()
+        def _send(self, reply: Reply) -> None:
+            status, data, content_type, headers = reply
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
+                for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)

@@ -2,8 +2,9 @@
 the local judge; and an API judge against a loopback OpenAI-compatible stand-in server.
 
 The stand-in (tests/judge_api_standin.py) stands for an external judge API this machine cannot reach; it
-exists to inject faults on a schedule (429 with Retry-After, 500, timeouts, unparseable verdicts) and to
-timestamp every request it receives. Everything else runs for real through the `rayeval` CLI.
+exists to inject faults on a schedule (429 with Retry-After, 500, timeouts, HTML and choiceless 200s,
+unparseable verdicts, an outage) and to timestamp every request it receives. Everything else runs for real
+through the `rayeval` CLI.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cluster.default_model import ensure_default_model
-from tests.judge_api_standin import JudgeApiStandin
+from tests.judge_api_standin import JudgeApiStandin, Outage, Served
 from tests.judge_local_data import write_judge_data
 
 pytestmark = pytest.mark.slow
@@ -146,13 +147,32 @@ def _schedule(key: str, attempt: int) -> str:
         return "timeout" if attempt == 1 else "ok"
     if bucket == 4:
         return "garbage"  # an answer without a verdict: JudgeParseError
+    if bucket == 5:
+        return "html" if attempt == 1 else "ok"  # a proxy's error page with status 200
+    if bucket == 6:
+        return "no_choices" if attempt == 1 else "ok"
     return "ok"
+
+
+FAILING = ("429", "500", "timeout", "html", "no_choices")  # what the schedule and the outage fail with
+
+
+def retries_seen(served: list[Served], attempts: int) -> int:
+    """Retries the judges must have made. A pass of a request ends after `attempts` failures or at an
+    answer, so of a request's f failed attempts, f // attempts ended a failed pass; the rest were retried."""
+    failed: dict[str, int] = {}
+    for s in served:
+        failed[s.key] = failed.get(s.key, 0) + (s.action in FAILING)
+    return sum(f - f // attempts for f in failed.values())
 
 
 def test_judge_only_with_a_faulty_api_judge_rate_limited_across_two_actors(pipelined_run):
     run_dir, _, _ = pipelined_run
     rps, attempts = 12.0, 3
-    with JudgeApiStandin(_standin_answer, _schedule, retry_after_s=0.3, timeout_sleep_s=3.0) as api:
+    # The first 48 requests all fail: with at most 8 requests in the two actors at once, at least
+    # (48 - 8 * 2) / 3 judgments fail every attempt of their first pass in it; a second pass recovers them.
+    outage = Outage(requests=48, then=_schedule)
+    with JudgeApiStandin(_standin_answer, outage, retry_after_s=0.3, timeout_sleep_s=3.0) as api:
         done = rayeval(
             "run", "--judge-only", "--output-dir", str(run_dir.parent), "--run-id", run_dir.name,
             "--judge", "openai:standin-judge", "--judge-base-url", api.base_url, "--judge-replicas", "2",
@@ -165,20 +185,47 @@ def test_judge_only_with_a_faulty_api_judge_rate_limited_across_two_actors(pipel
     assert "to generate" in done.stderr and "starting 1 engine" not in done.stderr  # no generation at all
     assert "sk-test-standin" not in done.stderr + done.stdout
 
-    # The limit held across both actors: no 1-second window at the server holds more than rps + 1 requests.
-    times = sorted(s.arrival for s in served)
-    assert max(sum(1 for t in times if start <= t < start + 1.0) for start in times) <= rps + 1
     assert {s.replica for s in served} == {"api-judge-0", "api-judge-1"}
-    # (concurrency at the server is not checked here: a timed-out request's handler keeps sleeping after the
-    # client gave up; tests/cluster/test_judge_api.py checks the concurrency limit without timeouts)
-
     judge_dir = run_dir / "judges" / "openai-standin-judge"
     assert (run_dir / "judges" / LOCAL_JUDGE_DIR / "summary.json").exists()  # the two judges side by side
     summary = json.loads((judge_dir / "summary.json").read_text())
-    always_500 = {s.key for s in served if s.action == "500" and int(s.key, 16) % 8 == 0}
-    for s in served:
-        if s.key in always_500:
-            assert sum(1 for t in served if t.key == s.key) == attempts
+    always_500 = {s.key for s in served if int(s.key, 16) % 8 == 0}
+    check_second_passes(served, always_500, attempts, done.stderr)
+    check_judged_records(judge_dir, summary, attempts)
+
+    # Retries counted: every failed attempt that was not a request's last one was retried.
+    backend = summary["run"]["judge"]["backend"]
+    assert backend["retries"] == retries_seen(served, attempts)
+    for action, reason in (("429", "429"), ("html", "not_json"), ("no_choices", "no_choices")):
+        # only ever a first attempt, so always retried
+        assert backend["retries_by_reason"].get(reason, 0) == sum(1 for s in served if s.action == action)
+    assert backend["failures_by_reason"]["5xx"] >= 2 * len(always_500)
+    # Task statistics with a judge that answers: the LC win rate and the bootstrap CI are numbers.
+    stats = summary["tasks"]["alpaca_eval"]["statistics"]
+    assert 0.0 <= stats["length_controlled_win_rate,none"]["value"] <= 1.0
+    assert "rounds" in stats["length_controlled_win_rate,none"]["method"]
+    arena = summary["tasks"]["arena_hard"]["statistics"]["score,none"]
+    assert arena["ci95"][0] <= arena["value"] <= arena["ci95"][1]
+
+    # The limit held across both actors: no 1-second window at the server holds more than rps + 1 requests.
+    # (concurrency at the server is not checked here: a timed-out request's handler keeps sleeping after the
+    # client gave up; tests/cluster/test_judge_api.py checks the concurrency limit without timeouts)
+    times = sorted(s.arrival for s in served)
+    assert max(sum(1 for t in times if start <= t < start + 1.0) for start in times) <= rps + 1
+
+
+def check_second_passes(served: list[Served], always_500: set[str], attempts: int, stderr: str) -> None:
+    """Judgments that failed every attempt got one more pass: the outage's recovered, the always-500 not."""
+    asked = {s.key: sum(1 for t in served if t.key == s.key) for s in served}
+    assert all(asked[key] == 2 * attempts for key in always_500)  # every attempt of both passes
+    second_passes = {key for key, count in asked.items() if count > attempts}
+    assert second_passes - always_500, "the outage failed no judgment that a second pass could recover"
+    assert all(served_last(served, key).action in ("ok", "garbage") for key in second_passes - always_500)
+    assert "second pass: asking the judge again" in stderr
+
+
+def check_judged_records(judge_dir: Path, summary: dict, attempts: int) -> None:
+    """Every sample is scored, or failed by its judge: an API that failed twice, or a verdict-less answer."""
     for task in TASKS:
         judged = records(judge_dir / "samples" / f"{task}.jsonl")
         assert len(judged) == QUESTIONS[task] * N
@@ -189,24 +236,16 @@ def test_judge_only_with_a_faulty_api_judge_rate_limited_across_two_actors(pipel
             if record["error"] is None:
                 assert record["scores"]
             elif record["error"].startswith("JudgeAPIError"):
-                assert f"after {attempts} attempts" in record["error"]
+                assert f"after {attempts} attempts (and again on a second pass" in record["error"]
             else:
                 assert record["error"].startswith("JudgeParseError")
                 assert "I think both are fine." in record["judge_outputs"].values()
     failures = {reason for task in TASKS for reason in summary["tasks"][task]["failure_reasons"]}
     assert failures == {"JudgeAPIError", "JudgeParseError"}
 
-    # Retries counted: every failed attempt that was not a request's last one was retried.
-    backend = summary["run"]["judge"]["backend"]
-    retried = sum(1 for s in served if s.action in ("429", "500", "timeout")) - len(always_500)
-    assert backend["retries"] == retried
-    assert backend["retries_by_reason"].get("429", 0) == sum(1 for s in served if s.action == "429")
-    # Task statistics with a judge that answers: the LC win rate and the bootstrap CI are numbers.
-    stats = summary["tasks"]["alpaca_eval"]["statistics"]
-    assert 0.0 <= stats["length_controlled_win_rate,none"]["value"] <= 1.0
-    assert "rounds" in stats["length_controlled_win_rate,none"]["method"]
-    arena = summary["tasks"]["arena_hard"]["statistics"]["score,none"]
-    assert arena["ci95"][0] <= arena["value"] <= arena["ci95"][1]
+
+def served_last(served: list[Served], key: str) -> Served:
+    return max((s for s in served if s.key == key), key=lambda s: s.attempt)
 
 
 def test_inference_only_generates_and_leaves_judged_tasks_unjudged(pipelined_run):
