@@ -56,7 +56,9 @@ class ModelOptions(Strict):
     chat_template: bool | None = Field(
         None, description="apply the tokenizer's chat template; default: if it has one"
     )
-    enforce_eager: bool | None = Field(None, description="no torch.compile / CUDA graphs; default: compiled")
+    enforce_eager: bool | None = Field(
+        None, description="no torch.compile / CUDA graphs; default: eager on CPU, compiled on GPU"
+    )
     pin_engine_core: bool = Field(
         True,
         description="GPU: each replica's vLLM engine-core process on CPU cores of its own (about 10 % faster)",

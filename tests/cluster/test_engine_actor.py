@@ -132,3 +132,14 @@ def test_a_batch_call_streams_back_every_group_as_one_call_per_group_returns_it(
         got = by_index[index]
         assert [c.request_id for c in got] == [c.request_id for c in expected]
         assert [c.text for c in got] == [c.text for c in expected] and all(c.ok for c in got)
+
+
+def test_cpu_engines_run_eagerly_and_without_chunked_prefill_unless_asked():
+    from cluster.config import ModelOptions
+    from cluster.engine import engine_chunked_prefill
+    from cluster.runner import engine_settings
+
+    cpu, gpu = (engine_settings(ModelOptions(), "m", device) for device in ("cpu", "gpu"))
+    assert cpu.enforce_eager is True and gpu.enforce_eager is False
+    assert engine_settings(ModelOptions(enforce_eager=False), "m", "cpu").enforce_eager is False
+    assert engine_chunked_prefill(cpu) is False and engine_chunked_prefill(gpu) is None
