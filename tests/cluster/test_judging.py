@@ -207,11 +207,14 @@ def test_judge_only_with_a_faulty_api_judge_rate_limited_across_two_actors(pipel
     arena = summary["tasks"]["arena_hard"]["statistics"]["score,none"]
     assert arena["ci95"][0] <= arena["value"] <= arena["ci95"][1]
 
-    # The limit held across both actors: no 1-second window at the server holds more than rps + 1 requests.
-    # (concurrency at the server is not checked here: a timed-out request's handler keeps sleeping after the
-    # client gave up; tests/cluster/test_judge_api.py checks the concurrency limit without timeouts)
+    # The limit held across both actors (one limiter for the cluster, not one per actor, which would let 2 x rps
+    # through). The limiter spaces its grants 1/rps apart; the server sees each request a varying moment after
+    # its grant (the actor's Ray call, the HTTP send), so a 1-second window of arrivals may hold a few more
+    # than rps + 1 when the machine is busy: the mean rate is checked to 10 %, the busiest second to 1.5 x rps.
     times = sorted(s.arrival for s in served)
-    assert max(sum(1 for t in times if start <= t < start + 1.0) for start in times) <= rps + 1
+    busiest = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
+    assert busiest <= 1.5 * rps, busiest
+    assert (len(times) - 1) / (times[-1] - times[0]) <= 1.1 * rps
 
 
 def check_second_passes(served: list[Served], always_500: set[str], attempts: int, stderr: str) -> None:
