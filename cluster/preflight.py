@@ -100,12 +100,13 @@ def check_kv_cache_fits(plan: RunPlan, mode: RunMode) -> None:
         return
     engines = plan.config.cluster.replicas + local_judge_replicas(plan, mode)
     gib = plan.config.model.cpu_kv_cache_gib
-    available = psutil.virtual_memory().available
+    memory = psutil.virtual_memory()
+    available = memory.available
     if engines * gib * GIB > available:
         raise EvalInputError(
             f"--kv-cache-gib {gib} for {engines} engine replica(s) needs {engines * gib} GiB of memory for the "
             f"KV cache alone, but this machine has {available / GIB:.1f} GiB free "
-            f"({psutil.virtual_memory().total / GIB:.1f} GiB in all). Lower --kv-cache-gib (1 to 4 GiB serves "
+            f"({memory.total / GIB:.1f} GiB in all). Lower --kv-cache-gib (1 to 4 GiB serves "
             "small models) or --replicas."
         )
 
