@@ -56,7 +56,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     m.add_argument(
         "--dtype",
         dest="model.dtype",
-        help="weights dtype: auto, bfloat16, float16, float32 (default auto; bfloat16 on CPU)",
+        help="weights dtype: auto, bfloat16, float16, float32 (default auto: the model's own on GPU; on CPU bfloat16 where the CPU has native bfloat16, else float32)",
     )
     m.add_argument(
         "--max-model-len",

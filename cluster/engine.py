@@ -69,6 +69,7 @@ class EngineInfo:
     async_scheduling: bool = False
     chunked_prefill: bool = True
     engine_core_cpus: tuple[int, ...] = ()  # where its engine core was pinned; empty: not pinned
+    dtype: str = ""  # the weights' dtype the engine was built with (what `auto` became)
     log_files: tuple[str, ...] = ()  # the actor's stdout / stderr files on its node: the engine's full log
 
 
@@ -115,7 +116,7 @@ class EngineActor:
         args = AsyncEngineArgs(
             model=s.model,
             revision=s.revision,
-            dtype=("bfloat16" if s.device == "cpu" and s.dtype == "auto" else s.dtype),
+            dtype=engine_dtype(s),
             max_model_len=s.max_model_len,
             max_num_seqs=s.max_num_seqs,
             tensor_parallel_size=s.tensor_parallel_size,
@@ -147,6 +148,7 @@ class EngineActor:
             max_model_len=config.model_config.max_model_len,
             vllm_version=vllm.__version__,
             engine_core_cpus=tuple(pinned_to),
+            dtype=str(config.model_config.dtype).removeprefix("torch."),
             log_files=tuple(self.log_files),
         )
         self.since_start = mark(self.log_files)
@@ -253,6 +255,26 @@ class EngineActor:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+def engine_dtype(settings: EngineSettings) -> str:
+    """The dtype to ask vLLM for. `auto` on CPU becomes bfloat16 only where the CPU computes it natively
+    (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo); elsewhere float32. On an AVX2-only CPU, oneDNN has no
+    bfloat16 kernels and vLLM falls back to slow ones: float32 generated 2.6x faster there
+    (docs/BENCHMARKS.md), and its CPU kernels are batch-invariant, so greedy outputs do not depend on
+    which requests share a batch. Float16 is not offered on CPU."""
+    if settings.device != "cpu" or settings.dtype != "auto":
+        return settings.dtype
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as lines:
+            flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
 def engine_chunked_prefill(settings: EngineSettings) -> bool | None:

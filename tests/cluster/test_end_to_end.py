@@ -116,6 +116,15 @@ def test_both_replicas_did_work(two_replica_run):
     assert sum(stats["sequences"] for stats in per_replica.values()) == 16
 
 
+def test_auto_dtype_became_what_the_cpu_computes_fast(two_replica_run):
+    from cluster.engine import cpu_has_native_bf16
+
+    _, run_dir, _ = two_replica_run
+    engines = json.loads((run_dir / "summary.json").read_text())["run"]["engines"]
+    expected = "bfloat16" if cpu_has_native_bf16() else "float32"
+    assert [e["dtype"] for e in engines] == [expected, expected]
+
+
 def test_failing_prompt_is_counted_not_fatal(two_replica_run):
     _, run_dir, _ = two_replica_run
     summary = json.loads((run_dir / "summary.json").read_text())

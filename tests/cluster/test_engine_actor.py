@@ -143,3 +143,21 @@ def test_cpu_engines_run_eagerly_and_without_chunked_prefill_unless_asked():
     assert cpu.enforce_eager is True and gpu.enforce_eager is False
     assert engine_settings(ModelOptions(enforce_eager=False), "m", "cpu").enforce_eager is False
     assert engine_chunked_prefill(cpu) is False and engine_chunked_prefill(gpu) is None
+
+
+def test_auto_dtype_on_cpu_is_bfloat16_only_where_the_cpu_computes_it_natively(tmp_path):
+    from dataclasses import replace
+
+    from cluster.config import ModelOptions
+    from cluster.engine import cpu_has_native_bf16, engine_dtype
+    from cluster.runner import engine_settings
+
+    cpu, gpu = (engine_settings(ModelOptions(), "m", device) for device in ("cpu", "gpu"))
+    assert engine_dtype(gpu) == "auto"  # vLLM takes the model's own dtype
+    assert engine_dtype(replace(cpu, dtype="bfloat16")) == "bfloat16"  # asked for: kept
+    assert engine_dtype(cpu) == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    avx2, amx = tmp_path / "avx2", tmp_path / "amx"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    amx.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n")
+    assert not cpu_has_native_bf16(str(avx2)) and cpu_has_native_bf16(str(amx))
+    assert not cpu_has_native_bf16(str(tmp_path / "missing"))

@@ -1,17 +1,20 @@
-"""Eager against compiled vLLM engines on CPU, end to end, as a user runs `rayeval run`.
+"""CPU engine settings end to end, as a user runs `rayeval run`: eager against compiled, bfloat16 against float32.
 
 Workloads: the embedded demo (`rayeval run`: 20 IFEval prompts, IFEval's own max_tokens 1280), the same
 prompts with max_tokens 256 (`demo-256`), and a 500-prompt IFEval run (max_tokens 256). Each configuration is one `rayeval run` process timed from start to
 exit, with the engine start and generation time read from its summary.json:
 
-- `eager`: `--enforce-eager` (no torch.compile, no CUDA-graph-like capture);
-- `compiled-cold`: compiled, with an empty vLLM compile cache (a user's first run);
-- `compiled-warm`: compiled again over the cache the cold run left (every later run).
+- `eager-*`: `--enforce-eager` (no torch.compile, no CUDA-graph-like capture);
+- `compiled-cold-*`: compiled, with an empty vLLM compile cache (a user's first run);
+- `compiled-warm-*`: compiled again over the cache the cold run left (every later run);
+- `*-bf16` / `*-fp32`: the weights in bfloat16 or float32.
 
-    python bench/cpu_eager.py                      # every workload and configuration; rows to bench/results/
-    python bench/cpu_eager.py --workloads demo --repeats 2
+    python bench/cpu_engine.py                     # every workload and configuration; rows to bench/results/
+    python bench/cpu_engine.py --workloads demo-256 --configs eager-bf16,eager-fp32 --repeats 2
 
-Rows go to bench/results/cpu-eager-vs-compiled.jsonl, one JSON object per run, with the machine and commit.
+Rows go to bench/results/cpu-engine.jsonl, one JSON object per run, with the machine and commit. (Rows
+without a `dtype` field were measured in bfloat16, the CPU default then, under the config names `eager`,
+`compiled-cold` and `compiled-warm`.)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "cpu-eager-vs-compiled.jsonl"
+RESULTS = ROOT / "bench" / "results" / "cpu-engine.jsonl"
 WORKLOADS = {
     "demo": [],
     "demo-256": [
@@ -37,9 +40,10 @@ WORKLOADS = {
     "ifeval-500": ["--tasks", "ifeval", "--limit", "500", "--max-tokens", "256"],
 }
 CONFIGS = {
-    "eager": ["--enforce-eager"],
-    "compiled-cold": ["--no-enforce-eager"],
-    "compiled-warm": ["--no-enforce-eager"],
+    "eager-bf16": ["--enforce-eager", "--dtype", "bfloat16"],
+    "eager-fp32": ["--enforce-eager", "--dtype", "float32"],
+    "compiled-cold-fp32": ["--no-enforce-eager", "--dtype", "float32"],
+    "compiled-warm-fp32": ["--no-enforce-eager", "--dtype", "float32"],
 }
 
 
@@ -58,6 +62,7 @@ def run_once(workload: str, config: str, cache_root: Path, out: Path) -> dict:
         "workload": workload,
         "config": config,
         "process_wall_s": round(wall, 2),
+        "dtype": summary["engines"][0]["dtype"],
         "engine_start_s": round(summary["engines"][0]["start_s"], 2),
         "generation_s": summary["generation_s"],
         "requests": summary["requests"],
@@ -89,15 +94,20 @@ def main() -> None:
     parser.add_argument(
         "--workloads", default=",".join(WORKLOADS), help="comma-separated: demo, demo-256, ifeval-500"
     )
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, in this order")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of every configuration")
     args = parser.parse_args()
+    for name, known in (("workloads", WORKLOADS), ("configs", CONFIGS)):
+        unknown = set(getattr(args, name).split(",")) - set(known)
+        if unknown:
+            parser.error(f"--{name}: unknown {sorted(unknown)}; known: {', '.join(known)}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     info = machine()
     with tempfile.TemporaryDirectory() as scratch:
         for workload in args.workloads.split(","):
             for repeat in range(args.repeats):
                 cache = Path(scratch) / f"vllm-cache-{workload}-{repeat}"  # empty: the cold run compiles
-                for config in CONFIGS:
+                for config in args.configs.split(","):
                     row = run_once(workload, config, cache, Path(scratch) / "runs") | {
                         "repeat": repeat,
                         **info,
