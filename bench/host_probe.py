@@ -124,7 +124,7 @@ def gpu_count() -> int:
 def host_probe() -> dict:
     """The CPU probe on the vCPUs rayeval gives two replicas' engine cores, and the GPU probe where the host
     has two GPUs (about 10 s and 20 s); empty where there are too few vCPUs for two engine cores."""
-    from cluster.affinity import engine_core_cpus
+    from cluster.engines import engine_core_cpus
 
     allowed = sorted(os.sched_getaffinity(0))
     cpu_sets = [engine_core_cpus(index, 2, allowed) for index in range(2)]

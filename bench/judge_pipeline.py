@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.default_model import ensure_default_model
+from cluster.models import ensure_default_model
 
 
 def rayeval(*args: str, cores: str | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:

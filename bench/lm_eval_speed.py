@@ -177,7 +177,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from cluster.default_model import ensure_default_model
+    from cluster.models import ensure_default_model
     from tests.conftest import SHARED
 
     model = str(ensure_default_model())

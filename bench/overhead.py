@@ -31,7 +31,7 @@ MAX_MODEL_LEN = 2048
 
 def plan_prompts() -> tuple[str, list[str]]:
     from cluster.config import RunConfig, SamplingOptions, TaskOptions
-    from cluster.model import PromptRenderer
+    from cluster.models import PromptRenderer
     from cluster.plan import build_plan
 
     config = RunConfig(

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.config import RunConfig, build_config
-from cluster.coordinator import RunResult, run_evaluation
 from cluster.plan import RunMode, RunPlan, build_plan, local_judge_replicas, replica_plan
 from cluster.preflight import preflight
+from cluster.run.coordinator import RunResult, run_evaluation
 from cluster.session import cluster_has_gpus, ray_session
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cluster.config import DEMO_LIMIT, RunConfig, TaskOptions
-from cluster.model import ResolvedModel, resolve_model
+from cluster.models import ResolvedModel, resolve_model
 from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
 from evaluators.tasks.base import Sample, Task
@@ -132,7 +132,7 @@ def check_judge(plan: RunPlan, mode: RunMode) -> None:
             "writingbench). Pass --tasks with the judged tasks of that run."
         )
     if judged and mode != "inference_only" and plan.config.judge.kind == "openai":
-        from cluster.judge_api import ApiJudgeSettings, read_api_key
+        from cluster.judging.api import ApiJudgeSettings, read_api_key
 
         judge = plan.config.judge
         read_api_key(ApiJudgeSettings(model=judge.target, api_key_env=judge.api_key_env))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from cluster.model import check_context_length, resolve_model
+from cluster.models import check_context_length, resolve_model
 from cluster.plan import RunMode, RunPlan, check_judge, judged_task_names, local_judge_replicas
 from evaluators.errors import EvalInputError
 
@@ -54,7 +54,7 @@ def _read_only(path: Path) -> bool:
 
 
 def check_batched_tokens(plan: RunPlan) -> None:
-    """On CPU every prompt is prefilled in one engine step (cluster.engine: no chunked prefill there), so a
+    """On CPU every prompt is prefilled in one engine step (cluster.engines.actor: no chunked prefill there), so a
     step must hold the longest prompt."""
     model = plan.config.model
     if plan.device != "cpu" or model.max_num_batched_tokens is None:

@@ -1,6 +1,6 @@
 """lm-eval's task zoo beside our native tasks: finding tasks, loading them, and reading their results back.
 
-Pure Python (lm-eval and the standard library): the model side lives in `cluster.lm_eval_backend`.
+Pure Python (lm-eval and the standard library): the model side lives in `cluster.lm_eval.backend`.
 lm-eval computes every metric itself; from its per-sample logs we build our records, so mean@N, the
 question-clustered SEM and the per-sample files work for lm-eval tasks as for native ones.
 """

@@ -9,9 +9,6 @@ without a round trip), but only while the queue could still fill every replica t
 replica holds at most its running batch, so the last groups go to whichever replica frees a slot first
 instead of waiting inside an engine that is still busy while another one idles.
 
-A replica that can take several groups in one call (`generate_batch`, streaming each group's completions
-back as it finishes) gets everything that fits its window at once, in one round trip instead of one per
-group. (Whether an engine gains from receiving a batch at once depends on it: docs/BENCHMARKS.md.)
 """
 
 from __future__ import annotations
@@ -20,20 +17,15 @@ import asyncio
 import heapq
 import itertools
 import logging
-import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from sharding.requests import Completion, PromptGroup
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 ReplicaCall = Callable[[PromptGroup], Awaitable[list[Completion]]]
-# Several groups in one call; yields (index into the list, that group's completions) as each group finishes.
-BatchCall = Callable[[list[PromptGroup]], AsyncIterator[tuple[int, list[Completion]]]]
 GroupDone = Callable[[PromptGroup, list[Completion]], None]
 
 
@@ -48,14 +40,12 @@ class Replica:
     `max_in_flight` counts sequences (samples), and should be at least the engine's max_num_seqs so that
     continuous batching always has a full batch to pick from. `batch_size`, when given, is what the engine
     runs at once (max_num_seqs): the window shrinks to it once the queue runs low (the end game).
-    `generate_batch`, when given, is used whenever more than one group goes to the replica at once.
     """
 
     name: str
     generate: ReplicaCall
     max_in_flight: int
     batch_size: int | None = None
-    generate_batch: BatchCall | None = None
 
 
 @dataclass
@@ -211,40 +201,19 @@ class Dispatcher:
         # A group larger than the whole window still runs, alone, so it can never starve.
         return state.in_flight == 0 or state.in_flight + next_size <= self._window(state)
 
-    def _take(self, state: _ReplicaState) -> list[PromptGroup]:
-        """The groups for one call: the next group, and, for a replica that takes batches, every further one
-        that fits its window, up to an even share of the work not yet finished, so a small run spreads over
-        every replica."""
-        live = self._live()
-        unfinished = self._queued_sequences + sum(s.in_flight for s in live)
-        share = math.ceil(unfinished / max(1, len(live))) - state.in_flight
-        batch = [self._pop()]
-        state.in_flight += batch[0].size
-        taken = batch[0].size
-        while (
-            state.replica.generate_batch is not None
-            and self._has_room(state)
-            and taken + self._heap[0][2].size <= share
-        ):
-            group = self._pop()
-            batch.append(group)
-            state.in_flight += group.size
-            taken += group.size
-        return batch
-
     async def _feed(self, state: _ReplicaState) -> None:
         while True:
             async with self._cond:
                 await self._cond.wait_for(lambda: self._idle() or state.stats.dead or self._has_room(state))
                 if state.stats.dead or self._idle():
                     return
-                batch = self._take(state)
+                group = self._pop()
+                state.in_flight += group.size
                 now = time.time()
                 self.stats.first_handout_at = self.stats.first_handout_at or now
                 self.stats.last_handout_at = now
                 state.stats.peak_in_flight = max(state.stats.peak_in_flight, state.in_flight)
-            run = self._run_group(state, batch[0]) if len(batch) == 1 else self._run_batch(state, batch)
-            task = asyncio.create_task(run)
+            task = asyncio.create_task(self._run_group(state, group))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             await asyncio.sleep(0)  # let the other feeders pull too, so a small run spreads over all replicas
@@ -260,29 +229,6 @@ class Dispatcher:
             completions = _failed(group, state.replica.name, f"{type(exc).__name__}: {exc}")
         async with self._cond:
             self._settle(state, group, completions, death)
-            self._cond.notify_all()
-
-    async def _run_batch(self, state: _ReplicaState, groups: list[PromptGroup]) -> None:
-        """One call for many groups; each is settled as its completions arrive. Groups the call never
-        answered are requeued if the replica died, else failed with the call's error."""
-        assert state.replica.generate_batch is not None
-        pending = dict(enumerate(groups))
-        death: ReplicaDead | None = None
-        error = "the replica's batch call ended without this group's result"
-        try:
-            async for index, completions in state.replica.generate_batch(groups):
-                group = pending.pop(index)
-                async with self._cond:
-                    self._settle(state, group, completions, None)
-                    self._cond.notify_all()
-        except ReplicaDead as exc:
-            death = exc
-        except Exception as exc:  # noqa: BLE001 - a failure of the call itself, not of one request
-            error = f"{type(exc).__name__}: {exc}"
-        async with self._cond:
-            for group in pending.values():
-                failed = [] if death is not None else _failed(group, state.replica.name, error)
-                self._settle(state, group, failed, death)
             self._cond.notify_all()
 
     def _settle(
@@ -345,24 +291,6 @@ class Dispatcher:
             self.stats.groups_failed += 1
         if self._on_group_done is not None:
             self._on_group_done(group, completions)
-
-
-async def each_as_finished(calls: list[Coroutine[Any, Any, T]]) -> AsyncIterator[tuple[int, T]]:
-    """Run the calls concurrently and yield (index, result) as each finishes: the body of a batch call.
-    The first call that raises ends the iteration with its error, and the unfinished ones are cancelled."""
-    tasks = {asyncio.ensure_future(call): index for index, call in enumerate(calls)}
-    pending = set(tasks)
-    try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            errors = [task.exception() for task in done if task.exception() is not None]
-            if errors:
-                raise errors[0]
-            for task in done:
-                yield tasks[task], task.result()
-    finally:
-        for task in pending:
-            task.cancel()
 
 
 def _failed(group: PromptGroup, replica: str, reason: str) -> list[Completion]:

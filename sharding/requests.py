@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -160,3 +161,12 @@ def build_group(prompt: str, requests: list[GenerationRequest]) -> PromptGroup:
     group_id = hashlib.sha256("|".join(r.request_id for r in requests).encode()).hexdigest()[:16]
     longest = max(requests, key=lambda r: expected_cost(r, 1))
     return PromptGroup(group_id, prompt, tuple(requests), expected_cost(longest, len(requests)))
+
+
+def group_prompts(requests: Sequence[GenerationRequest]) -> list[PromptGroup]:
+    """One group per shared prompt prefix (the N samples of a prompt, the choices of a question), in the
+    order each group's first request comes."""
+    by_key: dict[tuple[object, ...], dict[str, GenerationRequest]] = {}
+    for request in requests:
+        by_key.setdefault(request.group_key, {})[request.request_id] = request
+    return [build_group(next(iter(g.values())).prompt, list(g.values())) for g in by_key.values()]

@@ -138,9 +138,9 @@ def test_tasks_lists_lm_eval_names(capsys):
 
 
 def test_engine_core_pinning_is_on_by_default_and_a_flag_turns_it_off():
-    from cluster.cli import _overrides, build_parser
+    from cluster.cli.app import _overrides, build_parser
     from cluster.config import build_config
-    from cluster.runner import engine_settings
+    from cluster.engines import engine_settings
 
     def settings(argv: list[str]):
         config = build_config({}, _overrides(build_parser().parse_args(["run", *argv])), "flags")

@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from cluster.affinity import engine_core_cpus, pin_descendants
-from cluster.pool import cpu_thread_binding
+from cluster.engines import cpu_thread_binding, engine_core_cpus, pin_descendants
 
 
 def test_replicas_sharing_a_node_get_disjoint_cores():

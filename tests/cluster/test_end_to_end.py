@@ -117,7 +117,7 @@ def test_both_replicas_did_work(two_replica_run):
 
 
 def test_auto_dtype_became_what_the_cpu_computes_fast(two_replica_run):
-    from cluster.engine import cpu_has_native_bf16
+    from cluster.engines import cpu_has_native_bf16
 
     _, run_dir, _ = two_replica_run
     engines = json.loads((run_dir / "summary.json").read_text())["run"]["engines"]
@@ -280,7 +280,7 @@ def test_losing_every_replica_fails_clearly_and_loses_nothing(tmp_path):
 
 def test_an_asked_for_chat_template_the_tokenizer_lacks_fails_before_any_engine_starts(tmp_path):
     # The embedded model's files, its chat template taken out (the weights are linked, not copied).
-    from cluster.model import resolve_model
+    from cluster.models import resolve_model
 
     source = Path(resolve_model(None).path)
     model = tmp_path / "no-template"

@@ -1,8 +1,8 @@
-"""The engine actor: outputs decoded once instead of token by token, and groups handed over in one call.
+"""The engine actor: outputs decoded once instead of token by token, and its per-device settings.
 
 The fast tests check which requests are decoded how; the slow ones run one real SmolLM2 engine actor on CPU
 (through the same calls the dispatcher makes) and check that decoding once gives exactly the text vLLM's
-incremental detokenizer gives, and that a batch call streams back what one call per group returns.
+incremental detokenizer gives.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster.engine import _sampling_params, defer_detokenization
+from cluster.engines.actor import _sampling_params, defer_detokenization
 from cluster.plan import RunPlan
 from sharding.requests import (
     Completion,
@@ -32,9 +32,8 @@ PROMPTS = [
 
 
 def test_only_requests_without_stop_strings_skip_incremental_detokenization():
-    assert defer_detokenization((), detokenize_while_generating=False)
-    assert not defer_detokenization(("\n\n",), detokenize_while_generating=False)
-    assert not defer_detokenization((), detokenize_while_generating=True)
+    assert defer_detokenization(())
+    assert not defer_detokenization(("\n\n",))
 
 
 def test_sampling_params_ask_vllm_for_text_only_where_it_is_needed():
@@ -42,7 +41,6 @@ def test_sampling_params_ask_vllm_for_text_only_where_it_is_needed():
     stopped = make_request("m", "p", SamplingSpec(max_tokens=8, stop=("Q:",)), 0, 0)
     forced = make_request("m", "p", SamplingSpec(max_tokens=8, engine_options=(("detokenize", True),)), 0, 0)
     assert _sampling_params(plain).detokenize is False
-    assert _sampling_params(plain, detokenize_while_generating=True).detokenize is True
     assert _sampling_params(stopped).detokenize is True
     assert _sampling_params(forced).detokenize is True  # the task's own engine options win
 
@@ -51,9 +49,8 @@ def test_sampling_params_ask_vllm_for_text_only_where_it_is_needed():
 def engine() -> Iterator[tuple[RunPlan, object]]:
     """One real engine actor (SmolLM2 on CPU) in a local Ray cluster, shared by the slow tests."""
     from cluster.config import ClusterOptions, ModelOptions, RunConfig
+    from cluster.engines import ReplicaPool, engine_settings
     from cluster.plan import build_model_plan
-    from cluster.pool import ReplicaPool
-    from cluster.runner import engine_settings
     from cluster.session import ray_session
 
     config = RunConfig(
@@ -75,7 +72,7 @@ def engine() -> Iterator[tuple[RunPlan, object]]:
 
 
 def one_call_per_group(actor: object, groups: list[PromptGroup]) -> list[list[Completion]]:
-    from cluster.pool import replica_call
+    from cluster.engines import replica_call
 
     call = replica_call(actor, "replica-0")  # type: ignore[arg-type]
 
@@ -106,38 +103,9 @@ def test_decoding_once_gives_the_text_of_incremental_detokenization(engine):
         assert decoded_once[0].text == streamed[0].text
 
 
-@pytest.mark.slow
-def test_a_batch_call_streams_back_every_group_as_one_call_per_group_returns_it(engine):
-    from cluster.pool import replica_batch_call
-
-    plan, actor = engine
-
-    def exactly(tokens: int) -> SamplingSpec:
-        return SamplingSpec(temperature=0.0, max_tokens=tokens, engine_options=(("ignore_eos", True),))
-
-    groups = [build_group("longest", [greedy_request(plan, PROMPTS[0], exactly(96))])] + [
-        build_group(prompt, [greedy_request(plan, prompt, exactly(8 * (i + 1)))])
-        for i, prompt in enumerate(PROMPTS)
-    ]  # sent longest first: each comes back when it finishes, not in the order sent
-    call = replica_batch_call(actor, "replica-0")  # type: ignore[arg-type]
-
-    async def stream() -> list[tuple[int, list[Completion]]]:
-        return [item async for item in call(groups)]
-
-    streamed = asyncio.run(stream())
-    assert sorted(index for index, _ in streamed) == list(range(len(groups)))
-    assert streamed[0][0] == 1 and streamed[-1][0] == 0  # the shortest came back first, the longest last
-    by_index = dict(streamed)
-    for index, expected in enumerate(one_call_per_group(actor, groups)):
-        got = by_index[index]
-        assert [c.request_id for c in got] == [c.request_id for c in expected]
-        assert [c.text for c in got] == [c.text for c in expected] and all(c.ok for c in got)
-
-
 def test_cpu_engines_run_eagerly_and_without_chunked_prefill_unless_asked():
     from cluster.config import ModelOptions
-    from cluster.engine import engine_chunked_prefill
-    from cluster.runner import engine_settings
+    from cluster.engines import engine_chunked_prefill, engine_settings
 
     cpu, gpu = (engine_settings(ModelOptions(), "m", device) for device in ("cpu", "gpu"))
     assert cpu.enforce_eager is True and gpu.enforce_eager is False
@@ -149,8 +117,7 @@ def test_auto_dtype_on_cpu_is_bfloat16_only_where_the_cpu_computes_it_natively(t
     from dataclasses import replace
 
     from cluster.config import ModelOptions
-    from cluster.engine import cpu_has_native_bf16, engine_dtype
-    from cluster.runner import engine_settings
+    from cluster.engines import cpu_has_native_bf16, engine_dtype, engine_settings
 
     cpu, gpu = (engine_settings(ModelOptions(), "m", device) for device in ("cpu", "gpu"))
     assert engine_dtype(gpu) == "auto"  # vLLM takes the model's own dtype

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.engine_log import LogPlace, describe_failure, first_exception
+from cluster.engines import LogPlace, describe_failure, first_exception
 from sharding.requests import SamplingSpec, build_group, make_request
 
 VLLM_LOG = """\
@@ -48,9 +48,8 @@ def test_the_failure_names_the_root_error_and_the_log_after_its_mark(tmp_path):
 @pytest.mark.slow
 def test_a_dead_engine_reports_its_root_error_and_log():
     from cluster.config import ClusterOptions, ModelOptions, RunConfig
+    from cluster.engines import ReplicaPool, engine_settings
     from cluster.plan import build_model_plan
-    from cluster.pool import ReplicaPool
-    from cluster.runner import engine_settings
     from cluster.session import ray_session
     from sharding.dispatcher import ReplicaDead
 

@@ -22,12 +22,14 @@ import pytest
 import ray
 
 from cluster.config import JudgeOptions
-from cluster.judge_api import (
+from cluster.judging import ApiJudgeBackend, JudgeRunner
+from cluster.judging.api import (
     ApiJudgePool,
     ApiJudgeSettings,
     AttemptFailure,
     BadResponse,
     FailureReason,
+    LimiterCore,
     backoff_s,
     check_response,
     classify,
@@ -37,9 +39,6 @@ from cluster.judge_api import (
     retry_after_s,
     start_api_judges,
 )
-from cluster.judge_backends import ApiJudgeBackend
-from cluster.judge_runner import JudgeRunner
-from cluster.rate_limiter import LimiterCore
 from evaluators.errors import EvalInputError
 from evaluators.tasks.base import ChatMessage
 from sharding.dispatcher import Dispatcher

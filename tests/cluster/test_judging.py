@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.default_model import ensure_default_model
+from cluster.models import ensure_default_model
 from tests.judge_api_standin import JudgeApiStandin, Outage, Served
 from tests.judge_local_data import write_judge_data
 

@@ -28,7 +28,7 @@ OUR_ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024", "--enforce-
 
 
 def default_model_path() -> str:
-    from cluster.default_model import ensure_default_model
+    from cluster.models import ensure_default_model
 
     return str(ensure_default_model())
 
@@ -208,7 +208,7 @@ API_SCRIPT = """
 import json, sys
 import lm_eval
 from lm_eval.tasks import TaskManager
-import cluster.lm_eval_backend  # registers "rayeval" with lm-eval
+import cluster.lm_eval.backend  # registers "rayeval" with lm-eval
 
 if __name__ == "__main__":
     out = lm_eval.simple_evaluate(

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cluster.engine import continuation_logprob
-from cluster.runner import group_prompts
-from sharding.requests import SamplingSpec, make_request
+from cluster.engines.actor import continuation_logprob
+from sharding.requests import SamplingSpec, group_prompts, make_request
 
 
 @dataclass
@@ -78,9 +77,9 @@ def test_tokenised_prompts_are_identified_by_their_tokens_not_their_text():
 
 def test_a_sampling_seed_draws_new_samples_of_the_same_prompts():
     from cluster.config import RunConfig, TaskOptions
-    from cluster.coordinator import build_requests
-    from cluster.model import PromptRenderer
+    from cluster.models import PromptRenderer
     from cluster.plan import build_plan
+    from cluster.run.coordinator import build_requests
 
     plan = build_plan(
         RunConfig(tasks=[TaskOptions(name="ifeval", limit=3)], num_samples=2, cluster={"device": "cpu"})

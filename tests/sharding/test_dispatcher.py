@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
-from sharding.dispatcher import Dispatcher, Replica, ReplicaDead, each_as_finished
+from sharding.dispatcher import Dispatcher, Replica, ReplicaDead
 from sharding.requests import Completion, GenerationRequest, PromptGroup, SamplingSpec, build_group
 
 
@@ -32,7 +31,6 @@ class FakeReplica:
         self.die_after = die_after
         self.fail_prompts = fail_prompts or set()
         self.seen: list[PromptGroup] = []
-        self.batches: list[int] = []  # groups per batch call
         self.in_flight = 0
         self.peak = 0
 
@@ -53,14 +51,8 @@ class FakeReplica:
         finally:
             self.in_flight -= group.size
 
-    async def batch(self, groups: list[PromptGroup]) -> AsyncIterator[tuple[int, list[Completion]]]:
-        """Many groups in one call, each yielded as it finishes (what the engine actor's batch call does)."""
-        self.batches.append(len(groups))
-        async for index, completions in each_as_finished([self(group) for group in groups]):
-            yield index, completions
-
     def replica(self, max_in_flight: int, batch_size: int | None = None) -> Replica:
-        return Replica(self.name, self, max_in_flight, batch_size=batch_size, generate_batch=self.batch)
+        return Replica(self.name, self, max_in_flight, batch_size=batch_size)
 
 
 def run(dispatcher: Dispatcher, groups: list[PromptGroup]):
@@ -252,56 +244,3 @@ def test_streaming_submit_after_every_replica_died_fails_the_groups():
     asyncio.run(scenario())
     assert {c.error for c in results.values()} == {"every replica has died"}
     assert len(results) == 2
-
-
-def test_a_batch_replica_gets_its_whole_window_in_one_call_and_each_group_back_as_it_finishes():
-    fake = FakeReplica("r0", delay=0.01)
-    results, done = collect()
-    dispatcher = Dispatcher([fake.replica(max_in_flight=8)], on_group_done=done)
-    stats = run(dispatcher, [make_group(f"p{i}") for i in range(20)])
-    assert fake.batches[0] == 8  # the first call fills the window
-    assert fake.peak == 8 and stats.per_replica["r0"].peak_in_flight == 8
-    assert len(results) == 20 and all(c.ok for c in results.values()) and stats.groups_done == 20
-
-
-def test_batch_calls_share_a_short_queue_between_replicas():
-    replicas = [FakeReplica(f"r{i}", delay=0.01) for i in range(3)]
-    run(Dispatcher([f.replica(max_in_flight=64) for f in replicas]), [make_group(f"p{i}") for i in range(6)])
-    assert [len(f.seen) for f in replicas] == [2, 2, 2]
-    assert [f.batches for f in replicas] == [[2], [2], [2]]
-
-
-def test_a_replica_dying_mid_batch_hands_back_only_the_unfinished_groups():
-    healthy = FakeReplica("healthy", delay=0.005)
-    sent: list[list[PromptGroup]] = []
-
-    async def dies_after_two(groups: list[PromptGroup]) -> AsyncIterator[tuple[int, list[Completion]]]:
-        sent.append(groups)
-        for index in (0, 1):
-            yield (
-                index,
-                [Completion(r.request_id, text="ok", replica="dying") for r in groups[index].requests],
-            )
-        raise ReplicaDead("dying lost")
-
-    results, done = collect()
-    dying = Replica("dying", healthy, 4, generate_batch=dies_after_two)  # single calls never happen here
-    dispatcher = Dispatcher([dying, healthy.replica(4)], on_group_done=done)
-    stats = run(dispatcher, [make_group(f"p{i}") for i in range(8)])
-    assert [len(groups) for groups in sent] == [4]
-    assert len(results) == 8 and all(c.ok for c in results.values())
-    assert {results[r.request_id].replica for g in sent[0][:2] for r in g.requests} == {"dying"}
-    assert stats.per_replica["dying"].dead and stats.per_replica["dying"].groups == 2
-    assert stats.per_replica["healthy"].groups == 6 and stats.requeues == 2
-
-
-def test_a_batch_call_that_fails_fails_its_unfinished_groups_and_the_run_goes_on():
-    fake = FakeReplica("r0", delay=0.005, fail_prompts={"bad"})
-    results, done = collect()
-    dispatcher = Dispatcher([fake.replica(4)], on_group_done=done)
-    stats = run(dispatcher, [make_group("bad", max_tokens=64), *(make_group(f"ok{i}") for i in range(5))])
-    failed = [c for c in results.values() if not c.ok]
-    assert (
-        len(results) == 6 and failed and all("engine rejected the prompt" in (c.error or "") for c in failed)
-    )
-    assert stats.groups_done + stats.groups_failed == 6 and stats.groups_done >= 2

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cluster.judge_backends import JudgeBackend
+from cluster.judging.backends import JudgeBackend
 from cluster.plan import TaskPlan
 from evaluators.judging.base import JudgedItem, JudgedSample, JudgeParseError, JudgeTask, TaskStatistic
 from evaluators.records import SampleRecord

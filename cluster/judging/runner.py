@@ -23,10 +23,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
 
-from cluster.judge_backends import JudgeBackend
-from cluster.runner import group_prompts
+from cluster.judging.backends import JudgeBackend
 from sharding.dispatcher import Dispatcher, DispatchStats
-from sharding.requests import Completion, GenerationRequest, PromptGroup
+from sharding.requests import Completion, GenerationRequest, PromptGroup, group_prompts
 from sharding.store import ResultStore, StoreWriteError
 
 log = logging.getLogger(__name__)

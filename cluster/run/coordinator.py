@@ -21,14 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cluster.engine import EngineInfo
+from cluster.engines import EngineInfo
 from cluster.errors import ClusterError, OutputWriteError
-from cluster.judge_backends import build_judge_backend
-from cluster.judge_runner import JudgeRunner, JudgeStats
-from cluster.judged_samples import JudgedSamples, task_statistics
-from cluster.model import PromptRenderer
+from cluster.judging import JudgedSamples, JudgeRunner, JudgeStats, build_judge_backend, task_statistics
+from cluster.models import PromptRenderer
 from cluster.plan import RunMode, RunPlan, TaskPlan, core_slots
-from cluster.runner import RequestRunner, progress_bar
+from cluster.run.runner import RequestRunner, progress_bar
 from evaluators.errors import EvalInputError
 from evaluators.judging.base import JudgeTask
 from evaluators.records import SampleRecord
@@ -46,7 +44,7 @@ from sharding.requests import Completion, GenerationRequest, make_request
 from sharding.store import ResultStore, StoreInUse
 
 if TYPE_CHECKING:
-    from cluster.lm_eval_run import LmEvalRunOutput
+    from cluster.lm_eval import LmEvalRunOutput
 
 log = logging.getLogger(__name__)
 
@@ -388,7 +386,7 @@ def run_evaluation(
             if judging is not None:
                 _wait_for_judging(judging, progress)
             if plan.lm_eval_tasks and plan.lm_eval_catalog is not None and not runner.all_replicas_dead:
-                from cluster.lm_eval_run import run_lm_eval_tasks
+                from cluster.lm_eval import run_lm_eval_tasks
 
                 lm_eval_output = run_lm_eval_tasks(config, plan.lm_eval_catalog, plan.lm_eval_tasks, runner)
             completed = True

@@ -1,6 +1,6 @@
 """rayeval as an lm-eval model backend: lm-eval's requests run on our long-lived engine replicas.
 
-    import cluster.lm_eval_backend  # registers the model name "rayeval" with lm-eval
+    import cluster.lm_eval.backend  # registers the model name "rayeval" with lm-eval
     lm_eval.simple_evaluate(model="rayeval", model_args="pretrained=PATH,replicas=2", tasks=["arc_easy"])
     # or: lm_eval.simple_evaluate(model=RayEvalLM(pretrained=PATH, replicas=2), tasks=[...])
 
@@ -35,7 +35,7 @@ from lm_eval.models.utils import (
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from cluster.config import build_config
-from cluster.runner import RequestRunner
+from cluster.run.runner import RequestRunner
 from sharding.requests import Completion, GenerationRequest, SamplingSpec, make_request
 
 log = logging.getLogger(__name__)

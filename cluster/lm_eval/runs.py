@@ -15,9 +15,9 @@ from typing import Any
 
 from cluster.config import RunConfig
 from cluster.errors import ClusterError
-from cluster.lm_eval_backend import RayEvalLM
+from cluster.lm_eval.backend import RayEvalLM
 from cluster.plan import LmEvalTaskPlan
-from cluster.runner import RequestRunner
+from cluster.run.runner import RequestRunner
 from evaluators.lm_eval_tasks import (
     ExecutionInfo,
     LmEvalCatalog,

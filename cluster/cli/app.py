@@ -517,7 +517,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Check a config without loading data or starting anything: its fields, task names, the model, the
     judge model, and that local data paths and task folders exist."""
     from cluster.config import build_config, load_config_file
-    from cluster.model import resolve_model
+    from cluster.models import resolve_model
     from evaluators.data import check_source
     from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
     from evaluators.tasks.registry import TASKS

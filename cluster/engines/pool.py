@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
@@ -12,28 +12,17 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from cluster.engine import (
-    ENGINE_CORE_SLOT_ENV,
-    EngineActor,
-    EngineDead,
-    EngineInfo,
-    EngineSettings,
-    EngineStartFailed,
-)
-from cluster.engine_log import LogPlace, describe_failure, mark
+from cluster.engines.actor import ENGINE_CORE_SLOT_ENV, EngineActor, EngineDead, EngineInfo, EngineStartFailed
+from cluster.engines.logs import LogPlace, describe_failure, mark
+from cluster.engines.settings import EngineSettings
 from cluster.errors import ClusterError
 from cluster.plan import ReplicaPlan
-from sharding.dispatcher import BatchCall, Replica, ReplicaCall, ReplicaDead
+from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
 from sharding.requests import Completion, PromptGroup
 
 log = logging.getLogger(__name__)
 
 ENGINE_QUEUE_FACTOR = 2  # sequences in flight per replica, in units of the engine's max_num_seqs
-# True: hand an engine every group that fits its window in one streaming call (`replica_batch_call`).
-# Off: measured on 2 x H100 (issue 5, docs/BENCHMARKS.md) one Ray call per group was 10-17 % faster with one
-# replica and batch calls 2-11 % faster with two, in both of two leases; the engine core's CPU, not the
-# hand-out, was the limit. Kept for bench/gpu.py's `-batched` configurations until it is understood.
-BATCH_HANDOUT = False
 
 
 def check_feasible(plan: ReplicaPlan, replicas: int) -> None:
@@ -168,7 +157,6 @@ class ReplicaPool:
                 replica_call(actor, info.name, logs),
                 ENGINE_QUEUE_FACTOR * info.max_num_seqs,
                 batch_size=info.max_num_seqs,
-                generate_batch=replica_batch_call(actor, info.name, logs) if BATCH_HANDOUT else None,
             )
             for actor, info, logs in zip(self.actors, self.infos, self.log_marks, strict=True)
         ]
@@ -193,20 +181,6 @@ def replica_call(actor: ray.actor.ActorHandle, name: str, logs: list[LogPlace] |
             return await actor.generate.remote(group)
 
     return generate
-
-
-def replica_batch_call(
-    actor: ray.actor.ActorHandle, name: str, logs: list[LogPlace] | None = None
-) -> BatchCall:
-    """The dispatcher's batch call for an engine actor: one Ray streaming call of `generate_batch(groups)`,
-    each group's completions arriving as that group finishes."""
-
-    async def generate_batch(groups: list[PromptGroup]) -> AsyncIterator[tuple[int, list[Completion]]]:
-        with _dead_replica_reported(actor, name, logs or []):
-            async for ref in actor.generate_batch.options(num_returns="streaming").remote(groups):
-                yield await ref
-
-    return generate_batch
 
 
 @contextmanager

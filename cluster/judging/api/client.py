@@ -19,25 +19,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
-import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from enum import StrEnum
 from typing import Any
 
 import openai
 import ray
 from ray.actor import ActorHandle
 
+from cluster.engines import remote_message, replica_call
 from cluster.errors import ClusterError
-from cluster.pool import remote_message, replica_call
-from cluster.rate_limiter import LimiterStats, RateLimiter
-from evaluators.errors import EvalInputError
+from cluster.judging.api.rate_limiter import LimiterStats, RateLimiter
+from cluster.judging.api.settings import ApiJudgeSettings, FailureReason, read_api_key, redact
 from sharding.dispatcher import Replica
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
@@ -45,56 +42,6 @@ log = logging.getLogger(__name__)
 
 ERROR_PREFIX = "JudgeAPIError"
 REPLICA_HEADER = "X-Rayeval-Replica"  # tells the API's logs (and the test stand-in) which actor sent a call
-
-
-@dataclass(frozen=True)
-class ApiJudgeSettings:
-    """How to reach the judge API and how hard to push it; plain data so it travels to the actors.
-
-    `requests_per_second` and `max_concurrency` hold for the whole cluster, not per actor.
-    """
-
-    model: str
-    base_url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    requests_per_second: float = 5.0
-    max_concurrency: int = 8
-    max_attempts: int = 6
-    timeout_s: float = 60.0
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-
-
-class FailureReason(StrEnum):
-    """Why one attempt failed; the value is the key of the per-reason counts in `ApiJudgeStats`."""
-
-    RATE_LIMITED = "429"
-    SERVER_ERROR = "5xx"
-    TIMEOUT = "timeout"
-    CONNECTION = "connection"
-    NOT_JSON = "not_json"  # a 200 whose body is not JSON: a proxy's HTML error page, as transient as a 502
-    NO_CHOICES = "no_choices"  # a 200 whose chat completion holds no (or an empty list of) choices
-    REJECTED_KEY = "rejected_key"  # 401 / 403
-    BAD_REQUEST = "bad_request"  # any other 4xx: the request itself is wrong, asking again changes nothing
-    INVALID_PROMPT = "invalid_prompt"  # the request's prompt is not a list of chat messages
-    OTHER = "other"  # an exception of no known kind
-
-    @property
-    def transient(self) -> bool:
-        """Whether the API may get over it: such attempts are retried, and such requests get a second pass."""
-        return self in TRANSIENT_REASONS
-
-
-TRANSIENT_REASONS = frozenset(
-    {
-        FailureReason.RATE_LIMITED,
-        FailureReason.SERVER_ERROR,
-        FailureReason.TIMEOUT,
-        FailureReason.CONNECTION,
-        FailureReason.NOT_JSON,
-        FailureReason.NO_CHOICES,
-    }
-)
 
 
 def _count(counts: dict[str, int], reason: FailureReason) -> None:
@@ -151,31 +98,6 @@ class BadResponse(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-
-
-def is_transient(completion: Completion) -> bool:
-    """Whether a judge API request failed, after all its attempts, on a fault the API may get over (the
-    reason of its last attempt, which `ApiJudgeActor` puts in a failed completion's `finish_reason`)."""
-    if completion.ok or completion.finish_reason not in _REASON_VALUES:
-        return False
-    return FailureReason(completion.finish_reason).transient
-
-
-_REASON_VALUES = frozenset(reason.value for reason in FailureReason)
-
-
-def read_api_key(settings: ApiJudgeSettings) -> str:
-    """The API key from the environment of the driver; the actors get it from here, never from their own."""
-    name = settings.api_key_env
-    value = os.environ.get(name, "").strip()
-    if not value:
-        state = "is empty" if name in os.environ else "is not set"
-        raise EvalInputError(
-            f"The API judge '{settings.model}' needs an API key in the environment variable {name}, which "
-            f"{state}. Set it in the shell that starts the run (export {name}=...), or name another "
-            "variable with --judge-api-key-env."
-        )
-    return value
 
 
 def parse_messages(prompt: str) -> list[dict[str, str]]:
@@ -296,15 +218,6 @@ def backoff_s(attempt: int, failure: AttemptFailure, settings: ApiJudgeSettings,
         return min(failure.retry_after_s, settings.backoff_max_s)
     ceiling = min(settings.backoff_max_s, settings.backoff_base_s * 2.0 ** min(attempt - 1, 60))
     return rng.uniform(0.0, ceiling)
-
-
-_BEARER = re.compile(r"(?i)\b(bearer\s+)[\w.~+/=*-]+")  # RFC 6750 token characters
-
-
-def redact(text: str, secret: str) -> str:
-    """`text` without the key, or any bearer token a server quoted back (a proxy may echo the headers)."""
-    text = text.replace(secret, "***") if secret else text
-    return _BEARER.sub(r"\1***", text)
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -15,12 +15,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cluster.config import ModelOptions
-from cluster.engine import EngineInfo, EngineSettings
+from cluster.engines import EngineInfo, ReplicaPool, engine_settings
 from cluster.plan import RunPlan
-from cluster.pool import ReplicaPool
 from sharding.dispatcher import Dispatcher, DispatchStats
-from sharding.requests import Completion, GenerationRequest, PromptGroup, build_group
+from sharding.requests import Completion, GenerationRequest, PromptGroup, group_prompts
 from sharding.store import ResultStore, StoreWriteError
 
 if TYPE_CHECKING:
@@ -44,46 +42,6 @@ class RunnerStats:
     engines: list[EngineInfo] = field(default_factory=list)
     first_dispatch_at: float | None = None  # wall clock (time.time()) of the first generation dispatched
     last_completion_at: float | None = None
-
-
-def engine_settings(
-    options: ModelOptions,
-    model_path: str,
-    device: str,
-    max_model_len: int | None = None,
-    log_stats: bool = False,
-) -> EngineSettings:
-    return EngineSettings(
-        model=model_path,
-        revision=options.revision,
-        dtype=options.dtype,
-        max_model_len=max_model_len or options.max_model_len,
-        max_num_seqs=options.max_num_seqs,
-        tensor_parallel_size=options.tensor_parallel_size,
-        pipeline_parallel_size=options.pipeline_parallel_size,
-        gpu_memory_utilization=options.gpu_memory_utilization,
-        enforce_eager=eager_by_default(device) if options.enforce_eager is None else options.enforce_eager,
-        device=device,
-        max_num_batched_tokens=options.max_num_batched_tokens,
-        log_stats=log_stats,
-        pin_engine_core=options.pin_engine_core,
-    )
-
-
-def eager_by_default(device: str) -> bool:
-    """Whether an engine runs eagerly when the config leaves `enforce_eager` unset: on CPU, yes. There,
-    compiling added about 130 s to every engine start (the compile cache did not load back) and made
-    generation about 9 % faster, so it pays only for runs with over 20 minutes of generation; on GPU,
-    compiled engines with CUDA graphs pay back within seconds (docs/BENCHMARKS.md)."""
-    return device == "cpu"
-
-
-def group_prompts(requests: Sequence[GenerationRequest]) -> list[PromptGroup]:
-    """One group per shared prompt prefix (the N samples of a prompt, the choices of a question)."""
-    by_key: dict[tuple[object, ...], dict[str, GenerationRequest]] = {}
-    for request in requests:
-        by_key.setdefault(request.group_key, {})[request.request_id] = request
-    return [build_group(next(iter(g.values())).prompt, list(g.values())) for g in by_key.values()]
 
 
 class RequestRunner:

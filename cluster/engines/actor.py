@@ -13,47 +13,20 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
-from cluster.affinity import engine_core_cpus, pin_descendants
-from cluster.engine_log import LogPlace, describe_failure, mark, own_log_files
-from sharding.dispatcher import each_as_finished
+from cluster.engines.affinity import engine_core_cpus, pin_descendants
+from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
+from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
 log = logging.getLogger(__name__)
 
-# "index/count": which of the node's replicas this actor is, set by the pool (cluster.affinity picks cores)
+# "index/count": which of the node's replicas this actor is, set by the pool (cluster.engines.affinity picks cores)
 ENGINE_CORE_SLOT_ENV = "RAYEVAL_ENGINE_CORE_SLOT"
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """What one replica needs to build its engine; plain data so it travels to the actor."""
-
-    model: str
-    revision: str | None
-    dtype: str
-    max_model_len: int
-    max_num_seqs: int
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    gpu_memory_utilization: float
-    enforce_eager: bool
-    device: str
-    max_num_batched_tokens: int | None = None  # None: vLLM's offline (LLM class) default for the device
-    log_stats: bool = False  # vLLM's periodic engine stats (running / waiting, throughput) in the log
-    # False: requests without stop strings come back as token ids and the actor decodes each output once,
-    # instead of vLLM detokenizing every token as it is generated (front-end CPU; see defer_detokenization).
-    detokenize_while_generating: bool = False
-    # GPU only: the engine core process onto cores of its own (cluster.affinity; measured in issue 5).
-    pin_engine_core: bool = True
-
-    # None: off on CPU, vLLM's default elsewhere (see engine_chunked_prefill); True or False forces it.
-    chunked_prefill: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -182,12 +155,6 @@ class EngineActor:
         """Run every request of the group; a request that fails is returned as a failed completion."""
         return list(await asyncio.gather(*(self._one(r) for r in group.requests)))
 
-    async def generate_batch(self, groups: list[PromptGroup]) -> AsyncIterator[tuple[int, list[Completion]]]:
-        """Every group at once, so the engine schedules them together (as `LLM.generate` does with its whole
-        list); called as a Ray streaming method, it yields (index, completions) as each group finishes."""
-        async for index, completions in each_as_finished([self.generate(group) for group in groups]):
-            yield index, completions
-
     async def _one(self, request: GenerationRequest) -> Completion:
         from vllm import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -200,7 +167,7 @@ class EngineActor:
         )
         final = None
         try:
-            params = _sampling_params(request, self.settings.detokenize_while_generating)
+            params = _sampling_params(request)
             # The engine id must be unique among in-flight requests; the stable id stays in the Completion.
             engine_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
             async for output in self.engine.generate(prompt, params, request_id=engine_id):
@@ -257,38 +224,7 @@ class EngineActor:
             self.engine = None
 
 
-def engine_dtype(settings: EngineSettings) -> str:
-    """The dtype to ask vLLM for. `auto` on CPU becomes bfloat16 only where the CPU computes it natively
-    (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo); elsewhere float32. On an AVX2-only CPU, oneDNN has no
-    bfloat16 kernels and vLLM falls back to slow ones: float32 generated 2.6x faster there
-    (docs/BENCHMARKS.md), and its CPU kernels are batch-invariant, so greedy outputs do not depend on
-    which requests share a batch. Float16 is not offered on CPU."""
-    if settings.device != "cpu" or settings.dtype != "auto":
-        return settings.dtype
-    return "bfloat16" if cpu_has_native_bf16() else "float32"
-
-
-def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as lines:
-            flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
-
-
-def engine_chunked_prefill(settings: EngineSettings) -> bool | None:
-    """Off on CPU unless forced, vLLM's default elsewhere. A prompt prefilled in chunks has the token sampled
-    after each partial chunk thrown away, and vLLM then rewinds the request's seeded generator by an offset,
-    which only GPU (Philox) generators have: on CPU that raises and kills the engine. Without chunking every
-    prompt is prefilled in one step (max_num_batched_tokens is at least max_model_len), no draw is thrown
-    away, and each request's generator draws the same numbers whatever else shares its steps."""
-    if settings.chunked_prefill is not None:
-        return settings.chunked_prefill
-    return False if settings.device == "cpu" else None
-
-
-def _sampling_params(request: GenerationRequest, detokenize_while_generating: bool = False) -> Any:
+def _sampling_params(request: GenerationRequest) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -302,7 +238,7 @@ def _sampling_params(request: GenerationRequest, detokenize_while_generating: bo
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
     spec = request.sampling
-    options = {"detokenize": not defer_detokenization(spec.stop, detokenize_while_generating)}
+    options = {"detokenize": not defer_detokenization(spec.stop)}
     return SamplingParams(
         n=1,
         temperature=spec.temperature,
@@ -315,14 +251,14 @@ def _sampling_params(request: GenerationRequest, detokenize_while_generating: bo
     )
 
 
-def defer_detokenization(stop: tuple[str, ...], detokenize_while_generating: bool) -> bool:
+def defer_detokenization(stop: tuple[str, ...]) -> bool:
     """Whether the output is decoded once at the end rather than token by token inside vLLM.
 
     vLLM detokenizes incrementally in its front-end process, for every sequence at every step; that work is
     only needed to find stop strings (we ask for final outputs only). Without stop strings one decode of
     the finished tokens gives the same text for less work in the engine actor's process.
     """
-    return not stop and not detokenize_while_generating
+    return not stop
 
 
 def continuation_logprob(tokens: tuple[int, ...], prompt_logprobs: Any, start: int) -> tuple[float, bool]:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from cluster.config import JudgeOptions, RunConfig
-from cluster.model import PromptRenderer, ResolvedModel, resolve_model
+from cluster.models import PromptRenderer, ResolvedModel, resolve_model
 from cluster.plan import ReplicaPlan
 from evaluators.tasks.base import ChatMessage, Prompt
 from sharding.dispatcher import Replica
@@ -86,8 +86,7 @@ class LocalJudgeBackend:
         return make_request(self.identity.spec, prompt, sampling, seed=0, sample_index=0)
 
     def start(self) -> list[Replica]:
-        from cluster.pool import ReplicaPool
-        from cluster.runner import engine_settings
+        from cluster.engines import ReplicaPool, engine_settings
 
         settings = engine_settings(
             self.config.model, self.model.path, self.device, max_model_len=self.options.max_model_len
@@ -124,7 +123,7 @@ class ApiJudgeBackend:
     """An OpenAI-compatible API behind judge actors that share one cluster-wide rate limiter."""
 
     def __init__(self, options: JudgeOptions) -> None:
-        from cluster.judge_api import ApiJudgeSettings
+        from cluster.judging.api import ApiJudgeSettings
 
         self.options = options
         self.settings = ApiJudgeSettings(
@@ -149,13 +148,13 @@ class ApiJudgeBackend:
         return make_request(self.identity.spec, payload, sampling, seed=0, sample_index=0, kind="chat")
 
     def start(self) -> list[Replica]:
-        from cluster.judge_api import start_api_judges
+        from cluster.judging.api import start_api_judges
 
         self._pool = start_api_judges(self.settings, self.options.replicas)
         return self._pool.replicas()
 
     def is_transient(self, completion: Completion) -> bool:
-        from cluster.judge_api import is_transient
+        from cluster.judging.api import is_transient
 
         return is_transient(completion)
 

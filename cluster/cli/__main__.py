@@ -1,0 +1,5 @@
+"""`python -m cluster.cli ...`: the same as the `rayeval` command."""
+
+from cluster.cli.app import main
+
+raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""What one replica's engine is built with: the settings, derived from the run's model options in one
+place, and the per-device choices vLLM's own defaults get wrong for an evaluation (dtype, eager, chunking)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cluster.config import ModelOptions
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What one replica needs to build its engine; plain data so it travels to the actor."""
+
+    model: str
+    revision: str | None
+    dtype: str
+    max_model_len: int
+    max_num_seqs: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    device: str
+    max_num_batched_tokens: int | None = None  # None: vLLM's offline (LLM class) default for the device
+    log_stats: bool = False  # vLLM's periodic engine stats (running / waiting, throughput) in the log
+    # GPU only: the engine core process onto cores of its own among the node's replicas (engines.affinity).
+    pin_engine_core: bool = True
+
+    # None: off on CPU, vLLM's default elsewhere (see engine_chunked_prefill); True or False forces it.
+    chunked_prefill: bool | None = None
+
+
+def engine_settings(
+    options: ModelOptions,
+    model_path: str,
+    device: str,
+    max_model_len: int | None = None,
+    log_stats: bool = False,
+) -> EngineSettings:
+    return EngineSettings(
+        model=model_path,
+        revision=options.revision,
+        dtype=options.dtype,
+        max_model_len=max_model_len or options.max_model_len,
+        max_num_seqs=options.max_num_seqs,
+        tensor_parallel_size=options.tensor_parallel_size,
+        pipeline_parallel_size=options.pipeline_parallel_size,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        enforce_eager=eager_by_default(device) if options.enforce_eager is None else options.enforce_eager,
+        device=device,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        log_stats=log_stats,
+        pin_engine_core=options.pin_engine_core,
+    )
+
+
+def eager_by_default(device: str) -> bool:
+    """Whether an engine runs eagerly when the config leaves `enforce_eager` unset: on CPU, yes. There,
+    compiling added about 130 s to every engine start (the compile cache did not load back) and made
+    generation about 9 % faster, so it pays only for runs with over 20 minutes of generation; on GPU,
+    compiled engines with CUDA graphs pay back within seconds (docs/BENCHMARKS.md)."""
+    return device == "cpu"
+
+
+def engine_dtype(settings: EngineSettings) -> str:
+    """The dtype to ask vLLM for. `auto` on CPU becomes bfloat16 only where the CPU computes it natively
+    (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo); elsewhere float32. On an AVX2-only CPU, oneDNN has no
+    bfloat16 kernels and vLLM falls back to slow ones: float32 generated 2.6x faster there
+    (docs/BENCHMARKS.md), and its CPU kernels are batch-invariant, so greedy outputs do not depend on
+    which requests share a batch. Float16 is not offered on CPU."""
+    if settings.device != "cpu" or settings.dtype != "auto":
+        return settings.dtype
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as lines:
+            flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+def engine_chunked_prefill(settings: EngineSettings) -> bool | None:
+    """Off on CPU unless forced, vLLM's default elsewhere. A prompt prefilled in chunks has the token sampled
+    after each partial chunk thrown away, and vLLM then rewinds the request's seeded generator by an offset,
+    which only GPU (Philox) generators have: on CPU that raises and kills the engine. Without chunking every
+    prompt is prefilled in one step (max_num_batched_tokens is at least max_model_len), no draw is thrown
+    away, and each request's generator draws the same numbers whatever else shares its steps."""
+    if settings.chunked_prefill is not None:
+        return settings.chunked_prefill
+    return False if settings.device == "cpu" else None
