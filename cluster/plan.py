@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from cluster.config import DEMO_LIMIT, RunConfig, TaskOptions
+from cluster.config import DEMO_LIMIT, RunConfig, RunMode, TaskOptions
 from cluster.models import ResolvedModel, resolve_model
 from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
 from evaluators.tasks.base import Sample, Task
 from evaluators.tasks.registry import TASKS, get_task
 from sharding.requests import SamplingSpec
-
-RunMode = Literal["full", "inference_only", "judge_only"]
 
 
 @dataclass(frozen=True)
@@ -121,22 +119,23 @@ def judged_task_names(plan: RunPlan) -> list[str]:
     return [t.task.name for t in plan.tasks if isinstance(t.task, JudgeTask)]
 
 
-def check_judge(plan: RunPlan, mode: RunMode) -> None:
+def check_judge(plan: RunPlan) -> None:
     """Judged tasks need a judge unless the run only generates; say so before any engine starts."""
     judged = judged_task_names(plan)
-    if mode == "judge_only" and plan.config.judge.model is None:
+    mode = plan.config.mode
+    if mode is RunMode.JUDGE_ONLY and plan.config.judge.model is None:
         raise EvalInputError("--judge-only needs --judge local:PATH_OR_ID or --judge openai:MODEL.")
-    if mode == "judge_only" and not judged:
+    if mode is RunMode.JUDGE_ONLY and not judged:
         raise EvalInputError(
             "--judge-only was given, but the run has no judged task (alpaca_eval, arena_hard, healthbench, "
             "writingbench). Pass --tasks with the judged tasks of that run."
         )
-    if judged and mode != "inference_only" and plan.config.judge.kind == "openai":
+    if judged and mode is not RunMode.INFERENCE_ONLY and plan.config.judge.kind == "openai":
         from cluster.judging.api import ApiJudgeSettings, read_api_key
 
         judge = plan.config.judge
         read_api_key(ApiJudgeSettings(model=judge.target, api_key_env=judge.api_key_env))
-    if judged and mode == "full" and plan.config.judge.model is None:
+    if judged and mode is RunMode.FULL and plan.config.judge.model is None:
         raise EvalInputError(
             f"Task(s) {', '.join(judged)} are scored by a judge model: pass --judge local:PATH_OR_ID (a judge on "
             "this cluster's engine replicas) or --judge openai:MODEL (an OpenAI-compatible API, key from "
@@ -144,18 +143,22 @@ def check_judge(plan: RunPlan, mode: RunMode) -> None:
         )
 
 
-def local_judge_replicas(plan: RunPlan, mode: RunMode) -> int:
+def local_judge_replicas(plan: RunPlan) -> int:
     """Engine replicas a local judge adds to the cluster (0 for an API judge or a run that does not judge)."""
-    if mode == "inference_only" or plan.config.judge.kind != "local" or not judged_task_names(plan):
+    if (
+        plan.config.mode is RunMode.INFERENCE_ONLY
+        or plan.config.judge.kind != "local"
+        or not judged_task_names(plan)
+    ):
         return 0
     return plan.config.judge.replicas
 
 
-def core_slots(plan: RunPlan, judge: bool, mode: RunMode) -> tuple[int, int] | None:
+def core_slots(plan: RunPlan, judge: bool) -> tuple[int, int] | None:
     """CPU thread-binding slots when a local judge and the model's replicas run at once: the model's take the
     first slots, the judge's the next ones. None when either runs alone (it then has every core)."""
-    judges = local_judge_replicas(plan, mode)
-    if plan.device != "cpu" or judges == 0 or mode == "judge_only":
+    judges = local_judge_replicas(plan)
+    if plan.device != "cpu" or judges == 0 or plan.config.mode is RunMode.JUDGE_ONLY:
         return None
     replicas = plan.config.cluster.replicas
     return (replicas, replicas + judges) if judge else (0, replicas + judges)

@@ -12,21 +12,22 @@ from pathlib import Path
 
 import psutil
 
+from cluster.config import RunMode
 from cluster.models import check_context_length, resolve_model
-from cluster.plan import RunMode, RunPlan, check_judge, judged_task_names, local_judge_replicas
+from cluster.plan import RunPlan, check_judge, judged_task_names, local_judge_replicas
 from evaluators.errors import EvalInputError
 
 GIB = 1 << 30
 
 
-def preflight(plan: RunPlan, mode: RunMode) -> None:
+def preflight(plan: RunPlan) -> None:
     """Every check of this module; the cluster address last, since it touches the network."""
     check_context_length(plan.model, plan.config.model.max_model_len)
-    check_judge_inputs(plan, mode)
+    check_judge_inputs(plan)
     check_output_dir(Path(plan.config.output_dir).expanduser())
     check_batched_tokens(plan)
-    check_local_replicas(plan, mode)
-    check_kv_cache_fits(plan, mode)
+    check_local_replicas(plan)
+    check_kv_cache_fits(plan)
     check_address_reachable(plan.config.cluster.address)
 
 
@@ -76,13 +77,13 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def check_local_replicas(plan: RunPlan, mode: RunMode) -> None:
+def check_local_replicas(plan: RunPlan) -> None:
     """A local cluster that rayeval starts holds one CPU replica per core at most: each replica's engine
     threads are bound to cores of their own, and more replicas than cores only thrash (or crash Ray)."""
     if not _local_cpu_run(plan):
         return
     replicas = plan.config.cluster.replicas
-    judges = local_judge_replicas(plan, mode)
+    judges = local_judge_replicas(plan)
     cores = usable_cores()
     if replicas + judges > cores:
         asked = f"--replicas {replicas}" + (f" plus --judge-replicas {judges}" if judges else "")
@@ -93,12 +94,12 @@ def check_local_replicas(plan: RunPlan, mode: RunMode) -> None:
         )
 
 
-def check_kv_cache_fits(plan: RunPlan, mode: RunMode) -> None:
+def check_kv_cache_fits(plan: RunPlan) -> None:
     """The CPU KV cache is allocated up front in each replica (VLLM_CPU_KVCACHE_SPACE): all of it must fit
     this machine's free memory when rayeval starts the cluster here."""
     if not _local_cpu_run(plan):
         return
-    engines = plan.config.cluster.replicas + local_judge_replicas(plan, mode)
+    engines = plan.config.cluster.replicas + local_judge_replicas(plan)
     gib = plan.config.model.cpu_kv_cache_gib
     memory = psutil.virtual_memory()
     available = memory.available
@@ -111,11 +112,11 @@ def check_kv_cache_fits(plan: RunPlan, mode: RunMode) -> None:
         )
 
 
-def check_judge_inputs(plan: RunPlan, mode: RunMode) -> None:
+def check_judge_inputs(plan: RunPlan) -> None:
     """A judge where judged tasks need one, its API key in the environment, a local judge model that exists."""
-    check_judge(plan, mode)
+    check_judge(plan)
     judge = plan.config.judge
-    if judge.kind == "local" and mode != "inference_only" and judged_task_names(plan):
+    if judge.kind == "local" and plan.config.mode is not RunMode.INFERENCE_ONLY and judged_task_names(plan):
         resolve_model(judge.target, materialise=False, label=f"--judge {judge.model}")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evaluators.failures import failure_kind
 from evaluators.judging.base import TaskStatistic
 from evaluators.records import SampleRecord
 from evaluators.stats import MetricSummary, ScoredItem, summarize
@@ -62,7 +63,7 @@ def summarize_records(
 ) -> TaskSummary:
     """mean@N of each per-sample metric, with failed samples counted by reason and never scored."""
     failed = [r for r in records if r.error is not None]
-    reasons = Counter(_reason(r.error or "") for r in failed)
+    reasons = Counter(failure_kind(r.error or "") for r in failed)
     summary = TaskSummary(
         task=name,
         version=version,
@@ -86,10 +87,6 @@ def summarize_records(
 
 def unavailable_task(name: str, source: str, error: str) -> TaskSummary:
     return TaskSummary(name, "", 0, 0, 0, 0, 0, 0, {}, source=source, error=error)
-
-
-def _reason(error: str) -> str:
-    return error.split(":", 1)[0] if ":" in error else error
 
 
 def write_samples(directory: Path, task: str, records: list[SampleRecord]) -> tuple[Path, Path]:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
+from evaluators.failures import FailureKind
 from sharding.requests import Completion, PromptGroup
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class Dispatcher:
                 added += 1
             self._unfinished += added
             if not self._live():
-                self._fail_everything_queued(reason="every replica has died")
+                self._fail_everything_queued(FailureKind.REPLICAS_DEAD.error("every replica has died"))
             self._cond.notify_all()
 
     async def drain(self) -> DispatchStats:
@@ -256,10 +257,11 @@ class Dispatcher:
         attempts = self._attempts.get(group.group_id, 0) + 1
         self._attempts[group.group_id] = attempts
         if not self._live():
-            self._fail_everything_queued(reason="every replica has died")
-            self._finish(state, group, _failed(group, state.replica.name, "every replica has died"))
+            everyone = FailureKind.REPLICAS_DEAD.error("every replica has died")
+            self._fail_everything_queued(everyone)
+            self._finish(state, group, _failed(group, state.replica.name, everyone))
         elif attempts >= self._max_attempts:
-            reason = f"the replicas running this prompt died {attempts} times"
+            reason = FailureKind.REPLICA_LOST.error(f"the replicas running this prompt died {attempts} times")
             self._finish(state, group, _failed(group, state.replica.name, reason))
         else:
             state.stats.requeued += 1

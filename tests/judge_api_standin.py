@@ -334,3 +334,15 @@ def _handler_for(standin: JudgeApiStandin) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True  # the client gave up (its timeout) before the answer came
 
     return Handler
+
+
+def standin_answer(messages: list[dict]) -> str:
+    """A well-formed verdict for whichever of the judged tasks' judge prompts `messages` is."""
+    system = messages[0]["content"]
+    if "criteria_met" in system:
+        return '{"explanation": "The response does this.", "criteria_met": true}'
+    if "[[A>>B]]" in system:
+        return "My answer: ... Assistant B is a little better. [[B>A]]"
+    if "Rating: [[X]]" in system:
+        return "Clear and on topic.\nRating: [[8]]"
+    return "Output A follows the instruction better.\n[[A]]"

@@ -21,6 +21,7 @@ import ray
 from cluster.engines.affinity import engine_core_cpus, pin_descendants
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype
+from evaluators.failures import FailureKind
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class EngineActor:
             max_num_batched_tokens=s.max_num_batched_tokens,
         )
         # An evaluation is offline batch work: take vllm.LLM's scheduler defaults, not the engine-context
-        # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill; measured in issue 5).
+        # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill, docs/BENCHMARKS.md).
         self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
         config = self.engine.vllm_config
         tokenizer = self.engine.get_tokenizer()  # a coroutine in older vLLM releases
@@ -167,7 +168,7 @@ class EngineActor:
         )
         final = None
         try:
-            params = _sampling_params(request)
+            params = sampling_params(request)
             # The engine id must be unique among in-flight requests; the stable id stays in the Completion.
             engine_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
             async for output in self.engine.generate(prompt, params, request_id=engine_id):
@@ -185,7 +186,9 @@ class EngineActor:
             )
         if final is None or not final.outputs:
             return Completion(
-                request.request_id, replica=self.name, error="EmptyOutput: the engine returned nothing"
+                request.request_id,
+                replica=self.name,
+                error=FailureKind.EMPTY_OUTPUT.error("the engine returned nothing"),
             )
         latency = time.perf_counter() - began
         prompt_tokens = len(final.prompt_token_ids or [])
@@ -224,7 +227,8 @@ class EngineActor:
             self.engine = None
 
 
-def _sampling_params(request: GenerationRequest) -> Any:
+def sampling_params(request: GenerationRequest) -> Any:
+    """vLLM's SamplingParams for one request: final outputs only, text only where stop strings need it."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 

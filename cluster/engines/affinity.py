@@ -4,7 +4,7 @@ On a GPU, vLLM's engine core (one Python process per replica: scheduler, input p
 serialisation) sets the pace for small models: on 2 x H100 with a 1.1B model the GPU ran
 kernels under half of the time. Left to the kernel's scheduler, that process's busy thread moved between two
 or three cores within seconds; pinned to two cores of its own, the replica generated about 10 % faster
-(docs/BENCHMARKS.md, issue 5 round 4). Each replica's engine core therefore gets cores of its own, disjoint
+(docs/BENCHMARKS.md). Each replica's engine core therefore gets cores of its own, disjoint
 from the other replicas' on the node, taken from the top of the node's range (away from core 0, where the
 driver, Ray's daemons and interrupts tend to run). Only the engine core's process is pinned; the Ray actor
 that talks to it, tensor-parallel workers and everything else stay where the scheduler puts them.
@@ -54,7 +54,7 @@ def pin_descendants(parent_pid: int, cpus: list[int], name_prefix: str = ENGINE_
 
 
 def descendants(root: int) -> list[int]:
-    """Every process below `root`, from the parent ids in /proc/<pid>/stat (also how bench/gpu.py finds what
+    """Every process below `root`, from the parent ids in /proc/<pid>/stat (also how bench/gpu/driver.py finds what
     a configuration started, to stop it)."""
     parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):

@@ -6,16 +6,15 @@ samples that turn answers into scores.
 from cluster._lazy import lazy_exports
 
 _EXPORTS = {
-    "JudgeBackend": "backends",
-    "LocalJudgeBackend": "backends",
-    "ApiJudgeBackend": "backends",
-    "JudgeIdentity": "backends",
-    "build_judge_backend": "backends",
-    "JudgeRunner": "runner",
-    "JudgeStats": "runner",
-    "SECOND_PASS_PAUSE_S": "runner",
-    "JudgedSamples": "samples",
-    "task_statistics": "samples",
+    "backends": (
+        "JudgeBackend",
+        "LocalJudgeBackend",
+        "ApiJudgeBackend",
+        "JudgeIdentity",
+        "build_judge_backend",
+    ),
+    "runner": ("JudgeRunner", "JudgeStats", "SECOND_PASS_PAUSE_S"),
+    "samples": ("JudgedSamples", "task_statistics"),
+    "pipeline": ("JudgePipeline", "JudgePaths", "start_judging", "wait_for_judging"),
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

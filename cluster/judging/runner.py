@@ -24,6 +24,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
 
 from cluster.judging.backends import JudgeBackend
+from evaluators.failures import FailureKind
 from sharding.dispatcher import Dispatcher, DispatchStats
 from sharding.requests import Completion, GenerationRequest, PromptGroup, group_prompts
 from sharding.store import ResultStore, StoreWriteError
@@ -195,7 +196,9 @@ class JudgeRunner:
         await self._ready.wait()
         if self._dispatcher is None:
             for request in missing:
-                error = f"JudgeUnavailable: the judge could not start ({self.stats.start_error})"
+                error = FailureKind.JUDGE_UNAVAILABLE.error(
+                    f"the judge could not start ({self.stats.start_error})"
+                )
                 self._answer(Completion(request.request_id, error=error, retryable=True))
             return
         self.stats.asked += len(missing)

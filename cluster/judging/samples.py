@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cluster.judging.backends import JudgeBackend
 from cluster.plan import TaskPlan
+from evaluators.failures import FailureKind, is_judge_failure
 from evaluators.judging.base import JudgedItem, JudgedSample, JudgeParseError, JudgeTask, TaskStatistic
 from evaluators.records import SampleRecord
 from evaluators.tasks.base import MetricValue, Sample
@@ -110,7 +111,7 @@ class JudgedSamples:
         if failed:
             judgment, completion = failed[0]
             reason = completion.error or "unknown"
-            if not reason.startswith(("Judge", "NotGenerated")):
+            if not is_judge_failure(reason):
                 reason = f"Judge{reason}"
             record.error = f"{reason} (judgment {judgment}; {len(failed)} of {len(waiting.answers)} failed)"
         else:
@@ -119,7 +120,7 @@ class JudgedSamples:
                     waiting.sample, record.output, {k: c.text for k, c in waiting.answers.items()}
                 )
             except JudgeParseError as exc:
-                record.error = f"JudgeParseError: {exc}"
+                record.error = FailureKind.JUDGE_PARSE.error(str(exc))
             else:
                 for metric, value in judged.scores.items():
                     record.scores[metric] = value.value / value.weight if value.weight else 0.0

@@ -5,12 +5,7 @@ store, and the runs of lm-eval tasks (seeds, per-task overrides, few-shot) that 
 from cluster._lazy import lazy_exports
 
 _EXPORTS = {
-    "RayEvalLM": "backend",
-    "DocOutcome": "backend",
-    "LmEvalRunOutput": "runs",
-    "run_lm_eval_tasks": "runs",
-    "lm_eval_seeds": "runs",
-    "LM_EVAL_DEFAULT_SEEDS": "runs",
+    "backend": ("RayEvalLM", "DocOutcome"),
+    "runs": ("LmEvalRunOutput", "run_lm_eval_tasks", "lm_eval_seeds", "LM_EVAL_DEFAULT_SEEDS"),
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

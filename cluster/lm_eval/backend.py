@@ -35,7 +35,8 @@ from lm_eval.models.utils import (
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from cluster.config import build_config
-from cluster.run.runner import RequestRunner
+from cluster.plan import RunPlan
+from cluster.run import RequestRunner
 from sharding.requests import Completion, GenerationRequest, SamplingSpec, make_request
 
 log = logging.getLogger(__name__)
@@ -74,20 +75,20 @@ class RayEvalLM(TemplateLM):
         self,
         pretrained: str | None = None,
         revision: str | None = None,
-        dtype: str = "auto",
+        dtype: str | None = None,
         max_model_len: int | None = None,
         max_length: int | None = None,
-        max_num_seqs: int = 64,
-        tensor_parallel_size: int = 1,
-        replicas: int = 1,
+        max_num_seqs: int | None = None,
+        tensor_parallel_size: int | None = None,
+        replicas: int | None = None,
         enforce_eager: bool | None = None,
         address: str | None = None,
-        device: str = "auto",
-        max_gen_toks: int = 256,
+        device: str | None = None,
+        max_gen_toks: int | None = None,
         add_bos_token: bool | None = None,
         prefix_token_id: int | None = None,
         truncation_side: Literal["left", "right", "middle"] = "left",
-        seed: int = 1234,
+        seed: int | None = None,
         num_samples: int = 1,
         sample_index: int = 0,
         cache_dir: str | None = None,
@@ -95,63 +96,32 @@ class RayEvalLM(TemplateLM):
         runner: RequestRunner | None = None,
         **ignored: Any,
     ) -> None:
+        """Settings left out take rayeval's run defaults (cluster.config)."""
         super().__init__()
-        ignored = {k: v for k, v in ignored.items() if k not in ("batch_size", "max_batch_size")}
-        if ignored:
-            raise TypeError(
-                f"rayeval backend: unknown model_args {sorted(ignored)}. Known: pretrained, revision, dtype, "
-                "max_model_len, max_num_seqs, tensor_parallel_size, replicas, enforce_eager, address, device, "
-                "max_gen_toks, add_bos_token, prefix_token_id, truncation_side, seed, cache_dir."
-            )
-        if max_model_len is not None and max_length is not None:
-            raise ValueError("rayeval backend: give max_model_len or max_length, not both")
+        _check_model_args(ignored, max_model_len, max_length)
         self._exit = ExitStack()
         self._runner = runner
         if runner is None:
-            config = build_config(
-                {
-                    "model": {
-                        "path": pretrained,
-                        "revision": revision,
-                        "dtype": dtype,
-                        "max_model_len": max_model_len or max_length or 2048,
-                        "max_num_seqs": max_num_seqs,
-                        "tensor_parallel_size": tensor_parallel_size,
-                        "enforce_eager": enforce_eager,
-                    },
-                    "cluster": {"replicas": replicas, "address": address, "device": device},
-                    "sampling": {"seed": seed},
-                },
-                {},
-                "the rayeval model_args",
-            )
-            from cluster.plan import build_model_plan
-
-            self._plan = build_model_plan(config)
+            self._plan = _standalone_plan(
+                pretrained, revision, dtype, max_model_len or max_length, max_num_seqs, tensor_parallel_size,
+                replicas, enforce_eager, address, device, seed, max_gen_toks,
+            )  # fmt: skip
             self._cache_dir = cache_dir
             atexit.register(self.close)
         else:
             self._plan = runner.plan
-        model = self._plan.model
-        self.model_path = model.path
-        self.seed = self._plan.config.sampling.seed
-        self._max_length = self._plan.config.model.max_model_len
-        self._max_gen_toks = max_gen_toks
+        config = self._plan.config
+        self.model_path = self._plan.model.path
+        self.seed = config.sampling.seed if seed is None else seed
+        self._max_length = config.model.max_model_len
+        self._max_gen_toks = config.lm_eval.max_gen_toks if max_gen_toks is None else max_gen_toks
         self.add_bos_token = add_bos_token
         self.custom_prefix_token_id = prefix_token_id
         self.truncation_side = truncation_side
         self.num_samples = num_samples
         self.sample_index = sample_index
         self.outcomes: dict[DocKey, DocOutcome] = {}
-
-        from transformers import AutoConfig, AutoTokenizer
-
-        revision = self._plan.config.model.revision
-        tokenizer_options = {"add_bos_token": add_bos_token} if add_bos_token is not None else {}
-        self.tokenizer = AutoTokenizer.from_pretrained(model.path, revision=revision, **tokenizer_options)
-        self.tokenizer = configure_pad_token(
-            self.tokenizer, model_config=AutoConfig.from_pretrained(model.path, revision=revision)
-        )
+        self.tokenizer = _load_tokenizer(self.model_path, config.model.revision, add_bos_token)
 
     # --- the session (standalone use only) ---------------------------------------------------------------
 
@@ -386,3 +356,58 @@ def _as_answer(completion: Completion) -> tuple[float, bool]:
     if not completion.ok or completion.logprob is None:
         return float("-inf"), False  # counted as failed in the records; lm-eval only needs a number here
     return completion.logprob, bool(completion.is_greedy)
+
+
+def _check_model_args(ignored: dict[str, Any], max_model_len: int | None, max_length: int | None) -> None:
+    unknown = sorted(k for k in ignored if k not in ("batch_size", "max_batch_size"))
+    if unknown:
+        raise TypeError(
+            f"rayeval backend: unknown model_args {unknown}. Known: pretrained, revision, dtype, "
+            "max_model_len, max_num_seqs, tensor_parallel_size, replicas, enforce_eager, address, device, "
+            "max_gen_toks, add_bos_token, prefix_token_id, truncation_side, seed, cache_dir."
+        )
+    if max_model_len is not None and max_length is not None:
+        raise ValueError("rayeval backend: give max_model_len or max_length, not both")
+
+
+def _standalone_plan(
+    path: str | None,
+    revision: str | None,
+    dtype: str | None,
+    max_model_len: int | None,
+    max_num_seqs: int | None,
+    tensor_parallel_size: int | None,
+    replicas: int | None,
+    enforce_eager: bool | None,
+    address: str | None,
+    device: str | None,
+    seed: int | None,
+    max_gen_toks: int | None,
+) -> RunPlan:
+    """The plan of a backend that lm-eval drives: the model_args given, rayeval's defaults for the rest."""
+    from cluster.plan import build_model_plan
+
+    sections = {
+        "model": {
+            "path": path,
+            "revision": revision,
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "tensor_parallel_size": tensor_parallel_size,
+            "enforce_eager": enforce_eager,
+        },
+        "cluster": {"replicas": replicas, "address": address, "device": device},
+        "sampling": {"seed": seed},
+        "lm_eval": {"max_gen_toks": max_gen_toks},
+    }
+    given = {name: {k: v for k, v in values.items() if v is not None} for name, values in sections.items()}
+    return build_model_plan(build_config(given, {}, "the rayeval model_args"))
+
+
+def _load_tokenizer(path: str, revision: str | None, add_bos_token: bool | None) -> Any:
+    from transformers import AutoConfig, AutoTokenizer
+
+    options = {"add_bos_token": add_bos_token} if add_bos_token is not None else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, **options)
+    return configure_pad_token(tokenizer, model_config=AutoConfig.from_pretrained(path, revision=revision))

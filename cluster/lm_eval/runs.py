@@ -17,7 +17,7 @@ from cluster.config import RunConfig
 from cluster.errors import ClusterError
 from cluster.lm_eval.backend import RayEvalLM
 from cluster.plan import LmEvalTaskPlan
-from cluster.run.runner import RequestRunner
+from cluster.run import RequestRunner
 from evaluators.lm_eval_tasks import (
     ExecutionInfo,
     LmEvalCatalog,
@@ -128,7 +128,6 @@ def _evaluate_round(
     results: dict[str, LmEvalTaskResult],
     output: LmEvalRunOutput,
 ) -> None:
-    from lm_eval import simple_evaluate
     from lm_eval.utils import simple_parse_args_string
 
     options = config.lm_eval
@@ -143,10 +142,38 @@ def _evaluate_round(
         num_samples=config.num_samples,
         sample_index=round_index,
     )
+    evaluated = _simple_evaluate(
+        config, catalog, [obj for plan in plans for obj in tasks[plan.name].objects], limit, lm
+    )
+    for group in evaluated.get("groups", {}):  # groups with an aggregate (MMLU's overall accuracy)
+        output.group_rounds.setdefault(group, []).append(dict(evaluated["results"][group]))
+        output.group_subtasks[group] = list(evaluated.get("group_subtasks", {}).get(group, []))
+    for plan in plans:
+        for leaf_name, leaf in tasks[plan.name].leaves.items():
+            described = describe_leaf(leaf_name, leaf, evaluated)
+            if leaf_name in results:
+                results[leaf_name].rounds.extend(described.rounds)
+            else:
+                results[leaf_name] = described
+            executions = _executions(lm, leaf_name)
+            output.records.setdefault(leaf_name, []).extend(
+                records_from_round(
+                    leaf_name, evaluated["samples"].get(leaf_name, []), round_index, executions
+                )
+            )
+
+
+def _simple_evaluate(
+    config: RunConfig, catalog: LmEvalCatalog, task_objects: list[Any], limit: int | None, lm: RayEvalLM
+) -> dict[str, Any]:
+    """lm-eval's own evaluation loop over the tasks, seeded and configured as `lm_eval`'s flags would."""
+    from lm_eval import simple_evaluate
+
+    options = config.lm_eval
     python_seed, numpy_seed, torch_seed, fewshot_seed = lm_eval_seeds(config.sampling.seed)
     evaluated = simple_evaluate(
         model=lm,
-        tasks=[obj for plan in plans for obj in tasks[plan.name].objects],
+        tasks=task_objects,
         task_manager=catalog.manager,
         limit=limit,
         bootstrap_iters=options.bootstrap_iters,
@@ -165,22 +192,7 @@ def _evaluate_round(
         confirm_run_unsafe_code=options.confirm_run_unsafe_code,
     )
     assert evaluated is not None  # rank 0 of a single process always gets the results
-    for group in evaluated.get("groups", {}):  # groups with an aggregate (MMLU's overall accuracy)
-        output.group_rounds.setdefault(group, []).append(dict(evaluated["results"][group]))
-        output.group_subtasks[group] = list(evaluated.get("group_subtasks", {}).get(group, []))
-    for plan in plans:
-        for leaf_name, leaf in tasks[plan.name].leaves.items():
-            described = describe_leaf(leaf_name, leaf, evaluated)
-            if leaf_name in results:
-                results[leaf_name].rounds.extend(described.rounds)
-            else:
-                results[leaf_name] = described
-            executions = _executions(lm, leaf_name)
-            output.records.setdefault(leaf_name, []).extend(
-                records_from_round(
-                    leaf_name, evaluated["samples"].get(leaf_name, []), round_index, executions
-                )
-            )
+    return evaluated
 
 
 def _apply_task_overrides(leaf: Any, plan: LmEvalTaskPlan, global_gen_kwargs: dict[str, Any]) -> None:

@@ -5,16 +5,14 @@ before any engine starts, and how a task's prompt is rendered with the model's c
 from cluster._lazy import lazy_exports
 
 _EXPORTS = {
-    "ResolvedModel": "resolve",
-    "resolve_model": "resolve",
-    "check_context_length": "resolve",
-    "check_model_folder": "resolve",
-    "check_hub_model": "resolve",
-    "PromptRenderer": "prompts",
-    "DEFAULT_MODEL_NAME": "default",
-    "ensure_default_model": "default",
-    "default_model_dir": "default",
-    "cache_root": "default",
+    "resolve": (
+        "ResolvedModel",
+        "resolve_model",
+        "check_context_length",
+        "check_model_folder",
+        "check_hub_model",
+    ),
+    "prompts": ("PromptRenderer",),
+    "default": ("DEFAULT_MODEL_NAME", "ensure_default_model", "default_model_dir", "cache_root"),
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

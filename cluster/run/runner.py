@@ -13,23 +13,23 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from cluster.engines import EngineInfo, ReplicaPool, engine_settings
 from cluster.plan import RunPlan
+from cluster.progress import progress_bar
+from evaluators.failures import FailureKind
 from sharding.dispatcher import Dispatcher, DispatchStats
 from sharding.requests import Completion, GenerationRequest, PromptGroup, group_prompts
 from sharding.store import ResultStore, StoreWriteError
-
-if TYPE_CHECKING:
-    from rich.progress import Progress
 
 log = logging.getLogger(__name__)
 
 CompletionCallback = Callable[[Completion], None]
 
 
-NOT_GENERATED = "NotGenerated: the run folder holds no output for this request; run without --judge-only first to generate it"
+NOT_GENERATED = FailureKind.NOT_GENERATED.error(
+    "the run folder holds no output for this request; run without --judge-only first to generate it"
+)
 
 
 @dataclass
@@ -93,22 +93,7 @@ class RequestRunner:
     ) -> dict[str, Completion]:
         """Every request's completion by request id: cached ones from the store, the rest generated now."""
         unique = list({r.request_id: r for r in requests}.values())
-        results: dict[str, Completion] = {}
-        missing: list[GenerationRequest] = []
-        for request in unique:
-            first_time = request.request_id not in self._seen
-            self._seen.add(request.request_id)
-            if self.store is not None and self.store.is_done(request.request_id, self.retry_failed):
-                completion = self.store.get(request.request_id)
-                results[request.request_id] = completion
-                if first_time:  # a later batch asking again (another sample round) is not a resume
-                    self.stats.reused += 1
-                    self.stats.reused_failed += 0 if completion.ok else 1
-                if on_completion is not None:
-                    on_completion(completion)
-            else:
-                missing.append(request)
-        self.stats.requests = len(self._seen)
+        results, missing = self._reuse(unique, on_completion)
         groups = group_prompts(missing)
         total = sum(g.size for g in groups)
         log.info(
@@ -121,17 +106,48 @@ class RequestRunner:
         if not groups:
             return results
         if not self.generate_missing:
-            for group in groups:
-                for request in group.requests:
-                    completion = Completion(request.request_id, error=NOT_GENERATED, retryable=True)
-                    results[request.request_id] = completion
-                    if on_completion is not None:
-                        on_completion(completion)
+            for request in missing:
+                _deliver(
+                    Completion(request.request_id, error=NOT_GENERATED, retryable=True),
+                    results,
+                    on_completion,
+                )
             return results
-        dispatcher = self._ensure_replicas()
+        self._generate(groups, label, results, on_completion)
+        self.stats.generated += total
+        return results
 
+    def _reuse(
+        self, unique: list[GenerationRequest], on_completion: CompletionCallback | None
+    ) -> tuple[dict[str, Completion], list[GenerationRequest]]:
+        """The completions the store holds, delivered at once, and the requests it lacks."""
+        results: dict[str, Completion] = {}
+        missing: list[GenerationRequest] = []
+        for request in unique:
+            first_time = request.request_id not in self._seen
+            self._seen.add(request.request_id)
+            if self.store is None or not self.store.is_done(request.request_id, self.retry_failed):
+                missing.append(request)
+                continue
+            completion = self.store.get(request.request_id)
+            if first_time:  # a later batch asking again (another sample round) is not a resume
+                self.stats.reused += 1
+                self.stats.reused_failed += 0 if completion.ok else 1
+            _deliver(completion, results, on_completion)
+        self.stats.requests = len(self._seen)
+        return results, missing
+
+    def _generate(
+        self,
+        groups: list[PromptGroup],
+        label: str,
+        results: dict[str, Completion],
+        on_completion: CompletionCallback | None,
+    ) -> None:
+        """Dispatch the groups over the replicas; each finished group is stored, then delivered."""
+        dispatcher = self._ensure_replicas()
         bar = progress_bar(label, enabled=self.progress)
-        job = bar.add_task(label, total=total)
+        job = bar.add_task(label, total=sum(g.size for g in groups))
 
         def done(group: PromptGroup, completions: list[Completion]) -> None:
             self.stats.last_completion_at = time.time()
@@ -142,34 +158,30 @@ class RequestRunner:
                     self.store.add(completions)
                 except StoreWriteError as exc:
                     self.write_error = exc
-                    dispatcher.abandon_queued(f"not generated: {exc.strerror}")
+                    dispatcher.abandon_queued(
+                        FailureKind.NOT_DISPATCHED.error(f"the run stopped: {exc.strerror}")
+                    )
                     return
             for completion in completions:
-                results[completion.request_id] = completion
-                if on_completion is not None:
-                    on_completion(completion)
+                _deliver(completion, results, on_completion)
             bar.advance(job, len(completions))
 
         began = time.perf_counter()
-        if self.stats.first_dispatch_at is None:
-            self.stats.first_dispatch_at = time.time()
+        self.stats.first_dispatch_at = self.stats.first_dispatch_at or time.time()
         with bar:
             self._loop.run_until_complete(dispatcher.run(groups, on_group_done=done))
         self.stats.generation_s += time.perf_counter() - began
         if self.write_error is not None:
             raise self.write_error
-        self.stats.generated += total
-        stats = dispatcher.stats
-        if stats.tail_s is not None:
+        if dispatcher.stats.tail_s is not None:
             log.info(
                 "%s: %.1f s, of which %.1f s after the last request was handed out (the tail); replicas "
                 "finished within %.1f s of each other",
                 label,
                 time.perf_counter() - began,
-                stats.tail_s,
-                stats.finish_spread_s,
+                dispatcher.stats.tail_s,
+                dispatcher.stats.finish_spread_s,
             )
-        return results
 
     def start_in_background(self) -> None:
         """Start the replicas now, while the caller builds requests (engine start is the longest wait of a
@@ -217,22 +229,9 @@ class RequestRunner:
         self._loop.close()
 
 
-def progress_bar(label: str, enabled: bool) -> Progress:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn(label),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        disable=not enabled,
-        transient=False,
-    )
+def _deliver(
+    completion: Completion, results: dict[str, Completion], on_completion: CompletionCallback | None
+) -> None:
+    results[completion.request_id] = completion
+    if on_completion is not None:
+        on_completion(completion)

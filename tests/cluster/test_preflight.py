@@ -11,7 +11,7 @@ import subprocess
 import psutil
 import pytest
 
-from tests.cluster.test_end_to_end import rayeval
+from tests.runs import rayeval
 
 
 def refused(*argv: str) -> str:

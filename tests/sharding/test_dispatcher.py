@@ -170,7 +170,7 @@ def test_all_replicas_dead_fails_the_rest_instead_of_hanging():
     dispatcher = Dispatcher([Replica("r0", FakeReplica("r0", die_after=0), 2)], on_group_done=done)
     stats = asyncio.run(asyncio.wait_for(dispatcher.run(groups), timeout=5))
     assert len(results) == 5
-    assert all(c.error == "every replica has died" and c.retryable for c in results.values())
+    assert all(c.error == "ReplicasDead: every replica has died" and c.retryable for c in results.values())
     assert stats.groups_failed == 5
     assert stats.all_replicas_dead and stats.death_causes() == {"r0": "r0 lost"}
 
@@ -242,5 +242,5 @@ def test_streaming_submit_after_every_replica_died_fails_the_groups():
         await dispatcher.drain()
 
     asyncio.run(scenario())
-    assert {c.error for c in results.values()} == {"every replica has died"}
+    assert {c.error for c in results.values()} == {"ReplicasDead: every replica has died"}
     assert len(results) == 2

@@ -6,26 +6,21 @@ API keys that never leave the driver unredacted. `settings` is plain Python; `cl
 from cluster._lazy import lazy_exports
 
 _EXPORTS = {
-    "ApiJudgeSettings": "settings",
-    "FailureReason": "settings",
-    "is_transient": "settings",
-    "read_api_key": "settings",
-    "redact": "settings",
-    "ApiJudgeActor": "client",
-    "ApiJudgePool": "client",
-    "ApiJudgeStats": "client",
-    "start_api_judges": "client",
-    "classify": "client",
-    "check_response": "client",
-    "retry_after_s": "client",
-    "backoff_s": "client",
-    "parse_messages": "client",
-    "chat_arguments": "client",
-    "AttemptFailure": "client",
-    "BadResponse": "client",
-    "RateLimiter": "rate_limiter",
-    "LimiterCore": "rate_limiter",
-    "LimiterStats": "rate_limiter",
+    "settings": ("ApiJudgeSettings", "FailureReason", "is_transient", "read_api_key", "redact"),
+    "client": (
+        "ApiJudgeActor",
+        "ApiJudgePool",
+        "ApiJudgeStats",
+        "start_api_judges",
+        "classify",
+        "check_response",
+        "retry_after_s",
+        "backoff_s",
+        "parse_messages",
+        "chat_arguments",
+        "AttemptFailure",
+        "BadResponse",
+    ),
+    "rate_limiter": ("RateLimiter", "LimiterCore", "LimiterStats"),
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -35,12 +35,12 @@ from cluster.engines import remote_message, replica_call
 from cluster.errors import ClusterError
 from cluster.judging.api.rate_limiter import LimiterStats, RateLimiter
 from cluster.judging.api.settings import ApiJudgeSettings, FailureReason, read_api_key, redact
+from evaluators.failures import FailureKind
 from sharding.dispatcher import Replica
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
 log = logging.getLogger(__name__)
 
-ERROR_PREFIX = "JudgeAPIError"
 REPLICA_HEADER = "X-Rayeval-Replica"  # tells the API's logs (and the test stand-in) which actor sent a call
 
 
@@ -266,7 +266,7 @@ class ApiJudgeActor:
             return Completion(
                 request.request_id,
                 replica=self.name,
-                error=f"{ERROR_PREFIX}: {exc}",
+                error=FailureKind.JUDGE_API.error(str(exc)),
                 finish_reason=FailureReason.INVALID_PROMPT.value,
             )
         arguments = chat_arguments(self.settings.model, messages, request)
@@ -346,7 +346,7 @@ class ApiJudgeActor:
             request.request_id,
             latency_s=time.perf_counter() - began,
             replica=self.name,
-            error=redact(f"{ERROR_PREFIX}: {detail}", self._key),
+            error=redact(FailureKind.JUDGE_API.error(detail), self._key),
             finish_reason=failure.reason.value,  # why it failed: `is_transient` reads it
             retryable=True,
         )

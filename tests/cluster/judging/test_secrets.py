@@ -18,9 +18,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.cluster.test_judging import ENGINE_FLAGS, _standin_answer, rayeval, records
-from tests.judge_api_standin import JudgeApiStandin, dealt
+from tests.cluster.judging.test_judging import ENGINE_FLAGS, rayeval
+from tests.judge_api_standin import JudgeApiStandin, dealt, standin_answer
 from tests.judge_local_data import HEALTH, write_judge_data
+from tests.runs import records
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def judged_run(tmp_path_factory: pytest.TempPathFactory, secret: str):
     data = write_judge_data(tmp_path_factory.mktemp("judge-data"))
     out = tmp_path_factory.mktemp("secret-runs")
     schedule = dealt(["html", "500", "empty_choices", "ok"], first_attempt_only=True)
-    with JudgeApiStandin(_standin_answer, schedule, api_key=secret, echo_auth=True) as api:
+    with JudgeApiStandin(standin_answer, schedule, api_key=secret, echo_auth=True) as api:
         done = rayeval(
             "run", "--tasks", "healthbench", "--data-path", f"healthbench={data['healthbench']}",
             "--limit", "2", "--output-dir", str(out), "--run-id", RUN_ID, *ENGINE_FLAGS, "--verbose",
@@ -93,7 +94,7 @@ def first_rubric_item(messages: list[dict]) -> str | None:
 def test_api_errors_that_quote_the_key_are_recorded_without_it(judged_run, secret: str) -> None:
     out, _, _, _ = judged_run
     schedule = dealt(["401", "html", "500"])
-    with JudgeApiStandin(_standin_answer, schedule, echo_auth=True, route=first_rubric_item) as api:
+    with JudgeApiStandin(standin_answer, schedule, echo_auth=True, route=first_rubric_item) as api:
         done = rayeval(
             "run", "--judge-only", "--output-dir", str(out), "--run-id", RUN_ID, "--verbose",
             "--judge", "openai:failing-judge", "--judge-base-url", api.base_url, "--judge-rps", "20",

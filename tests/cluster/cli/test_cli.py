@@ -138,12 +138,13 @@ def test_tasks_lists_lm_eval_names(capsys):
 
 
 def test_engine_core_pinning_is_on_by_default_and_a_flag_turns_it_off():
-    from cluster.cli.app import _overrides, build_parser
+    from cluster.cli import build_parser
+    from cluster.cli.flags import overrides
     from cluster.config import build_config
     from cluster.engines import engine_settings
 
     def settings(argv: list[str]):
-        config = build_config({}, _overrides(build_parser().parse_args(["run", *argv])), "flags")
+        config = build_config({}, overrides(build_parser().parse_args(["run", *argv])), "flags")
         return engine_settings(config.model, "m", "gpu")
 
     assert settings([]).pin_engine_core is True

@@ -10,16 +10,16 @@ through the `rayeval` CLI.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cluster.models import ensure_default_model
-from tests.judge_api_standin import JudgeApiStandin, Outage, Served
+from tests import runs
+from tests.judge_api_standin import JudgeApiStandin, Outage, Served, standin_answer
 from tests.judge_local_data import write_judge_data
+from tests.runs import records
 
 pytestmark = pytest.mark.slow
 
@@ -38,19 +38,7 @@ LOCAL_JUDGE_DIR = "local-SmolLM2-135M-Instruct"
 
 
 def rayeval(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "cluster.cli", *args, "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
-    return done
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return runs.rayeval(*args, "--no-progress", env=env)
 
 
 @pytest.fixture(scope="module")
@@ -124,17 +112,6 @@ def test_rerun_reuses_outputs_and_judgments_without_starting_an_engine(pipelined
     assert judge["asked"] == 0 and judge["reused_from_cache"] == judge["requests"]
 
 
-def _standin_answer(messages: list[dict]) -> str:
-    system = messages[0]["content"]
-    if "criteria_met" in system:
-        return '{"explanation": "The response does this.", "criteria_met": true}'
-    if "[[A>>B]]" in system:
-        return "My answer: ... Assistant B is a little better. [[B>A]]"
-    if "Rating: [[X]]" in system:
-        return "Clear and on topic.\nRating: [[8]]"
-    return "Output A follows the instruction better.\n[[A]]"
-
-
 def _schedule(key: str, attempt: int) -> str:
     bucket = int(key, 16) % 8
     if bucket == 0:
@@ -172,7 +149,7 @@ def test_judge_only_with_a_faulty_api_judge_rate_limited_across_two_actors(pipel
     # The first 48 requests all fail: with at most 8 requests in the two actors at once, at least
     # (48 - 8 * 2) / 3 judgments fail every attempt of their first pass in it; a second pass recovers them.
     outage = Outage(requests=48, then=_schedule)
-    with JudgeApiStandin(_standin_answer, outage, retry_after_s=0.3, timeout_sleep_s=3.0) as api:
+    with JudgeApiStandin(standin_answer, outage, retry_after_s=0.3, timeout_sleep_s=3.0) as api:
         done = rayeval(
             "run", "--judge-only", "--output-dir", str(run_dir.parent), "--run-id", run_dir.name,
             "--judge", "openai:standin-judge", "--judge-base-url", api.base_url, "--judge-replicas", "2",

@@ -1,7 +1,8 @@
-"""The output disk fills up in the middle of a real run.
+"""The output disk fills up, or the output folder becomes unwritable, in the middle of a real run.
 
-The run folder lives on a small tmpfs mounted for the test (root is needed to mount). Generation is real: a
-local Ray cluster and a vLLM CPU engine. The test asserts one clear error with no traceback, a store whose
+The full disk is a small tmpfs mounted for the test (root is needed to mount); the unwritable folder is made
+immutable with `chattr +i`, which stops even root from making files in it. Generation is real: a local Ray
+cluster and a vLLM CPU engine. The test asserts one clear error with no traceback, a store whose
 every line is a whole record, and that the same command resumes and generates only what is missing.
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_end_to_end import (
+from tests.runs import (
     ENGINE_FLAGS,
     MODEL_DIR,
     rayeval,
@@ -92,3 +93,46 @@ def test_a_full_disk_mid_run_stops_cleanly_and_the_same_command_resumes(small_di
     assert f"{LIMIT} requests, {len(kept)} reused" in resumed.stderr
     rows = records(small_disk / "runs" / "r" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert sorted(r["doc_id"] for r in rows) == list(range(LIMIT)) and all(r["error"] is None for r in rows)
+
+
+@pytest.fixture
+def immutable() -> Iterator[list[Path]]:
+    """Folders made immutable (`chattr +i`: no file can be made in them, even by root) and freed again."""
+    folders: list[Path] = []
+    yield folders
+    for folder in folders:
+        subprocess.run(["chattr", "-i", str(folder)], check=False)
+
+
+def test_an_output_folder_made_unwritable_mid_run_stops_cleanly_and_the_same_command_resumes(
+    tmp_path, immutable
+):
+    argv = run_argv(tmp_path / "runs")
+    run_dir = tmp_path / "runs" / "r"
+    store = run_dir / "cache" / "completions.jsonl"
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode != 0:
+        pytest.skip(
+            "this filesystem cannot make a folder immutable (chattr +i): no way to make it unwritable"
+        )
+    immutable.append(probe)
+    samples = run_dir / "samples" / MODEL_DIR
+
+    def freeze() -> None:  # the run folder and its samples folder: the final files cannot be made
+        for folder in (run_dir, samples):
+            subprocess.run(["chattr", "+i", str(folder)], check=True)
+            immutable.append(folder)
+
+    err = stopped_with(argv, store, freeze)
+    assert "Writing the run's files in" in err and "Operation not permitted" in err
+    assert "make the folder writable again" in err
+    kept = whole_records(store)
+    assert len(kept) == LIMIT  # generation went on into the open files: every result is kept
+    assert len(records(samples / "ifeval.jsonl")) == LIMIT  # the live records, readable
+    for folder in immutable:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    resumed = rayeval(*argv)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{LIMIT} requests, {LIMIT} reused" in resumed.stderr
+    assert (run_dir / "summary.json").is_file() and (samples / "ifeval.parquet").is_file()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_end_to_end import MODEL_DIR, rayeval, records
+from tests.runs import MODEL_DIR, rayeval, records
 
 pytestmark = pytest.mark.slow
 

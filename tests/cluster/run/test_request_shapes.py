@@ -79,7 +79,7 @@ def test_a_sampling_seed_draws_new_samples_of_the_same_prompts():
     from cluster.config import RunConfig, TaskOptions
     from cluster.models import PromptRenderer
     from cluster.plan import build_plan
-    from cluster.run.coordinator import build_requests
+    from cluster.run import build_requests
 
     plan = build_plan(
         RunConfig(tasks=[TaskOptions(name="ifeval", limit=3)], num_samples=2, cluster={"device": "cpu"})

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_end_to_end import rayeval, records
 from tests.lm_eval_local import LOCAL_TASKS, lm_eval_vllm_env, write_local_tasks
+from tests.runs import rayeval, records
 
 pytestmark = pytest.mark.slow
 

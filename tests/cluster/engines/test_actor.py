@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster.engines.actor import _sampling_params, defer_detokenization
+from cluster.engines.actor import defer_detokenization, sampling_params
 from cluster.plan import RunPlan
 from sharding.requests import (
     Completion,
@@ -40,9 +40,9 @@ def test_sampling_params_ask_vllm_for_text_only_where_it_is_needed():
     plain = make_request("m", "p", SamplingSpec(max_tokens=8), 0, 0)
     stopped = make_request("m", "p", SamplingSpec(max_tokens=8, stop=("Q:",)), 0, 0)
     forced = make_request("m", "p", SamplingSpec(max_tokens=8, engine_options=(("detokenize", True),)), 0, 0)
-    assert _sampling_params(plain).detokenize is False
-    assert _sampling_params(stopped).detokenize is True
-    assert _sampling_params(forced).detokenize is True  # the task's own engine options win
+    assert sampling_params(plain).detokenize is False
+    assert sampling_params(stopped).detokenize is True
+    assert sampling_params(forced).detokenize is True  # the task's own engine options win
 
 
 @pytest.fixture(scope="module")

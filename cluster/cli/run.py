@@ -1,0 +1,154 @@
+"""`rayeval run`: build the config from a file and flags, plan, check, then evaluate and print."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from cluster.cli.flags import GROUPS, add_config_flags, flag_names, overrides
+from cluster.config import COMMAND_LINE, RunConfig, RunMode, build_config, load_config_file
+from cluster.run import RunPaths
+from evaluators.errors import EvalInputError
+
+EPILOG = """examples:
+  rayeval run                                  # embedded SmolLM2-135M on IFEval (20 prompts), local CPU cluster
+  rayeval run --model Qwen/Qwen2.5-7B-Instruct --tasks ifeval,gsm8k --limit 100 \\
+              --num-samples 4 --temperature 0.7 --replicas 2 --output-dir runs --run-id my_run
+  rayeval run --config run.yaml --replicas 4   # flags override the file
+  rayeval run --dry-run --tasks gsm8k --data-path gsm8k=data/gsm8k/test.jsonl
+  rayeval run --model M --tasks arc_easy,hellaswag,mmlu_abstract_algebra --num-fewshot 5 --limit 200
+  rayeval run --tasks my_task --include-path my_tasks/   # an lm-eval task YAML folder
+  rayeval run --tasks alpaca_eval,arena_hard --judge local:Qwen/Qwen2.5-7B-Instruct --judge-replicas 1
+  OPENAI_API_KEY=... rayeval run --tasks healthbench --judge openai:gpt-4.1 --judge-rps 5 --run-id hb
+  rayeval run --judge-only --run-id hb --judge openai:gpt-4o-mini   # re-judge stored outputs, no generation
+Rerunning the same command with the same --output-dir and --run-id resumes: finished requests are reused."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="evaluate a model on tasks",
+        description="Evaluate a model on benchmark tasks with vLLM engine replicas on a Ray cluster.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.set_defaults(handler=cmd_run)
+    p.add_argument("--config", metavar="FILE", help="YAML run config; flags given here override its values")
+    groups = {key: p.add_argument_group(title, text) for key, (title, text) in GROUPS.items()}
+    add_config_flags(groups)
+    groups["tasks"].add_argument(
+        "--data-path",
+        action="append",
+        metavar="[TASK=]PATH",
+        help="local data file/folder or hf://org/name for a task; repeat per task",
+    )
+    out = groups["output"]
+    out.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved plan (tasks, samples, requests, replicas) and exit without starting engines",
+    )
+    out.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="on resume, generate again the requests that failed last time (default: keep them as failed)",
+    )
+    out.add_argument(
+        "--verbose", action="store_true", help="show Ray and vLLM logs, with vLLM's periodic engine stats"
+    )
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _run_config(args)
+    from cluster.plan import build_plan
+    from cluster.preflight import preflight
+
+    plan = build_plan(config, materialise_model=not args.dry_run)
+    preflight(plan)
+    if args.dry_run:
+        print(plan.describe())
+        return 0
+
+    from cluster.api import evaluate_plan
+
+    result = evaluate_plan(
+        plan, verbose=args.verbose, progress=not args.no_progress, retry_failed=args.retry_failed
+    )
+    print(result.table)
+    print(
+        f"results in {result.run_dir} ({result.requests_reused} of {result.requests_total} requests reused, "
+        f"{result.requests_failed} failed, {result.wall_s:.1f} s)"
+    )
+    if result.task_errors:
+        names = ", ".join(sorted(result.task_errors))
+        print(
+            f"rayeval: error: {len(result.task_errors)} task(s) could not run: {names}. The other tasks' results "
+            "are complete; summary.json has each reason. Fix it and rerun the same command: finished work is reused.",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    """The file's settings (a --judge-only run's own config.yaml when no file is given), then the flags'."""
+    given = overrides(args)
+    source = args.config or COMMAND_LINE
+    file_data = load_config_file(args.config) if args.config else {}
+    if given.get("mode") == RunMode.JUDGE_ONLY and not args.config:
+        output_dir = given.get("output_dir") or RunConfig.model_fields["output_dir"].default
+        file_data, source = _stored_run_config(output_dir, given.get("run_id"))
+    config = build_config(file_data, given, source, flag_names())
+    _apply_data_paths(config, args.data_path)
+    return config
+
+
+def _stored_run_config(output_dir: str, run_id: str | None) -> tuple[dict[str, Any], str]:
+    """--judge-only re-judges a finished run: its saved config.yaml says which model, tasks and N it used."""
+    if not run_id:
+        raise EvalInputError(
+            "--judge-only needs --run-id: the run whose stored outputs are to be judged (a folder under "
+            "--output-dir, default runs/)."
+        )
+    saved = RunPaths.of(output_dir, run_id).config
+    if not saved.is_file():
+        raise EvalInputError(
+            f"--judge-only --run-id {run_id}: {saved} does not exist. Give the --run-id (and --output-dir) "
+            "of a run made before, e.g. with --inference-only."
+        )
+    data = load_config_file(str(saved))
+    data.pop("resolved_model_path", None)
+    return data, str(saved)
+
+
+def _apply_data_paths(config: RunConfig, data_paths: list[str] | None) -> None:
+    """`--data-path TASK=PATH` (or a bare PATH when the run has one task) sets that task's data_path."""
+    tasks = config.enabled_tasks()
+    given: dict[str, str] = {}
+    for entry in data_paths or []:
+        name, sep, path = entry.partition("=")
+        if not sep:
+            if len(tasks) != 1:
+                raise EvalInputError(
+                    f"--data-path {entry} does not say which task it is for, and the run has {len(tasks)} tasks. "
+                    "Write it as TASK=PATH, e.g. --data-path gsm8k=data/gsm8k/test.jsonl."
+                )
+            name, path = tasks[0].name, entry
+        match = next((t for t in tasks if t.name == name), None)
+        if match is None:
+            raise EvalInputError(
+                f"--data-path {entry} names task '{name}', which is not among the run's tasks "
+                f"({', '.join(t.name for t in tasks)}). Add it to --tasks, or fix the name before '='."
+            )
+        if not path.strip():
+            raise EvalInputError(
+                f"--data-path {entry} gives no path. Write TASK=PATH, e.g. --data-path gsm8k=data/gsm8k/test.jsonl, "
+                "or leave it out to use the task's default data."
+            )
+        if name in given:
+            raise EvalInputError(
+                f"--data-path is given twice for task '{name}' ({given[name]} and {path}). Keep one per task."
+            )
+        given[name] = match.data_path = path

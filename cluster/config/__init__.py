@@ -1,0 +1,36 @@
+"""The run configuration: the pydantic model every entry point fills (`options`), reading it from YAML with
+flag overrides (`files`), checks of single values (`values`) and validation errors a user can act on
+(`errors`). Plain Python: importing it loads pydantic and PyYAML, nothing heavier."""
+
+from cluster.config.errors import COMMAND_LINE, format_validation_error
+from cluster.config.files import build_config, load_config_file
+from cluster.config.options import (
+    DEMO_LIMIT,
+    ClusterOptions,
+    JudgeOptions,
+    LmEvalOptions,
+    ModelOptions,
+    RunConfig,
+    RunMode,
+    SamplingOptions,
+    TaskOptions,
+)
+from cluster.config.values import check_ray_address, parse_gen_kwargs
+
+__all__ = [
+    "COMMAND_LINE",
+    "DEMO_LIMIT",
+    "ClusterOptions",
+    "JudgeOptions",
+    "LmEvalOptions",
+    "ModelOptions",
+    "RunConfig",
+    "RunMode",
+    "SamplingOptions",
+    "TaskOptions",
+    "build_config",
+    "check_ray_address",
+    "format_validation_error",
+    "load_config_file",
+    "parse_gen_kwargs",
+]

@@ -1,0 +1,106 @@
+"""Pydantic validation errors as one paragraph a user can act on: each bad setting, the flag that set it,
+its value, the rule, and the fix (a close name for a typo, the section a misplaced setting belongs in)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any, get_args
+
+from pydantic import BaseModel, ValidationError
+
+from cluster.config.options import RunConfig
+
+COMMAND_LINE = "the command line"
+
+
+def format_validation_error(
+    error: ValidationError, source: str, flags: Mapping[str, str] | None = None
+) -> str:
+    """One paragraph naming each bad setting (and the flag that set it), its value, the rule, and the fix.
+
+    `flags` maps the dotted settings given on the command line to their flags (`sampling.temperature` to
+    `--temperature`).
+    """
+    problems = [_describe_problem(item, flags or {}) for item in error.errors()]
+    them = "it" if len(problems) == 1 else "them"
+    fix = (
+        f"Fix {them}: `rayeval run --help` describes every flag"
+        if source == COMMAND_LINE
+        else f"Fix {them} in {source}: README.md shows a full config, `rayeval run --help` every setting"
+    )
+    return f"{source} has {len(problems)} invalid setting(s): " + "; ".join(problems) + f". {fix}."
+
+
+def _describe_problem(item: Mapping[str, Any], flags: Mapping[str, str]) -> str:
+    loc = tuple(item["loc"])
+    field = ".".join(str(part) for part in loc) or "(top level)"
+    named = f"`{field}`"
+    flag = next((flags[k] for k in _prefixes(loc) if k in flags), None)
+    if flag:
+        named += f" ({flag})"
+    if item["type"] == "extra_forbidden":
+        return f"{named} is not a setting{_setting_hint(loc)}"
+    if item["type"] == "missing":
+        return f"{named} is required but missing"
+    message = str(item["msg"]).removeprefix("Value error, ")
+    message = message[:1].lower() + message[1:] + _type_hint(item, loc)
+    if isinstance(item["input"], (list, dict)):
+        return f"{named}: {message}"  # a whole section or list: the message says which part
+    value = repr(item["input"])
+    return f"{named} is {value if len(value) <= 60 else value[:57] + '...'}: {message}"
+
+
+def _prefixes(loc: tuple[Any, ...]) -> list[str]:
+    """`tasks.0.name` → tasks.0.name, tasks.0, tasks: the longest dotted prefix a flag set comes first."""
+    parts = [str(p) for p in loc]
+    return [".".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
+def _section_model(parts: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model of the section a location points into (list indices step into the item type)."""
+    model: type[BaseModel] = RunConfig
+    for part in parts:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        inner = [t for t in (field.annotation, *get_args(field.annotation)) if isinstance(t, type)]
+        nested = [t for t in inner if issubclass(t, BaseModel)]
+        if not nested:
+            return None
+        model = nested[0]
+    return model
+
+
+def _setting_hint(loc: tuple[Any, ...]) -> str:
+    """For an unknown key: the close name in its section, else where a setting of that name lives."""
+    section = _section_model(loc[:-1])
+    if section is None:
+        return ""
+    name, known = str(loc[-1]), list(section.model_fields)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean `{close[0]}`?)"
+    elsewhere = [  # in a section of the run (not the per-task list: its options repeat the sections')
+        f"{section_name}.{name}"
+        for section_name, field in RunConfig.model_fields.items()
+        if isinstance(field.annotation, type)
+        and issubclass(field.annotation, BaseModel)
+        and name in field.annotation.model_fields
+    ]
+    if elsewhere:
+        return f" here (it belongs under `{elsewhere[0]}`)"
+    return f" (the settings here are {', '.join(known)})"
+
+
+def _type_hint(item: Mapping[str, Any], loc: tuple[Any, ...]) -> str:
+    """The expected shape, for a value of the wrong kind where a section or the task list was expected."""
+    if item["type"] == "model_type":
+        section = _section_model(loc)
+        keys = ", ".join(list(section.model_fields)[:4]) if section else "its settings"
+        return f" (write it as a mapping of its settings: {keys}, ...)"
+    if item["type"] == "list_type" and loc == ("tasks",):
+        return " (write a list of task names or mappings, e.g. tasks: [ifeval, {name: gsm8k, limit: 100}])"
+    return ""

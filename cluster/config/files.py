@@ -1,0 +1,96 @@
+"""Reading a YAML run config and merging flag overrides into it; every way it can be wrong is one
+EvalInputError naming the file, the setting and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from cluster.config.errors import format_validation_error
+from cluster.config.options import RunConfig
+from evaluators.data import NotUtf8, read_utf8
+from evaluators.errors import EvalInputError
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """The settings of a YAML run config; every way the file can be wrong ends in one EvalInputError."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise EvalInputError(
+            f"Config file {path} is a folder, not a file. Pass the YAML file itself, e.g. {path}/run.yaml."
+        )
+    if not file.is_file():
+        raise EvalInputError(f"Config file {path} does not exist. Pass the path of a YAML run config.")
+    try:
+        data = yaml.safe_load(read_utf8(file)) or {}
+    except NotUtf8 as exc:
+        raise EvalInputError(f"Config file {path} is not UTF-8 text: {exc.problem}. {exc.fix}.") from None
+    except yaml.YAMLError as exc:
+        raise EvalInputError(_yaml_problem(path, exc)) from None
+    if not isinstance(data, dict):
+        raise EvalInputError(
+            f"Config file {path} holds a YAML {type(data).__name__} at the top level, not a mapping of settings. "
+            "Write one `setting: value` per line at the top, e.g. `tasks: [ifeval]` then `num_samples: 4`."
+        )
+    return data
+
+
+def _yaml_problem(path: str, exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    fix = (
+        "Indent with spaces: YAML does not allow tab characters there."
+        if "\\t" in problem
+        else "Fix the syntax there: one `key: value` per line, nested settings indented with spaces."
+    )
+    return f"Config file {path} is not valid YAML{where}: {problem}. {fix}"
+
+
+def build_config(
+    file_data: dict[str, Any],
+    overrides: dict[str, Any],
+    source: str,
+    flags: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """Merge flag overrides (dotted keys like `model.path`) into the file's settings and validate.
+
+    `flags` names the flag of each override, for error messages.
+    """
+    merged = _deep_copy(file_data)
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        if dotted == "tasks":
+            merged["tasks"] = _override_tasks(merged.get("tasks"), value)
+            continue
+        target = merged
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                break  # the file wrote this section as a scalar: validation names it, the flag waits
+        else:
+            target[leaf] = value
+    try:
+        return RunConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise EvalInputError(format_validation_error(exc, source, flags)) from None
+
+
+def _override_tasks(existing: Any, names: list[str]) -> list[Any]:
+    """--tasks picks the task list; options a config file gave for the same task are kept."""
+    by_name: dict[str, Any] = {}
+    parsed = RunConfig._names_or_mappings(existing) if existing is not None else []
+    for item in parsed if isinstance(parsed, list) else []:
+        if isinstance(item, dict) and "name" in item:
+            by_name[item["name"]] = item
+    return [{**by_name.get(name, {}), "name": name, "enabled": True} for name in names]
+
+
+def _deep_copy(data: dict[str, Any]) -> dict[str, Any]:
+    return yaml.safe_load(yaml.safe_dump(data)) if data else {}

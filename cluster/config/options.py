@@ -1,0 +1,464 @@
+"""The run configuration: one pydantic model, filled from YAML and overridden by flags.
+
+Each setting is defined once, here: its type, default, rule and description. A setting that `rayeval run`
+offers as a flag says so with `cli(...)`, and the CLI builds the flag, its help (the description, with the
+default) and its value type from the field (`cluster.cli.flags`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cluster.config.values import ENV_NAME, check_ray_address, parse_gen_kwargs
+
+DEMO_LIMIT = 20
+
+
+class RunMode(StrEnum):
+    """What a run does: everything, generation only (judged tasks stay unjudged), or judging stored outputs."""
+
+    FULL = "full"
+    INFERENCE_ONLY = "inference_only"
+    JUDGE_ONLY = "judge_only"
+
+
+def cli(
+    flag: str,
+    metavar: str | None = None,
+    group: str | None = None,
+    consts: tuple[tuple[str, str, str], ...] = (),
+) -> dict[str, Any]:
+    """Field metadata for a setting `rayeval run` offers: its flag, the placeholder of its value, the help
+    group of a top-level setting (a section's settings share the section's group), and, for an enum, flags
+    that each set one value: (flag, value, help)."""
+    return {"cli": {"flag": flag, "metavar": metavar, "group": group, "consts": [list(c) for c in consts]}}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TaskOptions(Strict):
+    """One task's entry in `tasks:`; its options override the run's for this task."""
+
+    name: str = Field(min_length=1)
+    enabled: bool = True
+    limit: int | None = Field(None, ge=1, description="evaluate only the first N questions")
+    num_fewshot: int | None = Field(None, ge=0)
+    data_path: str | None = Field(
+        None, min_length=1, description="local .jsonl/.json/.parquet or hf://org/name[:config]"
+    )
+    fewshot_path: str | None = Field(None, min_length=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+
+
+class ModelOptions(Strict):
+    """The model under test and how each of its engine replicas is built."""
+
+    path: str | None = Field(
+        None,
+        description="model folder or HF hub id (default: the embedded SmolLM2-135M-Instruct)",
+        json_schema_extra=cli("--model", "PATH_OR_HF_ID"),
+    )
+    revision: str | None = Field(
+        None,
+        description="model revision (branch, tag or commit) on the hub",
+        json_schema_extra=cli("--revision", "REV"),
+    )
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto",
+        description="weights dtype, as vLLM names it (default auto: the model's own on GPU; on CPU bfloat16 "
+        "where the CPU computes it natively, else float32)",
+        json_schema_extra=cli("--dtype"),
+    )
+    max_model_len: int = Field(
+        2048,
+        ge=16,
+        description="context length per sequence; longer prompts fail and are counted",
+        json_schema_extra=cli("--max-model-len", "TOKENS"),
+    )
+    max_num_seqs: int = Field(
+        64,
+        ge=1,
+        description="sequences batched per engine step; the dispatcher keeps at least this many in flight per "
+        "replica",
+        json_schema_extra=cli("--max-num-seqs", "N"),
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=16,
+        description="tokens per engine step (default: what vllm.LLM uses on that device, e.g. 16384 on an H100)",
+        json_schema_extra=cli("--max-num-batched-tokens", "N"),
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="GPUs (or CPU workers) a replica's layers are split over",
+        json_schema_extra=cli("--tensor-parallel-size", "N"),
+    )
+    pipeline_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="pipeline stages per replica",
+        json_schema_extra=cli("--pipeline-parallel-size", "N"),
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="fraction of each GPU vLLM may use",
+        json_schema_extra=cli("--gpu-memory-utilization", "F"),
+    )
+    cpu_kv_cache_gib: int = Field(
+        1,
+        ge=1,
+        description="KV cache GiB per replica on CPU (VLLM_CPU_KVCACHE_SPACE)",
+        json_schema_extra=cli("--kv-cache-gib", "GIB"),
+    )
+    pin_engine_core: bool = Field(
+        True,
+        description="on GPUs, give each replica's vLLM engine-core process two CPU cores of its own, disjoint on "
+        "a node (default on; --no-pin-engine-core on nodes shared with other CPU-heavy work)",
+        json_schema_extra=cli("--pin-engine-core"),
+    )
+    chat_template: bool | None = Field(
+        None,
+        description="apply the tokenizer's chat template (default: when the tokenizer has one)",
+        json_schema_extra=cli("--chat-template"),
+    )
+    enforce_eager: bool | None = Field(
+        None,
+        description="run the model eagerly: no torch.compile and no CUDA graphs (default: eager on CPU, where "
+        "compiling costs more at start than it saves below ~20 minutes of generation; compiled on GPU)",
+        json_schema_extra=cli("--enforce-eager"),
+    )
+
+
+class SamplingOptions(Strict):
+    """How outputs are sampled; a task's own options win for that task."""
+
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        description="sampling temperature (default 0 = greedy)",
+        json_schema_extra=cli("--temperature"),
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="nucleus sampling", json_schema_extra=cli("--top-p", "P")
+    )
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="max new tokens (default: each task's own)",
+        json_schema_extra=cli("--max-tokens", "N"),
+    )
+    seed: int = Field(
+        1234, description="base seed; sample i of a question uses seed+i", json_schema_extra=cli("--seed")
+    )
+
+
+class ClusterOptions(Strict):
+    """Where the replicas run."""
+
+    address: str | None = Field(
+        None,
+        description="connect to an existing Ray cluster (e.g. auto or ray://head:10001) instead of starting a "
+        "local one",
+        json_schema_extra=cli("--address", "ADDR"),
+    )
+    replicas: int = Field(
+        1,
+        ge=1,
+        description="engine replicas, each a full copy of the model",
+        json_schema_extra=cli("--replicas", "N"),
+    )
+    device: Literal["auto", "cpu", "gpu"] = Field(
+        "auto",
+        description="where engines run (default auto: GPU if the cluster has any)",
+        json_schema_extra=cli("--device"),
+    )
+    cpus_per_worker: float = Field(
+        1.0,
+        gt=0,
+        description="logical Ray CPUs per engine worker (TP x PP workers per replica)",
+        json_schema_extra=cli("--cpus-per-worker", "N"),
+    )
+    placement_timeout_s: float = Field(
+        120.0, gt=0, description="seconds to wait for the replicas' placement groups"
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _ray_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_ray_address(value)
+        return value
+
+
+class LmEvalOptions(Strict):
+    """Options for lm-eval tasks, named and defaulted as `lm_eval`'s own flags are."""
+
+    include_path: list[str] = Field(
+        default_factory=list,
+        description="folder of extra lm-eval task YAMLs (repeatable)",
+        json_schema_extra=cli("--include-path", "DIR"),
+    )
+    apply_chat_template: bool = Field(
+        False,
+        description="render lm-eval prompts with the model's chat template (default off, as in lm-eval)",
+        json_schema_extra=cli("--apply-chat-template"),
+    )
+    fewshot_as_multiturn: bool | None = Field(
+        None,
+        description="few-shot examples as chat turns (default: on with --apply-chat-template)",
+        json_schema_extra=cli("--fewshot-as-multiturn"),
+    )
+    system_instruction: str | None = Field(
+        None, description="system prompt", json_schema_extra=cli("--system-instruction", "TEXT")
+    )
+    gen_kwargs: str | None = Field(
+        None,
+        description="override generate_until tasks' generation kwargs, e.g. temperature=0.7,do_sample=True",
+        json_schema_extra=cli("--gen-kwargs", "K=V,..."),
+    )
+    max_gen_toks: int = Field(
+        256,
+        ge=1,
+        description="generation length where a task sets none, as in lm-eval's vLLM backend",
+        json_schema_extra=cli("--max-gen-toks", "N"),
+    )
+    bootstrap_iters: int = Field(100000, ge=0, description="lm-eval's bootstrap for non-mean metrics' stderr")
+    confirm_run_unsafe_code: bool = False
+
+    @field_validator("include_path", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("gen_kwargs")
+    @classmethod
+    def _gen_kwargs(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_gen_kwargs(value)
+        return value
+
+
+class JudgeOptions(Strict):
+    """Who judges the judged tasks (alpaca_eval, arena_hard, healthbench, writingbench) and how fast.
+
+    The API key is never part of the config: it is read from the environment variable `api_key_env`.
+    """
+
+    model: str | None = Field(
+        None,
+        description="local:M hosts judge model M on its own engine replicas; openai:M calls an "
+        "OpenAI-compatible API",
+        json_schema_extra=cli("--judge", "local:PATH_OR_ID | openai:MODEL"),
+    )
+    replicas: int = Field(
+        1,
+        ge=1,
+        description="local judge engine replicas, or API judge actors",
+        json_schema_extra=cli("--judge-replicas", "N"),
+    )
+    base_url: str | None = Field(
+        None,
+        description="OpenAI-compatible endpoint (/v1) (default: OpenAI's)",
+        json_schema_extra=cli("--judge-base-url", "URL"),
+    )
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="environment variable with the API key",
+        json_schema_extra=cli("--judge-api-key-env", "VAR"),
+    )
+    requests_per_second: float = Field(
+        5.0,
+        gt=0,
+        description="API requests per second, for the whole cluster",
+        json_schema_extra=cli("--judge-rps", "R"),
+    )
+    max_concurrency: int = Field(
+        8,
+        ge=1,
+        description="API requests in flight, for the whole cluster",
+        json_schema_extra=cli("--judge-max-concurrency", "N"),
+    )
+    max_attempts: int = Field(
+        6,
+        ge=1,
+        description="API judges: attempts per request on 429, 5xx and timeouts",
+        json_schema_extra=cli("--judge-max-attempts", "N"),
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="API judges: seconds per attempt before it counts as a timeout and is retried",
+        json_schema_extra=cli("--judge-timeout", "S"),
+    )
+    second_pass_pause_s: float = Field(
+        5.0,
+        ge=0,
+        description="API judges: judgments that still failed after every retry are asked once more after S quiet "
+        "seconds at the end of judging, so a short outage costs no sample",
+        json_schema_extra=cli("--judge-second-pass-pause", "S"),
+    )
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="judge answer length (default: each task's own)",
+        json_schema_extra=cli("--judge-max-tokens", "N"),
+    )
+    temperature: float = Field(0.0, ge=0)
+    max_model_len: int | None = Field(None, ge=16, description="local judge context; default: the model's")
+
+    @field_validator("model")
+    @classmethod
+    def _kind_prefix(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("local:", "openai:")):
+            raise ValueError(
+                f"'{value}' names no judge kind: write local:PATH_OR_HF_ID for a judge model on the cluster's "
+                "own engine replicas, or openai:MODEL for an OpenAI-compatible API (with --judge-base-url)"
+            )
+        if value is not None and not value.partition(":")[2].strip():
+            kind = value.partition(":")[0]
+            example = "local:Qwen/Qwen2.5-7B-Instruct" if kind == "local" else "openai:gpt-4.1-mini"
+            raise ValueError(f"'{value}' has no model after the colon: write {kind}:MODEL, e.g. {example}")
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        parsed = urlparse(value or "")
+        if value is not None and (parsed.scheme not in ("http", "https") or not parsed.netloc):
+            raise ValueError(
+                f"'{value}' is not an http(s) URL: give the endpoint's full address, e.g. "
+                "http://localhost:8000/v1 or https://api.example.com/v1"
+            )
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _variable_name(cls, value: str) -> str:
+        if not ENV_NAME.match(value):
+            raise ValueError(
+                f"'{value}' is not an environment variable name: give the variable's name (letters, digits, "
+                "underscores), e.g. OPENAI_API_KEY, never the key itself"
+            )
+        return value
+
+    @property
+    def kind(self) -> Literal["local", "openai"] | None:
+        if self.model is None:
+            return None
+        return "local" if self.model.startswith("local:") else "openai"
+
+    @property
+    def target(self) -> str:
+        """The path, hub id or API model name after the kind prefix."""
+        return (self.model or "").partition(":")[2]
+
+
+class RunConfig(Strict):
+    model: ModelOptions = Field(default_factory=ModelOptions)
+    tasks: list[TaskOptions] = Field(
+        default_factory=lambda: [TaskOptions(name="ifeval")],
+        description="comma-separated task names (default ifeval; `rayeval tasks` lists them)",
+        json_schema_extra=cli("--tasks", "NAMES", group="tasks"),
+    )
+    limit: int | None = Field(
+        None,
+        ge=1,
+        description="evaluate the first N questions of each task (default: all; 20 for the embedded demo model)",
+        json_schema_extra=cli("--limit", "N", group="tasks"),
+    )
+    num_fewshot: int | None = Field(
+        None,
+        ge=0,
+        description="few-shot examples per prompt (default: each task's own)",
+        json_schema_extra=cli("--num-fewshot", "K", group="tasks"),
+    )
+    num_samples: int = Field(
+        1,
+        ge=1,
+        description="samples per question: scores are mean@N",
+        json_schema_extra=cli("--num-samples", "N", group="tasks"),
+    )
+    sampling: SamplingOptions = Field(default_factory=SamplingOptions)
+    cluster: ClusterOptions = Field(default_factory=ClusterOptions)
+    lm_eval: LmEvalOptions = Field(default_factory=LmEvalOptions)
+    judge: JudgeOptions = Field(default_factory=JudgeOptions)
+    mode: RunMode = Field(
+        RunMode.FULL,
+        description="full: generate and judge; inference_only: generate, judge nothing; judge_only: judge the "
+        "stored outputs of run_id",
+        json_schema_extra=cli(
+            "--mode",
+            group="judge",
+            consts=(
+                (
+                    "--inference-only",
+                    RunMode.INFERENCE_ONLY.value,
+                    "generate outputs and stop: judged tasks are left unjudged (judge later with --judge-only)",
+                ),
+                (
+                    "--judge-only",
+                    RunMode.JUDGE_ONLY.value,
+                    "judge the stored outputs of run --run-id without generating; its config.yaml is the base config",
+                ),
+            ),
+        ),  # fmt: skip
+    )
+    output_dir: str = Field(
+        "runs",
+        description="where run folders go",
+        json_schema_extra=cli("--output-dir", "DIR", group="output"),
+    )
+    run_id: str | None = Field(
+        None,
+        description="run folder name; reuse it to resume (default MODEL-TIMESTAMP)",
+        json_schema_extra=cli("--run-id", "ID", group="output"),
+    )
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _names_or_mappings(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, dict):  # {ifeval: {limit: 5}, gsm8k: {}}
+            return [{"name": name, **(opts or {})} for name, opts in value.items()]
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("tasks")
+    @classmethod
+    def _one_entry_each(cls, value: list[TaskOptions]) -> list[TaskOptions]:
+        names = [t.name for t in value]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} listed twice: keep one entry per task")
+        if not any(t.enabled for t in value):
+            raise ValueError(
+                "no task is enabled: name at least one, e.g. --tasks ifeval or `tasks: [ifeval]` "
+                "(`rayeval tasks` lists them)"
+            )
+        return value
+
+    @field_validator("run_id")
+    @classmethod
+    def _folder_name(cls, value: str | None) -> str | None:
+        if value is not None and (value in ("", ".", "..") or "/" in value or "\\" in value):
+            raise ValueError(
+                f"'{value}' is not a folder name: a run id names one folder under output_dir, so it may not be "
+                "empty, '.', '..' or hold a slash; e.g. --run-id qwen-gsm8k (put folders in --output-dir)"
+            )
+        return value
+
+    def enabled_tasks(self) -> list[TaskOptions]:
+        return [t for t in self.tasks if t.enabled]

@@ -1,0 +1,39 @@
+"""Every task's requests: prompts rendered once per question, `num_samples` requests per prompt, seeded
+so that sample i of a question uses seed + i."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cluster.models import PromptRenderer
+from cluster.plan import RunPlan, TaskPlan
+from sharding.requests import GenerationRequest, make_request
+
+
+@dataclass
+class PlannedSample:
+    """One (question, sample index) of one task, with the request that produces it."""
+
+    task_plan: TaskPlan
+    doc_index: int
+    request: GenerationRequest
+
+
+def build_requests(
+    plan: RunPlan, renderer: PromptRenderer, sampling_seed: int | None = None
+) -> list[PlannedSample]:
+    """Every task's requests, `num_samples` per question; sample i is seeded `sampling_seed + i` (the config's
+    seed unless given: the GPU bench draws fresh samples of the same prompts this way)."""
+    n = plan.config.num_samples
+    seed = plan.config.sampling.seed
+    first_sample_seed = seed if sampling_seed is None else sampling_seed
+    planned: list[PlannedSample] = []
+    for task_plan in plan.tasks:
+        for doc_index, sample in enumerate(task_plan.samples):
+            prompt = renderer.render(task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed)))
+            for index in range(n):
+                request = make_request(
+                    plan.model.path, prompt, task_plan.sampling, first_sample_seed + index, index
+                )
+                planned.append(PlannedSample(task_plan, doc_index, request))
+    return planned

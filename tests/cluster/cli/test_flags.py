@@ -1,0 +1,48 @@
+"""`rayeval run`'s setting flags come from the config's fields: each flag's default in --help is the field's
+default, and a flag sets exactly the field it names."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.cli import build_parser
+from cluster.cli.flags import config_flags, overrides
+from cluster.config import RunConfig, RunMode, build_config
+
+
+@pytest.fixture(scope="module")
+def run_help() -> str:
+    run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    return " ".join(run.format_help().split())
+
+
+def test_help_states_each_fields_own_default(run_help):
+    defaults = RunConfig()
+    assert f"(default {defaults.model.max_model_len})" in run_help
+    assert (
+        f"--judge-rps R API requests per second, for the whole cluster (default {defaults.judge.requests_per_second:g})"
+        in run_help
+    )
+    assert f"(default {defaults.sampling.seed})" in run_help and "(default runs)" in run_help
+
+
+def test_each_flag_sets_the_field_it_names():
+    parser = build_parser()
+    for spec in config_flags():
+        kind = spec.field.annotation
+        if spec.consts or "bool" in str(kind) or "list" in str(kind) or "Literal" in str(kind):
+            continue
+        number = "int" in str(kind) or "float" in str(kind)
+        args = parser.parse_args(["run", spec.flag, "7" if number else "x"])
+        expected = 7 if number else ["x"] if spec.dest == "tasks" else "x"
+        assert overrides(args) == {spec.dest: expected}, spec.flag
+
+
+def test_the_mode_flags_set_the_mode_and_exclude_each_other(capsys):
+    parser = build_parser()
+    config = build_config({}, overrides(parser.parse_args(["run", "--judge-only"])), "flags")
+    assert config.mode is RunMode.JUDGE_ONLY
+    assert overrides(parser.parse_args(["run", "--mode", "inference_only"])) == {"mode": "inference_only"}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--judge-only", "--inference-only"])
+    assert "not allowed with argument" in capsys.readouterr().err
