@@ -32,7 +32,7 @@ def rayeval(*args: str, cores: str | None = None) -> tuple[float, subprocess.Com
     return wall, done
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -50,8 +50,11 @@ def main() -> None:
     )
     parser.add_argument("--out", default="bench/out/judge_pipeline.json")
     parser.add_argument("--runs-dir", default="bench/out/runs")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = parse_args()
     judge = f"local:{ensure_default_model()}"
     stamp = str(int(time.time()))
     common = [
@@ -68,15 +71,22 @@ def main() -> None:
         "run", *common, "--run-id", seq_id, "--judge-only", "--judge", judge, cores=judge_cores
     )
     seq_summary = json.loads((Path(args.runs_dir) / seq_id / "summary.json").read_text())
-    seq_judge = seq_summary["run"]["judge"]
 
     pipe_id = f"judge-pipe-{stamp}"
     pipe_wall, _ = rayeval("run", *common, "--run-id", pipe_id, "--judge", judge)
     pipe_summary = json.loads((Path(args.runs_dir) / pipe_id / "summary.json").read_text())
-    timeline = pipe_summary["run"]["judge"]
+    result = compare(args, gen_wall, judge_wall, pipe_wall, gen_summary, seq_summary, pipe_summary)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
 
+
+def compare(args, gen_wall, judge_wall, pipe_wall, gen_summary, seq_summary, pipe_summary) -> dict:
+    """The sequential phases against the pipelined run, from their wall times and summaries."""
+    seq_judge = seq_summary["run"]["judge"]
+    timeline = pipe_summary["run"]["judge"]
     sequential = gen_wall + judge_wall
-    result = {
+    return {
         "command": " ".join(["python", "bench/judge_pipeline.py", *sys.argv[1:]]),
         "tasks": args.tasks,
         "sequential_phases_pinned": "generation core 0, judging core 1" if args.same_cores else "no",
@@ -99,9 +109,6 @@ def main() -> None:
         "judge_failed": timeline["failed"],
         "samples_failed": {t: s["failed"] for t, s in pipe_summary["tasks"].items()},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
