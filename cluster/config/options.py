@@ -135,7 +135,7 @@ class ModelOptions(Strict):
     enforce_eager: bool | None = Field(
         None,
         description="run the model eagerly: no torch.compile and no CUDA graphs (default: eager on CPU, where "
-        "compiling costs more at start than it saves below ~20 minutes of generation; compiled on GPU)",
+        "compiling costs more at start than it saves below ~22 minutes of generation; compiled on GPU)",
         json_schema_extra=cli("--enforce-eager"),
     )
 

@@ -57,8 +57,8 @@ def engine_settings(
 
 def eager_by_default(device: str) -> bool:
     """Whether an engine runs eagerly when the config leaves `enforce_eager` unset: on CPU, yes. There,
-    compiling added about 130 s to every engine start (the compile cache did not load back) and made
-    generation about 9 % faster, so it pays only for runs with over 20 minutes of generation; on GPU,
+    compiling adds 120 to 145 s to every engine start (the compile cache does not load back) and makes
+    generation 7 to 11 % faster, so it pays only for runs with over 22 minutes of generation; on GPU,
     compiled engines with CUDA graphs pay back within seconds (docs/BENCHMARKS.md)."""
     return device == "cpu"
 
@@ -66,7 +66,7 @@ def eager_by_default(device: str) -> bool:
 def engine_dtype(settings: EngineSettings) -> str:
     """The dtype to ask vLLM for. `auto` on CPU becomes bfloat16 only where the CPU computes it natively
     (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo); elsewhere float32. On an AVX2-only CPU, oneDNN has no
-    bfloat16 kernels and vLLM falls back to slow ones: float32 generated 2.6x faster there
+    bfloat16 kernels and vLLM falls back to slow ones: float32 generated 3x the tokens per second there
     (docs/BENCHMARKS.md), and its CPU kernels are batch-invariant, so greedy outputs do not depend on
     which requests share a batch. Float16 is not offered on CPU."""
     if settings.device != "cpu" or settings.dtype != "auto":
