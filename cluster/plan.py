@@ -133,8 +133,7 @@ def check_judge(plan: RunPlan) -> None:
     if judged and mode is not RunMode.INFERENCE_ONLY and plan.config.judge.kind == "openai":
         from cluster.judging.api import ApiJudgeSettings, read_api_key
 
-        judge = plan.config.judge
-        read_api_key(ApiJudgeSettings(model=judge.target, api_key_env=judge.api_key_env))
+        read_api_key(ApiJudgeSettings.from_options(plan.config.judge))
     if judged and mode is RunMode.FULL and plan.config.judge.model is None:
         raise EvalInputError(
             f"Task(s) {', '.join(judged)} are scored by a judge model: pass --judge local:PATH_OR_ID (a judge on "

@@ -148,7 +148,11 @@ def test_every_cluster_package_has_a_docstring_and_exports_with_all():
         tree = ast.parse(path.read_text())
         assert ast.get_docstring(tree), f"{path} has no docstring saying what the package owns"
         assigned = {
-            getattr(t, "id", None) for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+            getattr(name, "id", None)
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            for name in ast.walk(target)
         }
         assert "__all__" in assigned, f"{path} has no __all__"
 

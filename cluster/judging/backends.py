@@ -126,15 +126,7 @@ class ApiJudgeBackend:
         from cluster.judging.api import ApiJudgeSettings
 
         self.options = options
-        self.settings = ApiJudgeSettings(
-            model=options.target,
-            base_url=options.base_url,
-            api_key_env=options.api_key_env,
-            requests_per_second=options.requests_per_second,
-            max_concurrency=options.max_concurrency,
-            max_attempts=options.max_attempts,
-            timeout_s=options.timeout_s,
-        )
+        self.settings = ApiJudgeSettings.from_options(options)
         endpoint = options.base_url or "api.openai.com"
         self.identity = JudgeIdentity(
             spec=f"openai:{options.target}@{endpoint}",

@@ -11,8 +11,11 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from cluster.config import JudgeOptions
 from evaluators.errors import EvalInputError
 from sharding.requests import Completion
+
+_OPTIONS = JudgeOptions.model_fields  # the defaults are the config's, defined once there
 
 
 @dataclass(frozen=True)
@@ -24,13 +27,26 @@ class ApiJudgeSettings:
 
     model: str
     base_url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    requests_per_second: float = 5.0
-    max_concurrency: int = 8
-    max_attempts: int = 6
-    timeout_s: float = 60.0
-    backoff_base_s: float = 0.5
+    api_key_env: str = _OPTIONS["api_key_env"].default
+    requests_per_second: float = _OPTIONS["requests_per_second"].default
+    max_concurrency: int = _OPTIONS["max_concurrency"].default
+    max_attempts: int = _OPTIONS["max_attempts"].default
+    timeout_s: float = _OPTIONS["timeout_s"].default
+    backoff_base_s: float = 0.5  # the first retry's ceiling; each later one doubles it, up to backoff_max_s
     backoff_max_s: float = 30.0
+
+    @classmethod
+    def from_options(cls, options: JudgeOptions) -> ApiJudgeSettings:
+        """The settings of the run's `openai:MODEL` judge."""
+        return cls(
+            model=options.target,
+            base_url=options.base_url,
+            api_key_env=options.api_key_env,
+            requests_per_second=options.requests_per_second,
+            max_concurrency=options.max_concurrency,
+            max_attempts=options.max_attempts,
+            timeout_s=options.timeout_s,
+        )
 
 
 class FailureReason(StrEnum):
