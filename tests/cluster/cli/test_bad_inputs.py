@@ -109,7 +109,7 @@ CASES = [
     Case("num-samples-zero", "run --dry-run --num-samples 0", 2, ("(--num-samples) is 0", "greater than or equal to 1")),
     Case("limit-zero", "run --dry-run --limit 0", 2, ("(--limit) is 0", "greater than or equal to 1")),
     Case("replicas-zero", "run --dry-run --replicas 0", 2, ("(--replicas) is 0", "greater than or equal to 1")),
-    Case("dtype-unknown", "run --dry-run --dtype float8", 2, ("(--dtype) is 'float8'", "'bfloat16'")),
+    Case("dtype-unknown", "run --dry-run --dtype float8", 2, ("argument --dtype: invalid choice: 'float8'", "'bfloat16'")),
     Case("device-unknown", "run --dry-run --device tpu", 2, ("invalid choice: 'tpu'", "choose from 'auto', 'cpu', 'gpu'")),
     Case("limit-not-a-number", "run --dry-run --limit many", 2, ("argument --limit: invalid int value: 'many'", "rayeval run --help")),
     Case("flag-unknown", "run --dry-run --modle m", 2, ("unrecognized arguments: --modle", "--help")),
