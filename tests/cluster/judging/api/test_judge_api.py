@@ -291,7 +291,9 @@ def test_faults_are_retried_as_the_api_asks_and_end_as_completions(local_ray: No
         return steps[min(attempt, len(steps)) - 1]
 
     retry_after, max_attempts = 0.2, 4
-    with JudgeApiStandin(verdict, schedule, retry_after_s=retry_after, timeout_sleep_s=1.6) as server:
+    # A timeout is the stand-in sleeping 3 s against the client's 2 s: margins wide enough that a loaded
+    # machine never turns an answer into a timeout.
+    with JudgeApiStandin(verdict, schedule, retry_after_s=retry_after, timeout_sleep_s=3.0) as server:
         settings = ApiJudgeSettings(
             model="judge-standin",
             base_url=server.base_url,
@@ -299,7 +301,7 @@ def test_faults_are_retried_as_the_api_asks_and_end_as_completions(local_ray: No
             requests_per_second=40.0,
             max_concurrency=8,
             max_attempts=max_attempts,
-            timeout_s=1.0,
+            timeout_s=2.0,
             backoff_base_s=0.05,
             backoff_max_s=0.5,
         )
