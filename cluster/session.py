@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
+from ray.exceptions import AuthenticationError
 
 from cluster.errors import ClusterError
+from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
 from cluster.plan import ReplicaPlan
 
 log = logging.getLogger(__name__)
@@ -32,14 +34,7 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
         yield
         return
     if address:
-        try:
-            ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
-        except Exception as exc:  # noqa: BLE001 - Ray raises several types here; the user needs one message
-            raise ClusterError(
-                f"Could not connect to the Ray cluster at {address} ({_first_line(exc)}). Check the address "
-                "(host:port of the head's GCS, `auto` on a cluster node, or ray://head:10001 for Ray client) and "
-                "that `ray start --head` is running there; leave --address out to start a local cluster."
-            ) from None
+        _connect(address, verbose)
         log.info("connected to Ray cluster at %s", address)
     else:
         cpus = local_cpus(plan, replicas)
@@ -56,6 +51,33 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
         yield
     finally:
         ray.shutdown()
+
+
+def _connect(address: str, verbose: bool, attempts: int = 2) -> None:
+    """Join an existing cluster, with Ray's token when one is at hand. A Ray client connection is tried
+    twice: the head's client server at times fails to start the session's server on the first try
+    ("Initialization failure from server") and succeeds on the next."""
+    token = enable_token_auth()
+    if token:
+        log.info("using the Ray auth token from %s", token)
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises several types here; the user needs one message
+            retry = (
+                address.startswith("ray://") and "Initialization failure" in str(exc) and attempt < attempts
+            )
+            if retry:
+                log.info("Ray client session did not start (%s); trying again", _first_line(exc))
+                continue
+            auth = isinstance(exc, AuthenticationError) or "authentication" in str(exc).lower()
+            raise ClusterError(
+                f"Could not connect to the Ray cluster at {address} ({_first_line(exc)}). Check the address "
+                "(host:port of the head's GCS, `auto` on a cluster node, or ray://head:10001 for Ray client) and "
+                "that `ray start --head` is running there; leave --address out to start a local cluster."
+                + (f" {TOKEN_HELP}" if auth else "")
+            ) from None
 
 
 def _first_line(exc: BaseException) -> str:

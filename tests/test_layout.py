@@ -20,6 +20,7 @@ RUNS_HEAVY = {
     "cluster.engines.actor": {"ray"},
     "cluster.engines.pool": {"ray"},
     "cluster.session": {"ray"},
+    "cluster.jobs.client": {"ray"},
     "cluster.judging.api.client": {"ray", "openai"},
     "cluster.judging.api.rate_limiter": {"ray"},
     "cluster.lm_eval.backend": {"lm_eval"},

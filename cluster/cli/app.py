@@ -5,23 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import NoReturn
 
-from cluster.cli import run, tasks, validate
+from cluster.cli import jobs, run, submit, tasks, validate
+from cluster.cli.parser import Parser
 from evaluators.errors import EvalInputError
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with usage errors in rayeval's one-paragraph style: what is wrong, then where the fix is."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"rayeval: error: {message}. `{self.prog} --help` lists every flag and its values.\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rayeval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (run, tasks, validate):
+    for command in (run, submit, jobs, tasks, validate):
         command.add_parser(sub)
     return parser
 

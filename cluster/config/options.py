@@ -7,11 +7,12 @@ default) and its value type from the field (`cluster.cli.flags`).
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cluster.config.values import ENV_NAME, check_ray_address, parse_gen_kwargs
 
@@ -169,7 +170,7 @@ class ClusterOptions(Strict):
     address: str | None = Field(
         None,
         description="connect to an existing Ray cluster (e.g. auto or ray://head:10001) instead of starting a "
-        "local one",
+        "local one (default: $RAY_ADDRESS when set, as it is for a Ray Job's command, else a local cluster)",
         json_schema_extra=cli("--address", "ADDR"),
     )
     replicas: int = Field(
@@ -192,6 +193,21 @@ class ClusterOptions(Strict):
     placement_timeout_s: float = Field(
         120.0, gt=0, description="seconds to wait for the replicas' placement groups"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _address_from_environment(cls, data: Any) -> Any:
+        """A command that Ray runs as a job finds its cluster in RAY_ADDRESS, as `ray.init()` would. An http
+        RAY_ADDRESS is a job server's (exported for `ray job submit`), not a cluster to join."""
+        from_env = os.environ.get("RAY_ADDRESS", "")
+        if (
+            isinstance(data, dict)
+            and data.get("address") is None
+            and from_env
+            and "://" not in from_env.replace("ray://", "")
+        ):
+            return {**data, "address": from_env}
+        return data
 
     @field_validator("address")
     @classmethod

@@ -1,0 +1,91 @@
+"""Ray Jobs and Ray client against a real `ray start --head` cluster with token authentication on: the user's
+side has the token in a file and no RAY_AUTH_MODE, as after copying the head's token (issue 21)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ray_head import HeadNode, start_head
+from tests.runs import ENGINE_FLAGS, rayeval
+
+SMALL_RUN = ["--limit", "4", *ENGINE_FLAGS, "--max-tokens", "24"]
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[HeadNode]:
+    node = start_head(num_cpus=2)
+    yield node
+    node.stop()
+
+
+def test_submit_runs_the_job_on_the_cluster_and_follows_it_to_its_results(head: HeadNode, tmp_path: Path):
+    out = tmp_path / "runs"
+    done = rayeval(
+        "submit", "--address", head.dashboard, "--job-id", "small-run",
+        "--", "run", *SMALL_RUN, "--output-dir", str(out), "--run-id", "via-job",
+        env=head.client_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    assert "submitted job small-run" in done.stderr
+    assert "job small-run SUCCEEDED" in done.stderr
+    assert "rayeval results" in done.stdout  # the job's own log, followed to its end
+    summary = json.loads((out / "via-job" / "summary.json").read_text())
+    assert summary["run"]["requests"] == 4 and summary["run"]["samples_failed"] == 0
+    assert summary["tasks"]["ifeval"]["metrics"]["prompt_level_strict_acc,none"]["questions"] == 4
+
+    listed = rayeval("jobs", "list", "--address", head.dashboard, env=head.client_env())
+    assert listed.returncode == 0, listed.stderr
+    row = next(line.split("\t") for line in listed.stdout.splitlines() if line.startswith("small-run\t"))
+    assert row[1] == "SUCCEEDED" and "rayeval run" in row[4]
+
+
+def test_jobs_logs_and_stop_on_a_running_job(head: HeadNode, tmp_path: Path):
+    env = head.client_env()
+    submitted = rayeval(
+        "submit", "--address", head.dashboard, "--no-wait", "--job-id", "to-stop",
+        "--", "run", "--limit", "200", *ENGINE_FLAGS, "--output-dir", str(tmp_path), "--run-id", "long",
+        env=env,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout.strip() == "to-stop"
+    deadline = time.time() + 300
+    logs = ""
+    while time.time() < deadline and "generating:" not in logs:
+        logs = rayeval("jobs", "logs", "to-stop", "--address", head.dashboard, env=env).stdout
+        time.sleep(2)
+    assert "generating: 200 requests" in logs
+
+    stopped = rayeval("jobs", "stop", "to-stop", "--address", head.dashboard, env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip() == "job to-stop STOPPED"
+    status = rayeval("jobs", "status", "to-stop", "--address", head.dashboard, env=env)
+    assert status.stdout.startswith("to-stop: STOPPED")
+    again = rayeval("jobs", "stop", "to-stop", "--address", head.dashboard, env=env)
+    assert "had already ended (STOPPED)" in again.stdout
+
+
+def test_a_missing_token_or_job_is_named_with_the_fix(head: HeadNode, tmp_path: Path):
+    no_token = {**head.client_env(), "RAY_AUTH_TOKEN_PATH": str(tmp_path / "absent"), "HOME": str(tmp_path)}
+    refused = rayeval("jobs", "list", "--address", head.dashboard, env=no_token)
+    assert refused.returncode == 1
+    assert f"The Ray cluster at {head.dashboard} refused the request" in refused.stderr
+    assert "~/.ray/auth_token" in refused.stderr and "Traceback" not in refused.stderr
+
+    unknown = rayeval("jobs", "status", "no-such-job", "--address", head.dashboard, env=head.client_env())
+    assert unknown.returncode == 1
+    assert "has no job 'no-such-job'" in unknown.stderr
+
+
+def test_run_over_ray_client_with_the_token_from_a_file(head: HeadNode, tmp_path: Path):
+    done = rayeval(
+        "run", *SMALL_RUN, "--address", head.client_address, "--output-dir", str(tmp_path), "--run-id", "client",
+        env=head.client_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "client" / "summary.json").read_text())
+    assert summary["run"]["requests"] == 4 and summary["run"]["samples_failed"] == 0

@@ -1,0 +1,113 @@
+"""A real `ray start --head` cluster for the tests of the ways users reach a cluster from outside it (Ray Jobs,
+Ray client): its own ports, temp dir and auth token, token authentication on, the dashboard running."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.runs import ray_cli
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class HeadNode:
+    process: subprocess.Popen[str]
+    temp_dir: Path
+    token_path: Path
+    gcs_port: int
+    dashboard_port: int
+    client_port: int
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def client_address(self) -> str:
+        return f"ray://127.0.0.1:{self.client_port}"
+
+    def client_env(self) -> dict[str, str]:
+        """What a user's machine has: the cluster's token in a file, and no RAY_AUTH_MODE (rayeval sets it)."""
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API"))
+        }
+        return {**env, "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+
+    def stop(self) -> None:
+        """`ray start --block` stops what it started on SIGTERM; the process group catches any straggler."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def start_head(num_cpus: int = 2, timeout_s: float = 90) -> HeadNode:
+    temp_dir = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's socket paths are length-limited
+    token_path = temp_dir / "auth_token"
+    token_path.write_text(secrets.token_hex(32))
+    gcs, dashboard, client = free_port(), free_port(), free_port()
+    bin_dir = str(
+        Path(sys.executable).parent
+    )  # the job's `rayeval` is this environment's, as on a cluster node
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_path),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    command = [
+        ray_cli(), "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dashboard}",
+        "--dashboard-host=127.0.0.1", f"--ray-client-server-port={client}", f"--num-cpus={num_cpus}",
+        f"--temp-dir={temp_dir}", "--disable-usage-stats", "--include-dashboard=true",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True, text=True)  # fmt: skip
+    head = HeadNode(process, temp_dir, token_path, gcs, dashboard, client)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert process.poll() is None, f"ray start --head exited with {process.returncode}"
+        if _serves_jobs(head.dashboard) and _answers(client):
+            return head
+        time.sleep(0.5)
+    head.stop()
+    raise AssertionError(f"the head node's dashboard ({dashboard}) did not answer within {timeout_s:g} s")
+
+
+def _serves_jobs(dashboard: str) -> bool:
+    """The job server is up once its API answers at all (401 without a token is an answer)."""
+    try:
+        urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=2)  # noqa: S310 - a local test cluster
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
