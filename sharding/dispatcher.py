@@ -2,7 +2,9 @@
 
 Each replica pulls the longest remaining group whenever it has room in its in-flight window, so ragged
 output lengths never leave a replica idle while another holds a backlog (work stealing by construction).
-A replica that dies hands its in-flight groups back to the queue for the others.
+A replica that dies hands its in-flight groups back to the queue for the others, and, when the caller
+gives a `replacer`, a replacement is asked for: it joins the feeding when it is ready, and until it is (or
+the replacer says there is none) the queue waits for it rather than failing with "every replica died".
 
 A window may hold more than the engine runs at once (a batch waiting inside the engine, so it refills
 without a round trip), but only while the queue could still fill every replica that far: near the end each
@@ -28,6 +30,8 @@ log = logging.getLogger(__name__)
 
 ReplicaCall = Callable[[PromptGroup], Awaitable[list[Completion]]]
 GroupDone = Callable[[PromptGroup, list[Completion]], None]
+# Given the name of a replica that died, start one to take its place; None when there is none to be had.
+Replacer = Callable[[str], Awaitable["Replica | None"]]
 
 
 class ReplicaDead(Exception):
@@ -66,6 +70,9 @@ class DispatchStats:
     groups_failed: int = 0
     requeues: int = 0
     per_replica: dict[str, ReplicaStats] = field(default_factory=dict)
+    replacements: dict[str, str] = field(
+        default_factory=dict
+    )  # replacement's name -> the replica it replaced
     # Wall-clock times (time.time()): the tail from the last hand-out to the last finish is the time the
     # replicas ran with nothing left to pull, which more replicas cannot shorten.
     first_handout_at: float | None = None
@@ -108,6 +115,7 @@ class Dispatcher:
         replicas: list[Replica],
         on_group_done: GroupDone | None = None,
         max_attempts: int = 3,
+        replacer: Replacer | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("the dispatcher needs at least one replica")
@@ -125,6 +133,9 @@ class Dispatcher:
         self._feeders: list[asyncio.Task[None]] = []
         self._cond = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._replacer = replacer
+        self._replacing: set[asyncio.Task[None]] = set()
+        self._feeding = False  # from `open` until `drain` has returned: a replica that joins gets a feeder
         self.stats = DispatchStats(per_replica={s.replica.name: s.stats for s in self._states})
 
     async def run(
@@ -144,8 +155,10 @@ class Dispatcher:
         """
         if on_group_done is not None:
             self._on_group_done = on_group_done
-        self._open = True
-        self._feeders = [asyncio.create_task(self._feed(state)) for state in self._states]
+        self._open = self._feeding = True
+        self._feeders = [
+            asyncio.create_task(self._feed(state)) for state in self._states if not state.stats.dead
+        ]
 
     async def submit(self, groups: Iterable[PromptGroup]) -> None:
         """Queue more groups (longest first among what is queued); fails them at once if no replica lives."""
@@ -155,20 +168,29 @@ class Dispatcher:
                 self._push(group)
                 added += 1
             self._unfinished += added
-            if not self._live():
+            if not self._live() and not self._replacing:
                 self._fail_everything_queued(FailureKind.REPLICAS_DEAD.error("every replica has died"))
             self._cond.notify_all()
 
     async def drain(self) -> DispatchStats:
-        """Wait until every submitted group has finished or failed; the dispatcher is then closed."""
+        """Wait until every submitted group has finished or failed; the dispatcher is then closed. Queued work
+        that only a pending replacement can run waits for it."""
         async with self._cond:
             self._open = False
             self._cond.notify_all()
-        await asyncio.gather(*self._feeders)
-        self._feeders = []
+            await self._cond.wait_for(lambda: self._unfinished == 0)
+        while self._feeders:  # a replacement that joined meanwhile brought a feeder of its own
+            feeders, self._feeders = self._feeders, []
+            await asyncio.gather(*feeders)
         while self._tasks:
             await asyncio.gather(*list(self._tasks))
+        self._feeding = False
         return self.stats
+
+    def cancel_replacements(self) -> None:
+        """Stop waiting for replacements still starting (the run is over)."""
+        for task in list(self._replacing):
+            task.cancel()
 
     def _idle(self) -> bool:
         """Nothing left to do and nothing more coming."""
@@ -176,6 +198,37 @@ class Dispatcher:
 
     def _live(self) -> list[_ReplicaState]:
         return [s for s in self._states if not s.stats.dead]
+
+    def _ask_for_replacement(self, name: str) -> None:
+        if self._replacer is not None:
+            task = asyncio.create_task(self._replace(name, self._replacer))
+            self._replacing.add(task)
+            task.add_done_callback(self._replacing.discard)
+
+    async def _replace(self, name: str, replacer: Replacer) -> None:
+        """Start a replacement for `name`; when there is none, the queue fails if no replica is left."""
+        try:
+            replacement = await replacer(name)
+        except Exception as exc:  # noqa: BLE001 - a replacement that cannot start leaves the run as it was
+            log.warning("no replacement for replica %s: %s: %s", name, type(exc).__name__, exc)
+            replacement = None
+        async with self._cond:
+            if replacement is not None:
+                self.add_replica(replacement, replaces=name)
+            elif not self._live() and len(self._replacing) <= 1:  # this task is the last one pending
+                self._fail_everything_queued(FailureKind.REPLICAS_DEAD.error("every replica has died"))
+            self._cond.notify_all()
+
+    def add_replica(self, replica: Replica, replaces: str | None = None) -> None:
+        """Feed one more replica from the shared queue (called with the lock held, or before `open`)."""
+        state = _ReplicaState(replica, ReplicaStats())
+        self._states.append(state)
+        self.stats.per_replica[replica.name] = state.stats
+        if replaces is not None:
+            self.stats.replacements[replica.name] = replaces
+            log.info("replica %s joined in place of %s", replica.name, replaces)
+        if self._feeding:
+            self._feeders.append(asyncio.create_task(self._feed(state)))
 
     def _push(self, group: PromptGroup) -> None:
         heapq.heappush(self._heap, (-group.expected_cost, next(self._arrival), group))
@@ -254,9 +307,10 @@ class Dispatcher:
                 state.replica.name,
                 cause,
             )
+            self._ask_for_replacement(state.replica.name)
         attempts = self._attempts.get(group.group_id, 0) + 1
         self._attempts[group.group_id] = attempts
-        if not self._live():
+        if not self._live() and not self._replacing:
             everyone = FailureKind.REPLICAS_DEAD.error("every replica has died")
             self._fail_everything_queued(everyone)
             self._finish(state, group, _failed(group, state.replica.name, everyone))

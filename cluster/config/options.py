@@ -193,6 +193,13 @@ class ClusterOptions(Strict):
     placement_timeout_s: float = Field(
         120.0, gt=0, description="seconds to wait for the replicas' placement groups"
     )
+    replica_restarts: int = Field(
+        2,
+        ge=0,
+        description="replacement replicas a run may start for replicas it loses (a node gone, an engine "
+        "crash); each waits up to placement_timeout_s for room (0: carry on with the replicas left)",
+        json_schema_extra=cli("--replica-restarts", "N"),
+    )
 
     @model_validator(mode="before")
     @classmethod

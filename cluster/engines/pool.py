@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -78,9 +80,11 @@ class ReplicaPool:
         *,
         name_prefix: str = "replica",
         core_slots: tuple[int, int] | None = None,
+        max_restarts: int = 0,
     ) -> None:
         """`core_slots` = (first slot, slots on the node) when another pool shares the node's cores (a local
-        judge beside the model's replicas): CPU thread binding then counts both pools."""
+        judge beside the model's replicas): CPU thread binding then counts both pools. `max_restarts` bounds
+        the replacements `replace` starts over the pool's life."""
         self.settings = settings
         self.name_prefix = name_prefix
         self.core_slots = core_slots
@@ -88,35 +92,40 @@ class ReplicaPool:
         self.count = count
         self.kv_cache_gib = kv_cache_gib
         self.verbose = verbose
-        self.groups: list[PlacementGroup] = []
+        self.groups: dict[str, PlacementGroup] = {}  # by replica name
         self.actors: list[ray.actor.ActorHandle] = []
         self.infos: list[EngineInfo] = []
         self.log_marks: list[list[LogPlace]] = []
+        self.slots: dict[
+            str, tuple[int, int]
+        ] = {}  # (index, count) among the replicas sharing a node's cores
+        self.max_restarts = max_restarts
+        self.restarts_used = 0
+        self.placement_timeout_s = 0.0
+        self.closing = False
+        self._lock = threading.Lock()  # `replace` runs in a worker thread beside the dispatcher and shutdown
 
     def start(self, placement_timeout_s: float) -> list[EngineInfo]:
         check_feasible(self.plan, self.count)
-        self.groups = [placement_group([self.plan.bundle], strategy="STRICT_PACK") for _ in range(self.count)]
+        self.placement_timeout_s = placement_timeout_s
+        names = [f"{self.name_prefix}-{index}" for index in range(self.count)]
+        self.groups = {name: placement_group([self.plan.bundle], strategy="STRICT_PACK") for name in names}
         try:
-            ray.get([g.ready() for g in self.groups], timeout=placement_timeout_s)
+            ray.get([g.ready() for g in self.groups.values()], timeout=placement_timeout_s)
         except GetTimeoutError:
             raise ClusterError(
                 f"{self.count} replica(s) of {self.plan.describe()} could not be placed within "
                 f"{placement_timeout_s:g} s: the resources exist but other work holds them. Wait for it, lower "
                 "--replicas, or raise cluster.placement_timeout_s."
             ) from None
-        nodes = [self._node_of(g) for g in self.groups]
-        for index, group in enumerate(self.groups):
-            same_node = [i for i, n in enumerate(nodes) if n == nodes[index]]
-            local_index, local_count = same_node.index(index), len(same_node)
+        hosts = [self._host_of(g) for g in self.groups.values()]
+        for index, (name, group) in enumerate(self.groups.items()):
+            same_node = [i for i, n in enumerate(hosts) if n == hosts[index]]
+            slot = (same_node.index(index), len(same_node))
             if self.core_slots is not None:
-                local_index, local_count = self.core_slots[0] + local_index, self.core_slots[1]
-            env = self._env(local_index, local_count)
-            actor = EngineActor.options(
-                num_cpus=self.plan.bundle.get("CPU", 0),
-                num_gpus=self.plan.bundle.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-            ).remote(f"{self.name_prefix}-{index}", self.settings, env)
-            self.actors.append(actor)
+                slot = (self.core_slots[0] + slot[0], self.core_slots[1])
+            self.slots[name] = slot
+            self.actors.append(self._launch(name, group, slot))
         try:
             self.infos = ray.get([a.start.remote() for a in self.actors])
         except Exception as exc:
@@ -129,9 +138,69 @@ class ReplicaPool:
         self.log_marks = [mark(info.log_files) for info in self.infos]
         return self.infos
 
-    def _node_of(self, group: PlacementGroup) -> str:
-        table = ray.util.placement_group_table(group)
-        return str(table.get("bundles_to_node_id", {}).get(0, ""))
+    def _launch(self, name: str, group: PlacementGroup, slot: tuple[int, int]) -> ray.actor.ActorHandle:
+        return EngineActor.options(
+            num_cpus=self.plan.bundle.get("CPU", 0),
+            num_gpus=self.plan.bundle.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
+        ).remote(name, self.settings, self._env(*slot))
+
+    def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
+        """Start a replica in place of `dead` (blocking: the caller runs it in a thread). Its placement group
+        goes first, so the resources it held (or Ray would re-place after a node loss) are free; the new one
+        waits up to placement_timeout_s for room. None when the run's restarts are used up, no room came, the
+        engine did not start, or the pool is shutting down."""
+        with self._lock:
+            if self.closing or self.restarts_used >= self.max_restarts:
+                log.warning(
+                    "no replacement for %s: %d of %d restarts used",
+                    dead,
+                    self.restarts_used,
+                    self.max_restarts,
+                )
+                return None
+            self.restarts_used += 1
+            old = self.groups.pop(dead, None)
+            if old is not None:
+                remove_placement_group(old)
+            name = f"{dead.split('.')[0]}.{self.restarts_used}"
+            group = self.groups[name] = placement_group([self.plan.bundle], strategy="STRICT_PACK")
+            self.slots[name] = self.slots[dead]  # the lost replica's cores, free now where it shared a host
+        if not self._placed(group):
+            log.warning("no room for a replacement of %s within %g s", dead, self.placement_timeout_s)
+            return None
+        with self._lock:  # launched under the lock, so a shutdown either sees the actor or stops the launch
+            if self.closing:
+                return None
+            actor = self._launch(name, group, self.slots[name])
+            self.actors.append(actor)
+        try:
+            info = ray.get(actor.start.remote())
+        except Exception as exc:  # noqa: BLE001 - a replacement that cannot start leaves the run as it was
+            log.warning("the replacement of %s did not start: %s", dead, remote_message(exc))
+            return None
+        with self._lock:
+            if self.closing:
+                return None
+            self.infos.append(info)
+            self.log_marks.append(mark(info.log_files))
+            return self._replica(actor, info, self.log_marks[-1]), info
+
+    def _placed(self, group: PlacementGroup) -> bool:
+        """Wait for the group in short steps, so a pool shutting down is not held up by the wait."""
+        deadline = time.monotonic() + self.placement_timeout_s
+        while time.monotonic() < deadline and not self.closing:
+            ready, _ = ray.wait([group.ready()], timeout=1.0)
+            if ready:
+                return True
+        return False
+
+    def _host_of(self, group: PlacementGroup) -> str:
+        """The address of the machine the group's bundle is on. Replicas share a machine's cores by host, not
+        by Ray node: several raylets can run on one host (a test cluster, one node per GPU)."""
+        node_id = ray.util.placement_group_table(group).get("bundles_to_node_id", {}).get(0, "")
+        hosts = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes()}
+        return hosts.get(node_id, node_id)
 
     def _env(self, local_index: int, local_count: int) -> dict[str, str]:
         env = {
@@ -152,24 +221,29 @@ class ReplicaPool:
         end of the queue the dispatcher shrinks it to the running batch (`batch_size`), so no replica sits
         on waiting work while another has free slots."""
         return [
-            Replica(
-                info.name,
-                replica_call(actor, info.name, logs),
-                ENGINE_QUEUE_FACTOR * info.max_num_seqs,
-                batch_size=info.max_num_seqs,
-            )
+            self._replica(actor, info, logs)
             for actor, info, logs in zip(self.actors, self.infos, self.log_marks, strict=True)
         ]
 
+    def _replica(self, actor: ray.actor.ActorHandle, info: EngineInfo, logs: list[LogPlace]) -> Replica:
+        return Replica(
+            info.name,
+            replica_call(actor, info.name, logs),
+            ENGINE_QUEUE_FACTOR * info.max_num_seqs,
+            batch_size=info.max_num_seqs,
+        )
+
     def shutdown(self) -> None:
+        with self._lock:
+            self.closing = True
         # Let every engine stop its own subprocesses, all at once; dead actors simply do not answer.
         if self.actors:
             ray.wait([a.shutdown.remote() for a in self.actors], num_returns=len(self.actors), timeout=30)
         for actor in self.actors:
             ray.kill(actor)
-        for group in self.groups:
+        for group in self.groups.values():
             remove_placement_group(group)
-        self.actors, self.groups = [], []
+        self.actors, self.groups = [], {}
 
 
 def replica_call(actor: ray.actor.ActorHandle, name: str, logs: list[LogPlace] | None = None) -> ReplicaCall:

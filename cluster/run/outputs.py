@@ -178,6 +178,7 @@ def run_info(run: FinishedRun, summaries: list[TaskSummary], failed: int, wall: 
         "prepare_s": round(run.prepare_s, 3),
         "scoring_s": round(run.writer.scoring_s, 3),
         "engines": [asdict(e) for e in stats.engines],
+        "replica_restarts": run.runner.replica_restarts,  # allowed and used; dispatch.replacements says which
         "dispatch": asdict(dispatch) if dispatch else None,
         "task_errors": {s.task: s.error for s in summaries if s.error is not None},
     }

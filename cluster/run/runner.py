@@ -18,7 +18,7 @@ from cluster.engines import EngineInfo, ReplicaPool, engine_settings
 from cluster.plan import RunPlan
 from cluster.progress import progress_bar
 from evaluators.failures import FailureKind
-from sharding.dispatcher import Dispatcher, DispatchStats
+from sharding.dispatcher import Dispatcher, DispatchStats, Replica
 from sharding.requests import Completion, GenerationRequest, PromptGroup, group_prompts
 from sharding.store import ResultStore, StoreWriteError
 
@@ -40,6 +40,7 @@ class RunnerStats:
     generated: int = 0
     generation_s: float = 0.0
     engines: list[EngineInfo] = field(default_factory=list)
+    replicas_replaced: int = 0  # restarts the pool has spent (a replacement that did not start counts)
     first_dispatch_at: float | None = None  # wall clock (time.time()) of the first generation dispatched
     last_completion_at: float | None = None
 
@@ -206,10 +207,11 @@ class RequestRunner:
             config.model.cpu_kv_cache_gib,
             self.verbose,
             core_slots=self.core_slots,
+            max_restarts=config.cluster.replica_restarts,
         )
         log.info("starting %d engine replica(s) of %s", config.cluster.replicas, plan.replica.describe())
         self._pool = pool
-        self.stats.engines = pool.start(config.cluster.placement_timeout_s)
+        self.stats.engines = list(pool.start(config.cluster.placement_timeout_s))
         for info in self.stats.engines:
             log.info(
                 "%s ready on node %s in %.1f s (vLLM %s)",
@@ -218,14 +220,48 @@ class RequestRunner:
                 info.start_s,
                 info.vllm_version,
             )
-        return Dispatcher(pool.replicas())
+        return Dispatcher(pool.replicas(), replacer=self._replace)
+
+    async def _replace(self, dead: str) -> Replica | None:
+        """The dispatcher's replacer: a new replica from the pool (blocking Ray calls, run in a thread)."""
+        pool = self._pool
+        if pool is None:
+            return None
+        if pool.restarts_used < pool.max_restarts:
+            log.info(
+                "starting a replacement for %s (restart %d of %d)",
+                dead,
+                pool.restarts_used + 1,
+                pool.max_restarts,
+            )
+        found = await asyncio.to_thread(pool.replace, dead)
+        self.stats.replicas_replaced = pool.restarts_used
+        if found is None:
+            return None
+        replica, info = found
+        self.stats.engines.append(info)
+        log.info(
+            "%s ready on node %s in %.1f s, in place of %s", info.name, info.node_id[:8], info.start_s, dead
+        )
+        return replica
+
+    @property
+    def replica_restarts(self) -> dict[str, int]:
+        if self._pool is not None:  # a replacement still starting has spent its restart too
+            self.stats.replicas_replaced = self._pool.restarts_used
+        return {"allowed": self.plan.config.cluster.replica_restarts, "used": self.stats.replicas_replaced}
 
     def close(self) -> None:
         if self._starting is not None:
             wait([self._starting])  # a start still in flight must finish before its pool can be shut down
+        if self._dispatcher is not None:
+            self._dispatcher.cancel_replacements()
         if self._pool is not None:
+            self.stats.replicas_replaced = self._pool.restarts_used
             self._pool.shutdown()
             self._pool = None
+        # a replacement still starting in a worker thread ends once the pool is shut down
+        self._loop.run_until_complete(self._loop.shutdown_default_executor())
         self._loop.close()
 
 

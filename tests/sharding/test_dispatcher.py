@@ -244,3 +244,58 @@ def test_streaming_submit_after_every_replica_died_fails_the_groups():
     asyncio.run(scenario())
     assert {c.error for c in results.values()} == {"ReplicasDead: every replica has died"}
     assert len(results) == 2
+
+
+def test_a_lost_only_replica_is_replaced_and_the_queue_waits_for_it():
+    """The only replica dies after one group; the replacement starts later (its engine start), and the groups
+    queued meanwhile run on it instead of failing with "every replica died"."""
+    asked: list[str] = []
+    fresh = FakeReplica("r0.1", delay=0.001)
+
+    async def replacer(name: str) -> Replica:
+        asked.append(name)
+        await asyncio.sleep(0.05)
+        return fresh.replica(4)
+
+    results, done = collect()
+    groups = [make_group(f"q{i}") for i in range(8)]
+    dispatcher = Dispatcher(
+        [FakeReplica("r0", die_after=1).replica(1)], on_group_done=done, replacer=replacer
+    )
+    stats = asyncio.run(asyncio.wait_for(dispatcher.run(groups), timeout=5))
+    assert asked == ["r0"]
+    assert len(results) == 8 and all(c.ok for c in results.values())
+    assert stats.replacements == {"r0.1": "r0"}
+    assert stats.per_replica["r0"].dead and not stats.per_replica["r0.1"].dead
+    assert stats.per_replica["r0.1"].groups == 7  # one group finished on r0 before it died
+    assert not stats.all_replicas_dead
+
+
+def test_no_replacement_to_be_had_fails_the_queue_with_the_deaths():
+    async def replacer(name: str) -> None:
+        await asyncio.sleep(0.01)
+        return None
+
+    results, done = collect()
+    dispatcher = Dispatcher(
+        [FakeReplica("r0", die_after=0).replica(2)], on_group_done=done, replacer=replacer
+    )
+    stats = asyncio.run(asyncio.wait_for(dispatcher.run([make_group(f"q{i}") for i in range(5)]), timeout=5))
+    assert len(results) == 5
+    assert all(c.error == "ReplicasDead: every replica has died" for c in results.values())
+    assert stats.all_replicas_dead and stats.replacements == {}
+
+
+def test_a_replacement_that_fails_to_start_is_logged_and_the_others_carry_on(caplog):
+    async def replacer(name: str) -> Replica:
+        raise RuntimeError("no node has 1 CPU free")
+
+    results, done = collect()
+    replicas = [
+        FakeReplica("dying", delay=0.002, die_after=1).replica(2),
+        FakeReplica("ok", delay=0.002).replica(2),
+    ]
+    dispatcher = Dispatcher(replicas, on_group_done=done, replacer=replacer)
+    run(dispatcher, [make_group(f"q{i}") for i in range(10)])
+    assert len(results) == 10 and all(c.ok for c in results.values())
+    assert "no replacement for replica dying: RuntimeError: no node has 1 CPU free" in caplog.text

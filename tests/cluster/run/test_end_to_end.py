@@ -218,12 +218,15 @@ def test_killed_replica_hands_its_work_to_the_other(tmp_path):
     assert sorted(r["doc_id"] for r in rows) == list(range(12))
     assert all(r["error"] is None for r in rows)
     assert "died" in err and "putting its in-flight work back on the queue" in err
+    assert "starting a replacement for replica-" in err  # it joins if it starts before the work runs out
+    assert summary["run"]["replica_restarts"] == {"allowed": 2, "used": 1}
 
 
 def test_losing_every_replica_fails_clearly_and_loses_nothing(tmp_path):
-    """The only replica is killed mid-run: exit 1 naming the cause; a rerun generates only what was missing."""
+    """The only replica is killed mid-run and no replacement is allowed: exit 1 naming the cause; a rerun
+    generates only what was missing."""
     argv = ["run", "--tasks", "ifeval", "--limit", "8", "--output-dir", str(tmp_path), "--run-id", "lost",
-            "--max-num-seqs", "2", *ENGINE_FLAGS]  # fmt: skip
+            "--max-num-seqs", "2", "--replica-restarts", "0", *ENGINE_FLAGS]  # fmt: skip
     store = tmp_path / "lost" / "cache" / "completions.jsonl"
     proc = start_in_background(argv)
     wait_for_records(proc, store, 2)

@@ -1,0 +1,79 @@
+"""Replicas over several Ray nodes: a head and two worker nodes, each its own raylet with its own CPUs
+(`ray.cluster_utils.Cluster`, real processes on this machine). The replicas land one per worker; a worker
+node removed mid-run loses nothing: its in-flight work goes back on the queue, a replacement replica starts
+on the node that has room and takes its share, and every sample ends scored exactly once (issue 21)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from ray.cluster_utils import Cluster
+
+from tests.runs import ENGINE_FLAGS, MODEL_DIR, records, start_in_background, wait_for_records
+
+
+@pytest.fixture
+def three_nodes(tmp_path) -> Iterator[Cluster]:
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    with token_auth(token):  # on, as `ray start` has it by default; the run finds the token and uses it
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the head hosts no replica
+        cluster.add_node(num_cpus=2)
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        yield cluster
+        cluster.shutdown()
+
+
+@contextmanager
+def token_auth(token: Path) -> Iterator[None]:
+    """This process and the runs it starts use `token`; Ray reads the mode and token once, so it is told to
+    read them again on the way in and on the way out."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    names = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)})
+    try:
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def test_a_worker_node_lost_mid_run_is_replaced_and_loses_nothing(three_nodes: Cluster, tmp_path):
+    first, second = three_nodes.worker_nodes
+    argv = ["run", "--address", three_nodes.address, "--tasks", "ifeval", "--limit", "32", "--replicas", "2",
+            "--max-num-seqs", "1", "--output-dir", str(tmp_path), "--run-id", "nodes", *ENGINE_FLAGS, "--max-tokens", "32"]  # fmt: skip
+    store = tmp_path / "nodes" / "cache" / "completions.jsonl"
+    proc = start_in_background(argv)
+    wait_for_records(proc, store, 4)
+    three_nodes.remove_node(second, allow_graceful=False)
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+
+    summary = json.loads((tmp_path / "nodes" / "summary.json").read_text())["run"]
+    engines = {e["name"]: e["node_id"] for e in summary["engines"]}
+    assert {engines["replica-0"], engines["replica-1"]} == {first.node_id, second.node_id}  # one per worker
+    lost = next(name for name in ("replica-0", "replica-1") if engines[name] == second.node_id)
+    dispatch = summary["dispatch"]
+    assert dispatch["per_replica"][lost]["dead"] and dispatch["requeues"] >= 1
+    (replacement,) = dispatch["replacements"]
+    assert dispatch["replacements"][replacement] == lost
+    assert engines[replacement] == first.node_id  # the only node left with room
+    assert dispatch["per_replica"][replacement]["groups"] >= 1  # it took a share of the rest
+    assert summary["replica_restarts"] == {"allowed": 2, "used": 1}
+    assert summary["samples_failed"] == 0
+    rows = records(tmp_path / "nodes" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert sorted(r["doc_id"] for r in rows) == list(range(32)) and all(r["error"] is None for r in rows)
+    assert f"in place of {lost}" in err
