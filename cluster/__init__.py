@@ -10,7 +10,7 @@ run needs when it is called.
 from cluster._lazy import lazy_exports
 
 _EXPORTS = {
-    "api": ("evaluate", "evaluate_plan"),
+    "api": ("evaluate", "evaluate_plan", "attach"),
     "config": ("RunConfig", "RunMode", "build_config"),
     "run": ("RunResult",),
 }

@@ -10,13 +10,14 @@ local cluster is started, or `cluster.address` is joined.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from cluster.config import RunConfig, build_config
 from cluster.plan import RunPlan, build_plan, local_judge_replicas, replica_plan
 from cluster.preflight import preflight
-from cluster.run import RunResult, run_evaluation
-from cluster.session import cluster_has_gpus, ray_session
+from cluster.run import RunResult, load_records, run_evaluation
+from cluster.session import cluster_has_gpus, joined_session, ray_session
 
 
 def evaluate(
@@ -25,12 +26,69 @@ def evaluate(
     verbose: bool = False,
     progress: bool = True,
     retry_failed: bool = False,
+    records: bool = False,
 ) -> RunResult:
-    """Run the evaluation the config describes (its `mode` says full, inference only or judge only)."""
+    """Run the evaluation the config describes (its `mode` says full, inference only or judge only).
+
+    Through a Ray client (`ray.init("ray://...")` first, or `cluster.address: ray://...`) the run is
+    coordinated inside the cluster and followed from here (`evaluate_in_cluster`). `records=True` adds each
+    task's per-sample records to the result as a pandas DataFrame."""
     run_config = config if isinstance(config, RunConfig) else build_config(config, {}, "the config")
-    return evaluate_plan(
+    if through_ray_client(run_config):
+        return evaluate_in_cluster(run_config, progress=progress, retry_failed=retry_failed, records=records)
+    result = evaluate_plan(
         build_plan(run_config), verbose=verbose, progress=progress, retry_failed=retry_failed
     )
+    if records:
+        result.records = load_records(result.run_dir)
+    return result
+
+
+def through_ray_client(config: RunConfig) -> bool:
+    """Whether this process reaches the cluster as a Ray client (a session already open, or a ray:// address)."""
+    if (config.cluster.address or "").startswith("ray://"):
+        return True
+    if "ray" not in sys.modules:  # no Ray session can be open without Ray loaded
+        return False
+    from ray.util.client import ray as client
+
+    return bool(client.is_connected())
+
+
+def evaluate_in_cluster(
+    config: RunConfig, *, progress: bool = True, retry_failed: bool = False, records: bool = False
+) -> RunResult:
+    """Start the run's coordinator inside the cluster and follow it; a client that goes away leaves it
+    running, and `attach(run_id)` follows it again."""
+    from cluster.run.remote import start_remote
+
+    with joined_session(config.cluster.address):
+        run = start_remote(config, retry_failed)
+        print(  # a notebook has no logging set up; the run id is what a later attach needs
+            f"rayeval: run {run.run_id} is coordinated inside the cluster; if this session goes away, "
+            f"cluster.attach('{run.run_id}') (or `rayeval attach {run.run_id}`) follows it again.",
+            file=sys.stderr,
+        )
+        try:
+            return run.wait(progress=progress, records=records)
+        except KeyboardInterrupt:
+            print(
+                f"rayeval: stopped following run {run.run_id}; it goes on in the cluster. "
+                f"cluster.attach('{run.run_id}') or `rayeval attach {run.run_id}` follows it again.",
+                file=sys.stderr,
+            )
+            raise
+
+
+def attach(
+    run_id: str, address: str | None = None, *, progress: bool = True, records: bool = False
+) -> RunResult:
+    """Follow a run coordinated inside the cluster (started through a Ray client) to its end and return its
+    result, from any client session: `ray.init("ray://head:10001")` first, or give `address`."""
+    from cluster.run.remote import attach_remote
+
+    with joined_session(address):
+        return attach_remote(run_id).wait(progress=progress, records=records)
 
 
 def evaluate_plan(

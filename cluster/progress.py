@@ -1,11 +1,26 @@
-"""The progress bars of long work (generation, judging, lm-eval requests), drawn with rich."""
+"""The progress bars of long work (generation, judging, lm-eval requests), drawn with rich, and what they
+stand at (`snapshot`), for a run whose bars nobody sees: one that runs inside the cluster and reports to a
+Ray client."""
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+
+_BARS: weakref.WeakSet[Progress] = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One bar: its label, how far it is and its total."""
+
+    label: str
+    completed: int
+    total: int
 
 
 def progress_bar(label: str, enabled: bool) -> Progress:
@@ -18,7 +33,7 @@ def progress_bar(label: str, enabled: bool) -> Progress:
         TimeRemainingColumn,
     )
 
-    return Progress(
+    bar = Progress(
         TextColumn(label),
         BarColumn(),
         MofNCompleteColumn(),
@@ -27,3 +42,15 @@ def progress_bar(label: str, enabled: bool) -> Progress:
         disable=not enabled,
         transient=False,
     )
+    _BARS.add(bar)
+    return bar
+
+
+def snapshot() -> list[Stage]:
+    """Every bar of this process that is not finished yet (drawn or not)."""
+    return [
+        Stage(str(task.description), int(task.completed), int(task.total or 0))
+        for bar in list(_BARS)
+        for task in bar.tasks
+        if not task.finished
+    ]

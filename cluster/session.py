@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -53,10 +54,29 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
         ray.shutdown()
 
 
-def _connect(address: str, verbose: bool, attempts: int = 2) -> None:
-    """Join an existing cluster, with Ray's token when one is at hand. A Ray client connection is tried
-    twice: the head's client server at times fails to start the session's server on the first try
-    ("Initialization failure from server") and succeeds on the next."""
+@contextmanager
+def joined_session(address: str | None, verbose: bool = False) -> Iterator[None]:
+    """An open Ray session, or one joined at `address` (else $RAY_ADDRESS) for the block and left after."""
+    if ray.is_initialized():
+        yield
+        return
+    target = address or os.environ.get("RAY_ADDRESS")
+    if not target:
+        raise ClusterError(
+            "No Ray cluster to reach: call ray.init('ray://HEAD:10001') first, or give the address "
+            "(--address ray://HEAD:10001)."
+        )
+    _connect(target, verbose)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.0) -> None:
+    """Join an existing cluster, with Ray's token when one is at hand. A Ray client connection is tried up
+    to three times, seconds apart: the head's client server at times fails to start the session's own
+    server ("Initialization failure from server") and succeeds on a later try."""
     token = enable_token_auth()
     if token:
         log.info("using the Ray auth token from %s", token)
@@ -70,6 +90,7 @@ def _connect(address: str, verbose: bool, attempts: int = 2) -> None:
             )
             if retry:
                 log.info("Ray client session did not start (%s); trying again", _first_line(exc))
+                time.sleep(pause_s)
                 continue
             auth = isinstance(exc, AuthenticationError) or "authentication" in str(exc).lower()
             raise ClusterError(

@@ -21,6 +21,7 @@ RUNS_HEAVY = {
     "cluster.engines.pool": {"ray"},
     "cluster.session": {"ray"},
     "cluster.jobs.client": {"ray"},
+    "cluster.run.remote": {"ray"},
     "cluster.judging.api.client": {"ray", "openai"},
     "cluster.judging.api.rate_limiter": {"ray"},
     "cluster.lm_eval.backend": {"lm_eval"},

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.cli.flags import GROUPS, add_config_flags, flag_names, overrides
 from cluster.config import COMMAND_LINE, RunConfig, RunMode, build_config, load_config_file
 from cluster.run import RunPaths
 from evaluators.errors import EvalInputError
+
+if TYPE_CHECKING:
+    from cluster.run import RunResult  # its module loads the engine types, which load Ray
 
 EPILOG = """examples:
   rayeval run                                  # embedded SmolLM2-135M on IFEval (20 prompts), local CPU cluster
@@ -62,6 +65,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _run_config(args)
+    if (config.cluster.address or "").startswith("ray://") and not args.dry_run:
+        from cluster.api import evaluate_in_cluster  # planned and checked inside the cluster, where it runs
+
+        return report(
+            evaluate_in_cluster(config, progress=not args.no_progress, retry_failed=args.retry_failed)
+        )
+
     from cluster.plan import build_plan
     from cluster.preflight import preflight
 
@@ -73,9 +83,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from cluster.api import evaluate_plan
 
-    result = evaluate_plan(
-        plan, verbose=args.verbose, progress=not args.no_progress, retry_failed=args.retry_failed
+    return report(
+        evaluate_plan(
+            plan, verbose=args.verbose, progress=not args.no_progress, retry_failed=args.retry_failed
+        )
     )
+
+
+def report(result: RunResult) -> int:
+    """Print a finished run's table and where its files are; exit 1 when a task could not run."""
     print(result.table)
     print(
         f"results in {result.run_dir} ({result.requests_reused} of {result.requests_total} requests reused, "

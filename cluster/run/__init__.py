@@ -6,7 +6,8 @@ from cluster._lazy import lazy_exports
 
 _EXPORTS = {
     "coordinator": ("run_evaluation",),
-    "result": ("RunResult",),
+    "result": ("RunResult", "load_records"),
+    "remote": ("RemoteRun", "RunCoordinator", "start_remote", "attach_remote"),
     "runner": ("RequestRunner", "RunnerStats", "NOT_GENERATED"),
     "paths": ("RunPaths",),
     "requests": ("PlannedSample", "build_requests"),

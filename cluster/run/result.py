@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cluster.engines import EngineInfo
 from evaluators.report import TaskSummary
@@ -27,3 +28,11 @@ class RunResult:
     task_errors: dict[str, str] = field(default_factory=dict)  # tasks that could not run at all
     prepare_s: float = 0.0  # rendering prompts and building requests
     scoring_s: float = 0.0  # scoring and writing records, on the dispatch loop
+    records: dict[str, Any] = field(default_factory=dict)  # task -> per-sample DataFrame, when asked for
+
+
+def load_records(run_dir: Path) -> dict[str, Any]:
+    """A run folder's per-sample records, one pandas DataFrame per task (its Parquet file)."""
+    import pandas as pd
+
+    return {path.stem: pd.read_parquet(path) for path in sorted(Path(run_dir, "samples").glob("*/*.parquet"))}

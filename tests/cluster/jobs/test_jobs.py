@@ -4,6 +4,10 @@ side has the token in a file and no RAY_AUTH_MODE, as after copying the head's t
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.ray_head import HeadNode, start_head
-from tests.runs import ENGINE_FLAGS, rayeval
+from tests.runs import ENGINE_FLAGS, MODEL_DIR, rayeval, records, wait_for_records
 
 SMALL_RUN = ["--limit", "4", *ENGINE_FLAGS, "--max-tokens", "24"]
 
@@ -37,6 +41,14 @@ def test_submit_runs_the_job_on_the_cluster_and_follows_it_to_its_results(head: 
     summary = json.loads((out / "via-job" / "summary.json").read_text())
     assert summary["run"]["requests"] == 4 and summary["run"]["samples_failed"] == 0
     assert summary["tasks"]["ifeval"]["metrics"]["prompt_level_strict_acc,none"]["questions"] == 4
+
+    again = rayeval(
+        "submit", "--address", head.dashboard,
+        "--", "run", *SMALL_RUN, "--output-dir", str(out), "--run-id", "via-job",
+        env=head.client_env(),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "4 requests, 4 reused from the store, 0 to generate" in again.stdout  # resumed: nothing asked
 
     listed = rayeval("jobs", "list", "--address", head.dashboard, env=head.client_env())
     assert listed.returncode == 0, listed.stderr
@@ -89,3 +101,47 @@ def test_run_over_ray_client_with_the_token_from_a_file(head: HeadNode, tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "client" / "summary.json").read_text())
     assert summary["run"]["requests"] == 4 and summary["run"]["samples_failed"] == 0
+
+
+NOTEBOOK = """
+import json, sys, ray, cluster
+ray.init(sys.argv[1])
+result = cluster.evaluate({{"tasks": ["ifeval"], "limit": 4, "output_dir": sys.argv[2], "run_id": "notebook",
+                           "model": {{"enforce_eager": True, "max_model_len": 1024}},
+                           "sampling": {{"max_tokens": 24}}}}, progress=False, records=True)
+frame = result.records["ifeval"]
+print(json.dumps({{"rows": len(frame), "columns": sorted(frame.columns), "run_dir": str(result.run_dir),
+                  "table": result.table}}))
+"""
+
+
+def test_a_notebook_on_ray_client_runs_the_coordinator_inside_the_cluster(head: HeadNode, tmp_path: Path):
+    done = subprocess.run(
+        [sys.executable, "-c", NOTEBOOK.format(), head.client_address, str(tmp_path)],
+        capture_output=True, text=True, timeout=900,
+        env={**head.client_env(), "RAY_AUTH_MODE": "token"},  # the notebook calls ray.init itself (README)
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = json.loads(done.stdout.strip().splitlines()[-1])
+    assert shown["rows"] == 4 and {"output", "prompt", "error"} <= set(shown["columns"])
+    assert shown["run_dir"] == str(tmp_path / "notebook") and "ifeval" in shown["table"]
+    assert "coordinated inside the cluster" in done.stderr
+
+
+def test_a_client_killed_mid_run_leaves_the_run_going_and_attach_gets_it(head: HeadNode, tmp_path: Path):
+    argv = ["run", "--address", head.client_address, "--limit", "24", *ENGINE_FLAGS, "--max-num-seqs", "2",
+            "--output-dir", str(tmp_path), "--run-id", "detached"]  # fmt: skip
+    env = head.client_env()
+    client = subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)  # fmt: skip
+    wait_for_records(client, tmp_path / "detached" / "cache" / "completions.jsonl", 2)
+    os.killpg(client.pid, signal.SIGKILL)  # the notebook's kernel dies; the connection drops
+    client.wait(timeout=30)
+
+    attached = rayeval("attach", "detached", "--address", head.client_address, "--no-progress", env=env)
+    assert attached.returncode == 0, attached.stderr[-3000:]
+    assert "results in " in attached.stdout and "ifeval" in attached.stdout
+    rows = records(tmp_path / "detached" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert sorted(r["doc_id"] for r in rows) == list(range(24)) and all(r["error"] is None for r in rows)
+    again = rayeval("attach", "detached", "--address", head.client_address, env=env)
+    assert again.returncode == 1 and "No run 'detached' is running in this cluster" in again.stderr
