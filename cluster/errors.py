@@ -8,3 +8,9 @@ class ClusterError(RuntimeError):
 class OutputWriteError(ClusterError):
     """The run's files could not be written (a full disk, a folder made read-only); what was written before
     is kept, and the same command resumes once the cause is fixed."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of an exception's message (Ray's errors run to many lines), else its type."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

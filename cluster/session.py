@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import ray
 from ray.exceptions import AuthenticationError
 
-from cluster.errors import ClusterError
+from cluster.errors import ClusterError, first_line
 from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
 from cluster.plan import ReplicaPlan
 
@@ -89,21 +89,16 @@ def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.
                 address.startswith("ray://") and "Initialization failure" in str(exc) and attempt < attempts
             )
             if retry:
-                log.info("Ray client session did not start (%s); trying again", _first_line(exc))
+                log.info("Ray client session did not start (%s); trying again", first_line(exc))
                 time.sleep(pause_s)
                 continue
             auth = isinstance(exc, AuthenticationError) or "authentication" in str(exc).lower()
             raise ClusterError(
-                f"Could not connect to the Ray cluster at {address} ({_first_line(exc)}). Check the address "
+                f"Could not connect to the Ray cluster at {address} ({first_line(exc)}). Check the address "
                 "(host:port of the head's GCS, `auto` on a cluster node, or ray://head:10001 for Ray client) and "
                 "that `ray start --head` is running there; leave --address out to start a local cluster."
                 + (f" {TOKEN_HELP}" if auth else "")
             ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def cluster_has_gpus() -> bool:

@@ -96,9 +96,8 @@ class ReplicaPool:
         self.actors: list[ray.actor.ActorHandle] = []
         self.infos: list[EngineInfo] = []
         self.log_marks: list[list[LogPlace]] = []
-        self.slots: dict[
-            str, tuple[int, int]
-        ] = {}  # (index, count) among the replicas sharing a node's cores
+        # by replica name: (index, count) among the replicas sharing a host's cores
+        self.slots: dict[str, tuple[int, int]] = {}
         self.max_restarts = max_restarts
         self.restarts_used = 0
         self.placement_timeout_s = 0.0
@@ -118,7 +117,8 @@ class ReplicaPool:
                 f"{placement_timeout_s:g} s: the resources exist but other work holds them. Wait for it, lower "
                 "--replicas, or raise cluster.placement_timeout_s."
             ) from None
-        hosts = [self._host_of(g) for g in self.groups.values()]
+        host_of_node = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes()}
+        hosts = [self._host_of(g, host_of_node) for g in self.groups.values()]
         for index, (name, group) in enumerate(self.groups.items()):
             same_node = [i for i, n in enumerate(hosts) if n == hosts[index]]
             slot = (same_node.index(index), len(same_node))
@@ -195,12 +195,11 @@ class ReplicaPool:
                 return True
         return False
 
-    def _host_of(self, group: PlacementGroup) -> str:
+    def _host_of(self, group: PlacementGroup, host_of_node: dict[str, str]) -> str:
         """The address of the machine the group's bundle is on. Replicas share a machine's cores by host, not
         by Ray node: several raylets can run on one host (a test cluster, one node per GPU)."""
         node_id = ray.util.placement_group_table(group).get("bundles_to_node_id", {}).get(0, "")
-        hosts = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes()}
-        return hosts.get(node_id, node_id)
+        return host_of_node.get(node_id, node_id)
 
     def _env(self, local_index: int, local_count: int) -> dict[str, str]:
         env = {

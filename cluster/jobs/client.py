@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from ray.exceptions import AuthenticationError
 from ray.job_submission import JobDetails, JobStatus, JobSubmissionClient
 
-from cluster.errors import ClusterError
+from cluster.errors import ClusterError, first_line
 from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
 
 DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
@@ -152,7 +152,7 @@ class JobsClient:
             ) from None
         except ConnectionError as exc:
             raise ClusterError(
-                f"No Ray job server answered at {self.address} ({_first_line(exc)}). Give the head node's "
+                f"No Ray job server answered at {self.address} ({first_line(exc)}). Give the head node's "
                 f"dashboard address, e.g. --address http://HEAD:8265 (or export {ADDRESS_ENV}), and check that "
                 "`ray start --head` runs there with its dashboard (it needs ray[default])."
             ) from None
@@ -173,11 +173,6 @@ def _address_variables_unset() -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def exit_code(details: JobDetails) -> int:
