@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.config import DEMO_LIMIT, RunConfig, RunMode, TaskOptions
+from cluster.config import DEMO_LIMIT, DEMO_MAX_TOKENS, RunConfig, RunMode, TaskOptions
 from cluster.models import ResolvedModel, resolve_model
 from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
@@ -195,8 +195,10 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
     if not tasks:
         raise EvalInputError("No task is enabled. Pass --tasks NAME[,NAME] or enable one in the config file.")
     default_limit = config.limit
+    demo_max_tokens = None
     if default_limit is None and model.is_default and all(t.limit is None for t in tasks):
         default_limit = DEMO_LIMIT  # the bundled demo model on CPU: a quick look, not a full benchmark
+        demo_max_tokens = DEMO_MAX_TOKENS
     catalog = LmEvalCatalog(config.lm_eval.include_path)
     plans = []
     lm_eval_plans = []
@@ -222,7 +224,12 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
             top_p=next(v for v in (options.top_p, config.sampling.top_p) if v is not None),
             max_tokens=next(
                 v
-                for v in (options.max_tokens, config.sampling.max_tokens, task.defaults.max_tokens)
+                for v in (
+                    options.max_tokens,
+                    config.sampling.max_tokens,
+                    demo_max_tokens,
+                    task.defaults.max_tokens,
+                )
                 if v is not None
             ),
             stop=task.defaults.stop,

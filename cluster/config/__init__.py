@@ -6,6 +6,7 @@ from cluster.config.errors import COMMAND_LINE, format_validation_error
 from cluster.config.files import build_config, load_config_file
 from cluster.config.options import (
     DEMO_LIMIT,
+    DEMO_MAX_TOKENS,
     ClusterOptions,
     JudgeOptions,
     LmEvalOptions,
@@ -20,6 +21,7 @@ from cluster.config.values import check_ray_address, parse_gen_kwargs
 __all__ = [
     "COMMAND_LINE",
     "DEMO_LIMIT",
+    "DEMO_MAX_TOKENS",
     "ClusterOptions",
     "JudgeOptions",
     "LmEvalOptions",

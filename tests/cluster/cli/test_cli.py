@@ -40,6 +40,18 @@ def test_dry_run_prints_the_plan_without_engines(capsys, tmp_path, shared_gsm8k)
     assert not any(tmp_path.iterdir()), "a dry run must not write a run folder"
 
 
+def test_the_demo_defaults_apply_only_where_nothing_was_set(capsys):
+    assert main(["run", "--dry-run"]) == 0
+    assert (
+        "ifeval     samples=20     of 541    requests=20      fewshot=0 max_tokens=256"
+        in capsys.readouterr().out
+    )
+    assert main(["run", "--dry-run", "--limit", "3"]) == 0  # a limit given: IFEval's own answer length
+    assert "samples=3      of 541    requests=3       fewshot=0 max_tokens=1280" in capsys.readouterr().out
+    assert main(["run", "--dry-run", "--max-tokens", "64"]) == 0
+    assert "samples=20     of 541    requests=20      fewshot=0 max_tokens=64" in capsys.readouterr().out
+
+
 def test_config_file_with_flag_override(capsys, tmp_path, shared_gsm8k):
     config = tmp_path / "run.yaml"
     config.write_text(
