@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from cluster.config import DEMO_LIMIT, DEMO_MAX_TOKENS, RunConfig, RunMode, TaskOptions
@@ -19,16 +20,80 @@ from evaluators.tasks.registry import TASKS, get_task
 from sharding.requests import SamplingSpec
 
 
+class ExecutorKind(StrEnum):
+    """How one replica's engine runs its tensor- and pipeline-parallel workers."""
+
+    SINGLE = "single"  # one worker, inside the engine's own process
+    MP = "mp"  # vLLM's multiprocessing executor: worker processes on the replica's one node (the faster one)
+    RAY = "ray"  # vLLM's Ray executor: one Ray actor per worker, on the replica's bundles over several nodes
+
+
+@dataclass(frozen=True)
+class ReplicaLayout:
+    """One replica's placement group: its bundles, Ray's strategy for them, and the executor that fits."""
+
+    bundles: tuple[dict[str, float], ...]
+    strategy: str
+    executor: ExecutorKind
+
+    def describe(self) -> str:
+        shown = " + ".join(_resources(b) for b in self.bundles)
+        where = "on one node" if self.strategy == "STRICT_PACK" else "packed, then spread over nodes"
+        return f"{len(self.bundles)} bundle(s) {shown} {where} (executor: {self.executor})"
+
+
 @dataclass(frozen=True)
 class ReplicaPlan:
-    """Resources of one replica: one bundle, packed on one node, held by the engine actor."""
+    """Resources of one replica: `bundle` is all of it, and fits one node when the node is big enough."""
 
     bundle: dict[str, float]
     workers: int
 
     def describe(self) -> str:
-        parts = ", ".join(f"{v:g} {k}" for k, v in sorted(self.bundle.items()))
-        return f"{{{parts}}} for {self.workers} engine worker(s)"
+        return f"{_resources(self.bundle)} for {self.workers} engine worker(s)"
+
+    def one_node(self) -> ReplicaLayout:
+        executor = ExecutorKind.MP if self.workers > 1 else ExecutorKind.SINGLE
+        return ReplicaLayout((dict(self.bundle),), "STRICT_PACK", executor)
+
+    def over_nodes(self) -> ReplicaLayout | None:
+        """One bundle per GPU worker (the first also holds the engine's CPU), for vLLM's Ray executor. None
+        where that cannot be: one worker, or CPU engines (vLLM's CPU backend has no Ray executor)."""
+        gpus = self.bundle.get("GPU", 0)
+        if self.workers < 2 or gpus != self.workers:
+            return None
+        first = {k: v for k, v in self.bundle.items() if k != "GPU"} | {"GPU": 1.0}
+        rest = ({"GPU": 1.0},) * (self.workers - 1)
+        return ReplicaLayout((first, *rest), "PACK", ExecutorKind.RAY)
+
+    def layout_for(self, nodes: list[dict[str, float]]) -> ReplicaLayout | None:
+        """The layout for a cluster whose nodes have these resources (totals, not what is free now): one node
+        where one holds the whole replica, else over nodes where the GPU nodes hold its bundles together;
+        None where neither fits."""
+        if any(_holds(node, self.bundle) for node in nodes):
+            return self.one_node()
+        spread = self.over_nodes()
+        if spread is None or not any(_holds(node, spread.bundles[0]) for node in nodes):
+            return None
+        return spread if sum(int(node.get("GPU", 0)) for node in nodes) >= self.workers else None
+
+    def layout_note(self) -> str:
+        """For --dry-run, before any cluster is seen: the layout each kind of cluster gets."""
+        one, spread = self.one_node(), self.over_nodes()
+        if spread is None:
+            return one.describe()
+        return (
+            f"{one.describe()}; where no node has {self.workers} GPUs: {spread.describe()}. Ray picks the "
+            "nodes when the replica is placed; the run log and summary.json (engines[].nodes) name them"
+        )
+
+
+def _holds(node: dict[str, float], bundle: dict[str, float]) -> bool:
+    return all(node.get(k, 0) >= v for k, v in bundle.items())
+
+
+def _resources(bundle: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{v:g} {k}" for k, v in sorted(bundle.items())) + "}"
 
 
 @dataclass
@@ -84,6 +149,7 @@ class RunPlan:
             f"replicas  {c.cluster.replicas} x {self.replica.describe()} on {self.device}"
             f" (TP={c.model.tensor_parallel_size}, PP={c.model.pipeline_parallel_size}),"
             f" cluster: {c.cluster.address or 'local (started by rayeval)'}",
+            f"layout    each replica: {self.replica.layout_note()}",
             f"sampling  N={c.num_samples} temperature={c.sampling.temperature} top_p={c.sampling.top_p} "
             f"seed={c.sampling.seed}",
         ]
@@ -194,11 +260,7 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
     tasks = config.enabled_tasks()
     if not tasks:
         raise EvalInputError("No task is enabled. Pass --tasks NAME[,NAME] or enable one in the config file.")
-    default_limit = config.limit
-    demo_max_tokens = None
-    if default_limit is None and model.is_default and all(t.limit is None for t in tasks):
-        default_limit = DEMO_LIMIT  # the bundled demo model on CPU: a quick look, not a full benchmark
-        demo_max_tokens = DEMO_MAX_TOKENS
+    default_limit, demo_max_tokens = _demo_defaults(config, model, tasks)
     catalog = LmEvalCatalog(config.lm_eval.include_path)
     plans = []
     lm_eval_plans = []
@@ -252,6 +314,16 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
         lm_eval_plans,
         catalog if lm_eval_plans else None,
     )
+
+
+def _demo_defaults(
+    config: RunConfig, model: ResolvedModel, tasks: list[TaskOptions]
+) -> tuple[int | None, int | None]:
+    """The run's default limit, and the answer length for the embedded demo model (a quick look, not a full
+    benchmark) where the user set no limit anywhere."""
+    if config.limit is None and model.is_default and all(t.limit is None for t in tasks):
+        return DEMO_LIMIT, DEMO_MAX_TOKENS
+    return config.limit, None
 
 
 def _lm_eval_plan(

@@ -21,6 +21,7 @@ import ray
 from cluster.engines.affinity import engine_core_cpus, pin_descendants
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype
+from cluster.plan import ExecutorKind
 from evaluators.failures import FailureKind
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
@@ -45,6 +46,17 @@ class EngineInfo:
     engine_core_cpus: tuple[int, ...] = ()  # where its engine core was pinned; empty: not pinned
     dtype: str = ""  # the weights' dtype the engine was built with (what `auto` became)
     log_files: tuple[str, ...] = ()  # the actor's stdout / stderr files on its node: the engine's full log
+    executor: str = ExecutorKind.SINGLE.value  # how its workers run (cluster.plan.ExecutorKind)
+    nodes: tuple[str, ...] = ()  # the Ray node of each bundle of its placement group, in bundle order
+
+
+def bundle_nodes() -> tuple[str, ...]:
+    """The node id of each bundle of the calling actor's placement group; empty outside one."""
+    group = ray.util.get_current_placement_group()
+    if group is None:
+        return ()
+    placed = ray.util.placement_group_table(group).get("bundles_to_node_id", {})
+    return tuple(placed[index] for index in sorted(placed))
 
 
 class EngineDead(RuntimeError):
@@ -80,33 +92,15 @@ class EngineActor:
 
     async def _start(self) -> EngineInfo:
         import vllm
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         began = time.perf_counter()
         s = self.settings
-        workers = s.tensor_parallel_size * s.pipeline_parallel_size
-        args = AsyncEngineArgs(
-            model=s.model,
-            revision=s.revision,
-            dtype=engine_dtype(s),
-            max_model_len=s.max_model_len,
-            max_num_seqs=s.max_num_seqs,
-            tensor_parallel_size=s.tensor_parallel_size,
-            pipeline_parallel_size=s.pipeline_parallel_size,
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            enforce_eager=s.enforce_eager,
-            enable_prefix_caching=True,
-            enable_chunked_prefill=engine_chunked_prefill(s),
-            distributed_executor_backend="mp" if workers > 1 else None,
-            disable_log_stats=not s.log_stats,
-            max_num_batched_tokens=s.max_num_batched_tokens,
+        config = self._engine_config()
+        self.engine = AsyncLLM.from_vllm_config(
+            config, usage_context=UsageContext.LLM_CLASS, disable_log_stats=not s.log_stats
         )
-        # An evaluation is offline batch work: take vllm.LLM's scheduler defaults, not the engine-context
-        # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill, docs/BENCHMARKS.md).
-        self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
-        config = self.engine.vllm_config
         tokenizer = self.engine.get_tokenizer()  # a coroutine in older vLLM releases
         self.tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         pinned_to = self._pin_engine_core()
@@ -124,11 +118,49 @@ class EngineActor:
             engine_core_cpus=tuple(pinned_to),
             dtype=str(config.model_config.dtype).removeprefix("torch."),
             log_files=tuple(self.log_files),
+            executor=s.executor.value,
+            nodes=bundle_nodes(),
         )
         self.since_start = mark(self.log_files)
         if s.log_stats:  # AsyncLLM only logs its stats when asked; vLLM's API server asks on a timer too
             self.stats_logging = asyncio.create_task(self._log_stats_forever())
         return self.info
+
+    def _engine_config(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        s = self.settings
+        args = AsyncEngineArgs(
+            model=s.model,
+            revision=s.revision,
+            dtype=engine_dtype(s),
+            max_model_len=s.max_model_len,
+            max_num_seqs=s.max_num_seqs,
+            tensor_parallel_size=s.tensor_parallel_size,
+            pipeline_parallel_size=s.pipeline_parallel_size,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            enforce_eager=s.enforce_eager,
+            enable_prefix_caching=True,
+            enable_chunked_prefill=engine_chunked_prefill(s),
+            distributed_executor_backend=None if s.executor is ExecutorKind.SINGLE else s.executor.value,
+            disable_log_stats=not s.log_stats,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+        )
+        # An evaluation is offline batch work: take vllm.LLM's scheduler defaults, not the engine-context
+        # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill, docs/BENCHMARKS.md).
+        config = args.create_engine_config(UsageContext.LLM_CLASS)
+        if s.executor is ExecutorKind.RAY:
+            self._hand_over_placement_group(config)
+        return config
+
+    @staticmethod
+    def _hand_over_placement_group(config: Any) -> None:
+        """vLLM's Ray executor runs in the engine core, a subprocess of this actor: it gets this replica's
+        placement group through the config (it would otherwise make its own) and joins this cluster through
+        RAY_ADDRESS (else a plain `ray.init()` there starts a new local cluster beside a rayeval-started one)."""
+        config.parallel_config.placement_group = ray.util.get_current_placement_group()
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
     def _pin_engine_core(self) -> list[int]:
         """GPU replicas: vLLM's engine core process onto cores of its own among the node's replicas (the

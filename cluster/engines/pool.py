@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -18,7 +19,7 @@ from cluster.engines.actor import ENGINE_CORE_SLOT_ENV, EngineActor, EngineDead,
 from cluster.engines.logs import LogPlace, describe_failure, mark
 from cluster.engines.settings import EngineSettings
 from cluster.errors import ClusterError
-from cluster.plan import ReplicaPlan
+from cluster.plan import ExecutorKind, ReplicaLayout, ReplicaPlan
 from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
 from sharding.requests import Completion, PromptGroup
 
@@ -27,16 +28,23 @@ log = logging.getLogger(__name__)
 ENGINE_QUEUE_FACTOR = 2  # sequences in flight per replica, in units of the engine's max_num_seqs
 
 
-def check_feasible(plan: ReplicaPlan, replicas: int) -> None:
-    """Fail at once, with the numbers, when no node could ever hold one replica or the cluster all of them."""
+def check_feasible(plan: ReplicaPlan, replicas: int) -> ReplicaLayout:
+    """The replicas' layout on this cluster; fails at once, with the numbers, when no node (or, for a GPU
+    replica over nodes, no set of nodes) could ever hold one replica, or the cluster all of them."""
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    if not any(all(node.get(k, 0) >= v for k, v in plan.bundle.items()) for node in nodes):
+    layout = plan.layout_for(nodes)
+    if layout is None:
         largest = {k: max((node.get(k, 0) for node in nodes), default=0) for k in plan.bundle}
+        over_nodes = (
+            "vLLM's CPU backend runs a replica on one node only"
+            if plan.over_nodes() is None and plan.workers > 1
+            else "nor do the GPU nodes together"
+        )
         raise ClusterError(
-            f"Each replica needs {plan.describe()} on one node, but the largest node of this cluster offers "
-            f"{', '.join(f'{v:g} {k}' for k, v in largest.items())}. Lower --tensor-parallel-size / "
-            "--pipeline-parallel-size or --cpus-per-worker, pick --device to match the hardware, or add a node "
-            "that big (ray-config.yaml's worker node type)."
+            f"Each replica needs {plan.describe()}, but the largest node of this cluster offers "
+            f"{', '.join(f'{v:g} {k}' for k, v in largest.items())} ({over_nodes}). Lower "
+            "--tensor-parallel-size / --pipeline-parallel-size or --cpus-per-worker, pick --device to match the "
+            "hardware, or add a node that big (ray-config.yaml's worker node type)."
         )
     total = {k: sum(node.get(k, 0) for node in nodes) for k in plan.bundle}
     short = {k: v * replicas for k, v in plan.bundle.items() if v * replicas > total[k]}
@@ -45,6 +53,7 @@ def check_feasible(plan: ReplicaPlan, replicas: int) -> None:
             f"{replicas} replicas need {', '.join(f'{v:g} {k}' for k, v in short.items())} in all, but the cluster "
             f"has {', '.join(f'{total[k]:g} {k}' for k in short)}. Lower --replicas or grow the cluster."
         )
+    return layout
 
 
 def cpu_thread_binding(local_index: int, local_count: int, workers: int, cores: int | list[int]) -> str:
@@ -101,14 +110,15 @@ class ReplicaPool:
         self.max_restarts = max_restarts
         self.restarts_used = 0
         self.placement_timeout_s = 0.0
+        self.layout = plan.one_node()  # the cluster's nodes decide at start
         self.closing = False
         self._lock = threading.Lock()  # `replace` runs in a worker thread beside the dispatcher and shutdown
 
     def start(self, placement_timeout_s: float) -> list[EngineInfo]:
-        check_feasible(self.plan, self.count)
+        self.layout = check_feasible(self.plan, self.count)
         self.placement_timeout_s = placement_timeout_s
         names = [f"{self.name_prefix}-{index}" for index in range(self.count)]
-        self.groups = {name: placement_group([self.plan.bundle], strategy="STRICT_PACK") for name in names}
+        self.groups = {name: self._placement_group() for name in names}
         try:
             ray.get([g.ready() for g in self.groups.values()], timeout=placement_timeout_s)
         except GetTimeoutError:
@@ -138,12 +148,21 @@ class ReplicaPool:
         self.log_marks = [mark(info.log_files) for info in self.infos]
         return self.infos
 
+    def _placement_group(self) -> PlacementGroup:
+        return placement_group(list(self.layout.bundles), strategy=self.layout.strategy)
+
     def _launch(self, name: str, group: PlacementGroup, slot: tuple[int, int]) -> ray.actor.ActorHandle:
+        first = self.layout.bundles[0]
+        over_nodes = self.layout.executor is ExecutorKind.RAY
+        # Over nodes, vLLM's Ray executor starts one GPU actor per bundle inside this placement group (the
+        # engine passes it on), so the engine actor holds no GPU itself and its child tasks stay in the group.
         return EngineActor.options(
-            num_cpus=self.plan.bundle.get("CPU", 0),
-            num_gpus=self.plan.bundle.get("GPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-        ).remote(name, self.settings, self._env(*slot))
+            num_cpus=first.get("CPU", 0),
+            num_gpus=0 if over_nodes else first.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=0, placement_group_capture_child_tasks=over_nodes
+            ),
+        ).remote(name, replace(self.settings, executor=self.layout.executor), self._env(*slot))
 
     def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         """Start a replica in place of `dead` (blocking: the caller runs it in a thread). Its placement group
@@ -164,7 +183,7 @@ class ReplicaPool:
             if old is not None:
                 remove_placement_group(old)
             name = f"{dead.split('.')[0]}.{self.restarts_used}"
-            group = self.groups[name] = placement_group([self.plan.bundle], strategy="STRICT_PACK")
+            group = self.groups[name] = self._placement_group()
             self.slots[name] = self.slots[dead]  # the lost replica's cores, free now where it shared a host
         if not self._placed(group):
             log.warning("no room for a replacement of %s within %g s", dead, self.placement_timeout_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cluster.config import ModelOptions
+from cluster.plan import ExecutorKind
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class EngineSettings:
 
     # None: off on CPU, vLLM's default elsewhere (see engine_chunked_prefill); True or False forces it.
     chunked_prefill: bool | None = None
+    # How the workers run; the pool sets it from the replica's layout on the cluster (one node or several).
+    executor: ExecutorKind = ExecutorKind.SINGLE
 
 
 def engine_settings(
@@ -52,6 +55,9 @@ def engine_settings(
         max_num_batched_tokens=options.max_num_batched_tokens,
         log_stats=log_stats,
         pin_engine_core=options.pin_engine_core,
+        executor=ExecutorKind.MP
+        if options.tensor_parallel_size * options.pipeline_parallel_size > 1
+        else ExecutorKind.SINGLE,
     )
 
 

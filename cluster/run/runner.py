@@ -214,11 +214,12 @@ class RequestRunner:
         self.stats.engines = list(pool.start(config.cluster.placement_timeout_s))
         for info in self.stats.engines:
             log.info(
-                "%s ready on node %s in %.1f s (vLLM %s)",
+                "%s ready on %s in %.1f s (vLLM %s, executor %s)",
                 info.name,
-                info.node_id[:8],
+                _where(info),
                 info.start_s,
                 info.vllm_version,
+                info.executor,
             )
         return Dispatcher(pool.replicas(), replacer=self._replace)
 
@@ -240,9 +241,7 @@ class RequestRunner:
             return None
         replica, info = found
         self.stats.engines.append(info)
-        log.info(
-            "%s ready on node %s in %.1f s, in place of %s", info.name, info.node_id[:8], info.start_s, dead
-        )
+        log.info("%s ready on %s in %.1f s, in place of %s", info.name, _where(info), info.start_s, dead)
         return replica
 
     @property
@@ -271,3 +270,9 @@ def _deliver(
     results[completion.request_id] = completion
     if on_completion is not None:
         on_completion(completion)
+
+
+def _where(info: EngineInfo) -> str:
+    """The replica's node, or its bundles' nodes where they are several (a replica over nodes)."""
+    nodes = list(dict.fromkeys(info.nodes)) or [info.node_id]
+    return f"node {nodes[0][:8]}" if len(nodes) == 1 else f"nodes {', '.join(n[:8] for n in nodes)}"
