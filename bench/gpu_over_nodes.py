@@ -37,7 +37,9 @@ from bench.gpu.settings import SAFE_ENV, SMOKE  # noqa: E402
 
 AGREEMENT_PROMPTS = 8 if SMOKE else 200
 THROUGHPUT_PROMPTS = 8 if SMOKE else 1024
-SIDES = ("over-nodes", "one-node")
+# one-node-nccl: the one-node replica with vLLM's custom all-reduce off, so both layouts reduce through NCCL and
+# what differs is the layout alone (over nodes, custom all-reduce is off by necessity).
+SIDES = ("over-nodes", "one-node", "one-node-nccl")
 
 
 @contextmanager
@@ -66,7 +68,7 @@ def _cluster(side: str):
         for _ in range(2 if side == "over-nodes" else 1):
             cluster.add_node(num_cpus=2)
         return cluster
-    if side == "one-node":
+    if side.startswith("one-node"):
         with _node_env("0,1", "127.0.0.1"):
             return Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "num_gpus": 2})
     with _node_env("", "127.0.0.1"):
@@ -93,6 +95,8 @@ def run_side(side: str) -> dict:
     ray.init(address=cluster.address)
     nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n.get("Alive")}
     plan = rayeval_a_plan(replicas=1, tp=1 if SMOKE else 2)
+    if side == "one-node-nccl":
+        plan.config.model.custom_all_reduce = False
     runner = RequestRunner(plan, None, progress=False)
     passes = []
     try:
@@ -135,56 +139,90 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def _agreement(texts: dict[str, str], reference: dict[str, str]) -> dict:
+    """Identical texts, and how far into each text the two agree (characters of common prefix, as a share)."""
+    same = sum(texts.get(rid) == text for rid, text in reference.items())
+    shares = []
+    for rid, text in reference.items():
+        other = texts.get(rid, "")
+        prefix = next(
+            (i for i, (a, b) in enumerate(zip(text, other, strict=False)) if a != b),
+            min(len(text), len(other)),
+        )
+        shares.append(prefix / max(len(text), len(other), 1))
+    return {"identical": same, "prompts": len(reference), "share": round(same / len(reference), 4),
+            "mean_common_prefix": round(sum(shares) / len(shares), 4)}  # fmt: skip
+
+
 def compare(rows: dict[str, dict]) -> dict:
-    over, one = rows["over-nodes"], rows["one-node"]
-    same = sum(over["texts"].get(rid) == text for rid, text in one["texts"].items())
     rates = {side: [p["tokens_per_s"] for p in row["throughput_passes"] if p["tokens_per_s"]]
              for side, row in rows.items()}  # fmt: skip
     medians = {side: _median(values) for side, values in rates.items() if values}
-    return {
-        "identical_texts": same,
-        "prompts": len(one["texts"]),
-        "agreement": round(same / len(one["texts"]), 4) if one["texts"] else None,
-        "tokens_per_s": rates,
-        "median_tokens_per_s": medians,
-        "over_nodes_over_one_node": round(medians["over-nodes"] / medians["one-node"], 3)
-        if len(medians) == 2
-        else None,
-    }
+    result: dict = {"tokens_per_s": rates, "median_tokens_per_s": medians}
+    if "over-nodes" in rows:
+        result["agreement_of_over_nodes_with"] = {
+            side: _agreement(rows["over-nodes"]["texts"], row["texts"])
+            for side, row in rows.items()
+            if side != "over-nodes"
+        }
+    if "one-node" in rows and "one-node-nccl" in rows:
+        result["agreement_of_one_node_with_one_node_nccl"] = _agreement(
+            rows["one-node"]["texts"], rows["one-node-nccl"]["texts"]
+        )
+    if "over-nodes" in medians and "one-node" in medians:
+        result["over_nodes_over_one_node"] = round(medians["over-nodes"] / medians["one-node"], 3)
+    return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for over-nodes.json and the logs")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for the rows, over-nodes.json and logs"
+    )
+    parser.add_argument(
+        "--sides", default=",".join(SIDES), help=f"comma-separated, in order (default {','.join(SIDES)})"
+    )
     parser.add_argument("--side", choices=SIDES, help="run one side in this process (what the driver calls)")
     parser.add_argument("--repeats", type=int, default=3, help="throughput passes per side (default 3)")
+    parser.add_argument(
+        "--compare", nargs="+", type=Path, metavar="ROW_JSON", help="compare saved side rows only"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.side:
         print("ROW " + json.dumps(run_side(args.side)), flush=True)
         return 0
+    if args.compare:
+        rows = {row["side"]: row for row in (json.loads(path.read_text()) for path in args.compare)}
+    else:
+        rows = _run_sides(args.sides.split(","), args.repeats, args.out)
+    summary = {"rows": {s: {k: v for k, v in r.items() if k != "texts"} for s, r in rows.items()},
+               "comparison": compare(rows), "date": time.strftime("%Y-%m-%d"), "smoke": SMOKE}  # fmt: skip
+    (args.out / "over-nodes.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary["comparison"]), flush=True)
+    return 0
+
+
+def _run_sides(sides: list[str], repeats: int, out: Path) -> dict[str, dict]:
+    """Each side in a process of its own; its row (texts included) also goes to OUT/<side>.row.json."""
     rows: dict[str, dict] = {}
     # RAY_AUTH_MODE: Ray reads it on import; token auth is tested on CPU, here it would be one more part
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAYEVAL_BENCH_REPEATS=str(args.repeats), PYTHONPATH=os.pathsep.join(
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAYEVAL_BENCH_REPEATS=str(repeats), PYTHONPATH=os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))  # fmt: skip
-    for side in SIDES:
+    for side in sides:
         began = time.perf_counter()
-        with open(args.out / f"{side}.log", "w") as log:
-            done = subprocess.run([sys.executable, __file__, "--side", side, "--out", str(args.out)],
+        with open(out / f"{side}.log", "w") as log:
+            done = subprocess.run([sys.executable, __file__, "--side", side, "--out", str(out)],
                                   stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)  # fmt: skip
             log.write(done.stdout)
         found = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
         if not found:
-            print(f"{side}: no row (exit {done.returncode}); see {args.out / f'{side}.log'}", flush=True)
+            print(f"{side}: no row (exit {done.returncode}); see {out / f'{side}.log'}", flush=True)
             continue
         rows[side] = json.loads(found[-1]) | {"process_wall_s": round(time.perf_counter() - began, 1)}
+        (out / f"{side}.row.json").write_text(json.dumps(rows[side]))
         print(side, {k: v for k, v in rows[side].items() if k != "texts"}, flush=True)
-    summary = {"rows": {s: {k: v for k, v in r.items() if k != "texts"} for s, r in rows.items()},
-               "comparison": compare(rows) if len(rows) == 2 else None,
-               "date": time.strftime("%Y-%m-%d"), "smoke": SMOKE}  # fmt: skip
-    (args.out / "over-nodes.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary["comparison"]), flush=True)
-    return 0 if len(rows) == 2 else 1
+    return rows
 
 
 if __name__ == "__main__":

@@ -143,6 +143,12 @@ class ModelOptions(Strict):
         "compiling costs more at start than it saves below ~22 minutes of generation; compiled on GPU)",
         json_schema_extra=cli("--enforce-eager"),
     )
+    custom_all_reduce: bool | None = Field(
+        None,
+        description="GPU tensor parallel: vLLM's custom all-reduce kernel (peer access within one node) instead "
+        "of NCCL's (default: on within one node, off for a replica over several nodes)",
+        json_schema_extra=cli("--custom-all-reduce"),
+    )
 
 
 class SamplingOptions(Strict):

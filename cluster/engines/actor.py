@@ -146,6 +146,11 @@ class EngineActor:
             distributed_executor_backend=None if s.executor is ExecutorKind.SINGLE else s.executor.value,
             disable_log_stats=not s.log_stats,
             max_num_batched_tokens=s.max_num_batched_tokens,
+            # A replica over nodes: its tensor-parallel group spans nodes, where vLLM's custom all-reduce
+            # (GPU peer access within one node) cannot serve it; raylets sharing one host would try it anyway.
+            disable_custom_all_reduce=s.executor is ExecutorKind.RAY
+            if s.custom_all_reduce is None
+            else not s.custom_all_reduce,
         )
         # An evaluation is offline batch work: take vllm.LLM's scheduler defaults, not the engine-context
         # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill, docs/BENCHMARKS.md).

@@ -30,6 +30,8 @@ class EngineSettings:
 
     # None: off on CPU, vLLM's default elsewhere (see engine_chunked_prefill); True or False forces it.
     chunked_prefill: bool | None = None
+    # None: vLLM's custom all-reduce within one node, NCCL's over nodes; True or False forces it.
+    custom_all_reduce: bool | None = None
     # How the workers run; the pool sets it from the replica's layout on the cluster (one node or several).
     executor: ExecutorKind = ExecutorKind.SINGLE
 
@@ -55,6 +57,7 @@ def engine_settings(
         max_num_batched_tokens=options.max_num_batched_tokens,
         log_stats=log_stats,
         pin_engine_core=options.pin_engine_core,
+        custom_all_reduce=options.custom_all_reduce,
         executor=ExecutorKind.MP
         if options.tensor_parallel_size * options.pipeline_parallel_size > 1
         else ExecutorKind.SINGLE,

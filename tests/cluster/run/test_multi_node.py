@@ -64,6 +64,7 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_loses_nothing(three_nodes: C
 
     summary = json.loads((tmp_path / "nodes" / "summary.json").read_text())["run"]
     engines = {e["name"]: e["node_id"] for e in summary["engines"]}
+    assert all(e["nodes"] == [e["node_id"]] and e["executor"] == "single" for e in summary["engines"])
     assert {engines["replica-0"], engines["replica-1"]} == {first.node_id, second.node_id}  # one per worker
     lost = next(name for name in ("replica-0", "replica-1") if engines[name] == second.node_id)
     dispatch = summary["dispatch"]
@@ -77,3 +78,17 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_loses_nothing(three_nodes: C
     rows = records(tmp_path / "nodes" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert sorted(r["doc_id"] for r in rows) == list(range(32)) and all(r["error"] is None for r in rows)
     assert f"in place of {lost}" in err
+
+
+def test_a_cpu_replica_larger_than_any_node_is_refused_naming_the_numbers(three_nodes: Cluster, tmp_path):
+    """Four CPUs per replica, nodes of two: vLLM's CPU backend has no Ray executor, so a CPU replica cannot
+    span nodes (a GPU one would, docs/BENCHMARKS.md "One model over two nodes"), and the run stops before any
+    engine starts."""
+    argv = ["run", "--address", three_nodes.address, "--tasks", "ifeval", "--limit", "2", "--tensor-parallel-size",
+            "2", "--cpus-per-worker", "2", "--output-dir", str(tmp_path), "--run-id", "big", *ENGINE_FLAGS]  # fmt: skip
+    proc = start_in_background(argv)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "Each replica needs {4 CPU} for 2 engine worker(s)" in err and "offers 2 CPU" in err
+    assert "vLLM's CPU backend runs a replica on one node only" in err
+    assert "Traceback" not in err
