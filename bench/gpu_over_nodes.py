@@ -13,6 +13,8 @@ dispatcher). Each side generates the same 200 random-token prompts greedily (256
 `ignore_eos`) for the agreement check, then `--repeats` passes of 1,024 fresh prompts for throughput.
 
     python3 bench/gpu_over_nodes.py --out $OUT     # both sides, then $OUT/over-nodes.json with the comparison
+    python3 bench/gpu_over_nodes.py --out $OUT --sides one-node-nccl,over-nodes --batch-invariant
+                                                   # vLLM's batch-invariant mode on both: the layout alone
     RAYEVAL_BENCH_SMOKE=1 python3 bench/gpu_over_nodes.py --out /tmp/o   # CPU plumbing check: TP=1, no GPUs
 
 A row per side (engine start, generation seconds, tokens/s per pass, the executor and the nodes each bundle
@@ -185,6 +187,12 @@ def main() -> int:
     parser.add_argument("--side", choices=SIDES, help="run one side in this process (what the driver calls)")
     parser.add_argument("--repeats", type=int, default=3, help="throughput passes per side (default 3)")
     parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="VLLM_BATCH_INVARIANT=1 on every side: "
+        "batch-invariant kernels and deterministic NCCL settings, so greedy texts differ only by layout",
+    )
+    parser.add_argument(
         "--compare", nargs="+", type=Path, metavar="ROW_JSON", help="compare saved side rows only"
     )
     args = parser.parse_args()
@@ -195,20 +203,23 @@ def main() -> int:
     if args.compare:
         rows = {row["side"]: row for row in (json.loads(path.read_text()) for path in args.compare)}
     else:
-        rows = _run_sides(args.sides.split(","), args.repeats, args.out)
+        rows = _run_sides(args.sides.split(","), args.repeats, args.out, args.batch_invariant)
     summary = {"rows": {s: {k: v for k, v in r.items() if k != "texts"} for s, r in rows.items()},
-               "comparison": compare(rows), "date": time.strftime("%Y-%m-%d"), "smoke": SMOKE}  # fmt: skip
+               "comparison": compare(rows), "date": time.strftime("%Y-%m-%d"), "smoke": SMOKE,
+               "batch_invariant": args.batch_invariant}  # fmt: skip
     (args.out / "over-nodes.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary["comparison"]), flush=True)
     return 0
 
 
-def _run_sides(sides: list[str], repeats: int, out: Path) -> dict[str, dict]:
+def _run_sides(sides: list[str], repeats: int, out: Path, batch_invariant: bool) -> dict[str, dict]:
     """Each side in a process of its own; its row (texts included) also goes to OUT/<side>.row.json."""
     rows: dict[str, dict] = {}
     # RAY_AUTH_MODE: Ray reads it on import; token auth is tested on CPU, here it would be one more part
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAYEVAL_BENCH_REPEATS=str(repeats), PYTHONPATH=os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))  # fmt: skip
+    if batch_invariant:  # the raylets a side starts inherit it, and with them every engine worker
+        env["VLLM_BATCH_INVARIANT"] = "1"
     for side in sides:
         began = time.perf_counter()
         with open(out / f"{side}.log", "w") as log:
