@@ -15,9 +15,18 @@ import pyarrow.parquet as pq
 
 from evaluators.failures import failure_kind
 from evaluators.judging.base import TaskStatistic
+from evaluators.passk import METHOD as PASS_AT_K_METHOD
+from evaluators.passk import PassAtK, pass_at_k_table
 from evaluators.records import SampleRecord
 from evaluators.stats import MetricSummary, ScoredItem, summarize
 from evaluators.tasks.base import Task
+
+# Where a task reports both: which interval is the one to quote, and why.
+HEADLINE_INTERVAL = (
+    "metrics.*.ci95: the t-interval on the question-clustered SEM over every sample, as for every task. The "
+    "statistics' bootstrap intervals resample questions the way the benchmark's own leaderboard does, and are "
+    "there to set beside its published numbers."
+)
 
 
 @dataclass
@@ -32,6 +41,7 @@ class TaskSummary:
     failed: int
     failure_reasons: dict[str, int]
     metrics: dict[str, MetricSummary] = field(default_factory=dict)
+    pass_at_k: dict[str, list[PassAtK]] = field(default_factory=dict)  # 0/1 metrics with N > 1
     source: str = "rayeval"  # "rayeval" | "lm-eval": whose task definition and metrics
     # lm-eval metrics aggregated other than by a mean (perplexity, corpus BLEU): value and lm-eval's stderr
     aggregate_only: dict[str, tuple[float, float | None]] = field(default_factory=dict)
@@ -46,7 +56,14 @@ def summarize_task(
     task: Task, records: list[SampleRecord], num_runs: int, num_fewshot: int, num_available: int
 ) -> TaskSummary:
     summary = summarize_records(
-        task.name, task.version, [m.key for m in task.metrics], records, num_runs, num_fewshot, num_available
+        task.name,
+        task.version,
+        [m.key for m in task.metrics],
+        records,
+        num_runs,
+        num_fewshot,
+        num_available,
+        bounds={m.key: m.bounds for m in task.metrics if m.bounds is not None},
     )
     summary.higher_is_better = {m.key: m.higher_is_better for m in task.metrics}
     return summary
@@ -60,8 +77,10 @@ def summarize_records(
     num_runs: int,
     num_fewshot: int,
     num_available: int,
+    bounds: dict[str, tuple[float, float]] | None = None,
 ) -> TaskSummary:
-    """mean@N of each per-sample metric, with failed samples counted by reason and never scored."""
+    """mean@N of each per-sample metric, with failed samples counted by reason and never scored; `bounds`
+    gives metrics' known ranges (their CI95 stays inside)."""
     failed = [r for r in records if r.error is not None]
     reasons = Counter(failure_kind(r.error or "") for r in failed)
     summary = TaskSummary(
@@ -81,7 +100,9 @@ def summarize_records(
             for r in records
             if r.error is None and key in r.scores
         ]
-        summary.metrics[key] = summarize(items, num_runs)
+        summary.metrics[key] = summarize(items, num_runs, (bounds or {}).get(key))
+        if table := pass_at_k_table(items, num_runs):
+            summary.pass_at_k[key] = table
     return summary
 
 
@@ -180,9 +201,11 @@ def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict
                 "n": m.num_runs,
                 "questions": m.num_questions,
                 "scored_samples": m.num_scored,
+                **_pass_at_k_json(s.pass_at_k.get(key, [])),
             }
             for key, m in s.metrics.items()
         }
+        body.pop("pass_at_k")
         body["statistics"] = {
             t.key: {
                 "value": _finite(t.value),
@@ -192,8 +215,27 @@ def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict
             }
             for t in s.statistics
         }
+        if s.statistics and s.metrics:
+            body["headline_interval"] = HEADLINE_INTERVAL
         tasks[s.task] = body
     return {"run": run_info, "tasks": tasks}
+
+
+def _pass_at_k_json(table: list[PassAtK]) -> dict[str, Any]:
+    if not table:
+        return {}
+    return {
+        "pass_at_k": {
+            str(row.k): {
+                "mean": _finite(row.mean),
+                "sem": _finite(row.sem),
+                "ci95": [_finite(row.ci95_low), _finite(row.ci95_high)],
+                "questions": row.questions,
+            }
+            for row in table
+        },
+        "pass_at_k_method": PASS_AT_K_METHOD,
+    }
 
 
 def _fmt(value: float, digits: int) -> str:

@@ -7,8 +7,9 @@ Two uncertainties are reported and never mixed up:
   instruction-level accuracy) use the cluster-robust form of the same estimator, weighted by item count.
 - `std_across_runs`: the standard deviation of the N per-run scores, i.e. sampling noise between runs.
 
-The CI95 is a t-interval on `sem`. For a proportion of successes (accuracy, a pass rate) it is cut to [0, 1]:
-near 0 or 1 the symmetric interval would otherwise claim rates that cannot exist.
+The CI95 is a t-interval on `sem`, cut to the metric's range where the task states it (a win rate in [0, 1],
+a 1-10 rating) or, for a proportion of successes (accuracy, a pass rate), to [0, 1]: near the ends, or with few
+questions, the symmetric interval would otherwise claim values that cannot exist.
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ class MetricSummary:
     num_scored: int
 
 
-def summarize(items: list[ScoredItem], num_runs: int) -> MetricSummary:
-    """Reduce scored samples to mean@N with its clustered SEM, CI95 and the std of the per-run means."""
+def summarize(
+    items: list[ScoredItem], num_runs: int, bounds: tuple[float, float] | None = None
+) -> MetricSummary:
+    """Reduce scored samples to mean@N with its clustered SEM, CI95 and the std of the per-run means. The CI95
+    is cut to `bounds` (the metric's known range) where given, else to [0, 1] for a proportion."""
     if not items:
         nan = float("nan")
         return MetricSummary(nan, nan, nan, nan, CI_METHOD, nan, (), num_runs, 0, 0)
@@ -79,7 +83,10 @@ def summarize(items: list[ScoredItem], num_runs: int) -> MetricSummary:
             run_means.append(float(values[mask].sum() / weights[mask].sum()))
     std_runs = float(np.std(run_means, ddof=1)) if len(run_means) > 1 else float("nan")
     low, high, method = mean - half, mean + half, CI_METHOD
-    if _counts_successes(values, weights):
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+        method = f"{CI_METHOD}, cut to [{bounds[0]:g}, {bounds[1]:g}] (the metric's range)"
+    elif _counts_successes(values, weights):
         low, high, method = max(low, 0.0), min(high, 1.0), CI_METHOD_PROPORTION
     return MetricSummary(
         mean=mean,
@@ -93,6 +100,13 @@ def summarize(items: list[ScoredItem], num_runs: int) -> MetricSummary:
         num_questions=n_q,
         num_scored=len(items),
     )
+
+
+def counts_successes(items: list[ScoredItem]) -> bool:
+    """Whether the items are successes out of trials (see `_counts_successes`): a metric within [0, 1]."""
+    values = np.array([i.value for i in items], dtype=float)
+    weights = np.array([i.weight for i in items], dtype=float)
+    return bool(items) and _counts_successes(values, weights)
 
 
 def _counts_successes(values: np.ndarray, weights: np.ndarray) -> bool:

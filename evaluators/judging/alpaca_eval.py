@@ -70,7 +70,7 @@ class AlpacaEval(JudgeTask):
     name = "alpaca_eval"
     version = f"2.0-judge.{template_digest(SYSTEM, USER)}"
     description = "AlpacaEval 2: pairwise win rate against a reference output, both orders (805 instructions)"
-    metrics = (MetricSpec("win_rate"),)
+    metrics = (MetricSpec("win_rate", bounds=(0.0, 1.0)),)
     defaults = TaskDefaults(max_tokens=1024)
     source = DataSourceInfo(
         description=(

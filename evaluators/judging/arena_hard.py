@@ -89,7 +89,7 @@ class ArenaHard(JudgeTask):
     description = (
         "Arena-Hard v2.0: weighted pairwise win rate against a baseline answer, both orders (750 prompts)"
     )
-    metrics = (MetricSpec("score"),)
+    metrics = (MetricSpec("score", bounds=(0.0, 1.0)),)  # a weighted win rate
     defaults = TaskDefaults(max_tokens=2048)
     source = DataSourceInfo(
         description=(

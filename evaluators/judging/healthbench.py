@@ -68,7 +68,7 @@ class HealthBench(JudgeTask):
     name = "healthbench"
     version = f"1.0-judge.{template_digest(SYSTEM, USER)}"
     description = "HealthBench: health conversations graded item by item against physician rubrics"
-    metrics = (MetricSpec("score"),)
+    metrics = (MetricSpec("score", bounds=(0.0, 1.0)),)  # clipped to [0, 1] per sample
     defaults = TaskDefaults(max_tokens=1024)
     source = DataSourceInfo(
         description=(

@@ -59,7 +59,7 @@ class WritingBench(JudgeTask):
     name = "writingbench"
     version = f"1.0-judge.{template_digest(SYSTEM, USER)}"
     description = "WritingBench: writing requests scored 1-10 per query-specific criterion (1000 queries)"
-    metrics = (MetricSpec("score"),)
+    metrics = (MetricSpec("score", bounds=(1.0, 10.0)),)  # the mean of 1-10 ratings
     # Many requests ask for documents of a thousand words or more.
     defaults = TaskDefaults(max_tokens=2048)
     source = DataSourceInfo(

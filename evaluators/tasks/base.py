@@ -44,11 +44,13 @@ class MetricValue:
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """A reported metric: lm-eval's `name,filter` key, and which way is better."""
+    """A reported metric: lm-eval's `name,filter` key, which way is better, and the range its values can take
+    where that is known (a win rate in [0, 1], a 1-10 rating): the CI95 never reaches outside it."""
 
     name: str
     filter: str = "none"
     higher_is_better: bool = True
+    bounds: tuple[float, float] | None = None
 
     @property
     def key(self) -> str:

@@ -36,6 +36,11 @@ def test_summary_counts_failures_and_reports_mean_at_n(tmp_path):
     assert results["n-samples"]["gsm8k"] == {"original": 1319, "effective": 3}
     body = summary_json([summary], {"run_id": "r"})["tasks"]["gsm8k"]
     assert body["failed"] == 1 and body["metrics"]["exact_match,strict-match"]["n"] == 2
+    # N = 2 of a 0/1 metric: pass@1 (the mean) and pass@2 (question 0 passes twice, question 1 never)
+    passes = body["metrics"]["exact_match,strict-match"]["pass_at_k"]
+    assert passes["1"]["mean"] == 0.5 and passes["2"]["mean"] == 0.5 and passes["2"]["questions"] == 2
+    assert "Chen et al. 2021" in body["metrics"]["exact_match,strict-match"]["pass_at_k_method"]
+    assert "pass_at_k" not in body  # only beside its metric
     json.dumps(body)  # NaN-free and serialisable
 
     jsonl, parquet = write_samples(tmp_path, "gsm8k", records)
@@ -45,3 +50,18 @@ def test_summary_counts_failures_and_reports_mean_at_n(tmp_path):
 
     table = render_table([summary])
     assert "exact_match,strict-match" in table and "0.5000" in table
+
+
+def test_a_task_with_bootstrap_statistics_names_its_headline_interval():
+    from evaluators.judging.base import TaskStatistic
+
+    summary = summarize_task(GSM8K(), [record(0, 0, 1.0), record(1, 0, 0.0)], 1, 0, 2)
+    body = summary_json([summary], {})["tasks"]["gsm8k"]
+    assert "headline_interval" not in body  # one kind of interval only
+    summary.statistics.append(
+        TaskStatistic("win_rate,bootstrap", 0.5, 0.1, 0.3, 0.7, "bootstrap over questions")
+    )
+    body = summary_json([summary], {})["tasks"]["gsm8k"]
+    assert body["headline_interval"].startswith(
+        "metrics.*.ci95: the t-interval on the question-clustered SEM"
+    )

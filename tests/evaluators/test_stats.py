@@ -79,3 +79,22 @@ def test_a_continuous_score_keeps_its_plain_interval():
     s = summarize(items, num_runs=1)
     assert s.ci95_low < 0
     assert "cut" not in s.ci_method
+
+
+def test_a_metric_range_bounds_its_interval():
+    """Three Arena-Hard questions: the t-interval (df = 2) reaches far past [0, 1] and is cut to it; a 1-10
+    rating to [1, 10]; the method says so."""
+    from evaluators.judging.arena_hard import ArenaHard
+    from evaluators.judging.writingbench import WritingBench
+
+    win_rates = [ScoredItem(q, 0, v, 1.0) for q, v in enumerate([1.0, 0.25, 0.0])]
+    (spec,) = ArenaHard.metrics
+    bounded = summarize(win_rates, 1, spec.bounds)
+    unbounded = summarize(win_rates, 1)
+    assert unbounded.ci95_low < 0 and unbounded.ci95_high > 1
+    assert (bounded.ci95_low, bounded.ci95_high) == (0.0, 1.0) and bounded.mean == unbounded.mean
+    assert bounded.ci_method.endswith("cut to [0, 1] (the metric's range)")
+    ratings = [ScoredItem(q, 0, v, 1.0) for q, v in enumerate([9.5, 2.0, 6.0])]
+    (rating,) = WritingBench.metrics
+    cut = summarize(ratings, 1, rating.bounds)
+    assert (cut.ci95_low, cut.ci95_high) == (1.0, 10.0)

@@ -1,0 +1,36 @@
+"""`rayeval compare RUN_A RUN_B`: paired differences between two finished runs, per task and metric."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="B against A over the questions both runs scored: paired differences, which are beyond noise",
+        description="Compare two finished runs of the same questions (two checkpoints, two models). For every "
+        "task and metric both scored: the means, B - A, its paired question-clustered standard error and CI95, "
+        "and whether it is beyond noise after a Holm-Bonferroni correction over everything compared.",
+    )
+    p.set_defaults(handler=cmd_compare)
+    p.add_argument("run_a", metavar="RUN_A", type=Path, help="run folder A (the baseline)")
+    p.add_argument("run_b", metavar="RUN_B", type=Path, help="run folder B")
+    p.add_argument("--level", type=float, default=0.05, help="family-wise error level (default 0.05)")
+    p.add_argument("--output", type=Path, metavar="FILE", help="also write the comparison as JSON here")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from evaluators.compare import compare_runs, comparison_json, load_run, render_comparison
+    from evaluators.errors import EvalInputError
+
+    if not 0 < args.level < 1:
+        raise EvalInputError(f"--level must be between 0 and 1 (got {args.level:g}); 0.05 is usual.")
+    a, b = load_run(args.run_a), load_run(args.run_b)
+    rows = compare_runs(a, b, args.level)
+    print(render_comparison(a, b, rows, args.level), end="")
+    if args.output:
+        args.output.write_text(json.dumps(comparison_json(a, b, rows, args.level), indent=1))
+    return 0

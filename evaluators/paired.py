@@ -1,0 +1,94 @@
+"""Paired differences between two evaluations of the same questions (two checkpoints, two models).
+
+Each question's score is averaged over its samples in each run, the two runs are differenced per question,
+and the standard error is that of the mean difference over the questions both runs scored: question-clustered
+and paired (Miller 2024, "Adding Error Bars to Evals", section on paired differences). Pairing removes the
+spread of question difficulty, which both runs share, so a real difference shows at a fraction of the
+unpaired error bar. Metrics that are rates over several items per question (IFEval's instruction-level
+accuracy) weight each question by its item count, as the run's own mean does.
+
+Testing every task x metric at once inflates the chance of a false alarm, so the p-values are adjusted with
+Holm's step-down procedure (Holm 1979) over the whole family compared, and only adjusted p-values below the
+level count as beyond noise. The CI95 is a t-interval on the paired SE, cut to [-1, 1] where both runs' metric
+is a proportion of successes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from evaluators.stats import ScoredItem, counts_successes
+
+MULTIPLE_COMPARISONS = "Holm-Bonferroni over every task x metric compared"
+SE_METHOD = "paired, question-clustered standard error of the mean difference (Miller 2024)"
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """B minus A over the questions both scored: the difference, its paired SE, CI95 and two-sided p."""
+
+    mean_a: float
+    mean_b: float
+    difference: float
+    sem: float
+    ci95_low: float
+    ci95_high: float
+    p_value: float
+    questions: int  # scored in both runs
+    only_in_one: int  # scored in one run only: left out of the pairing
+
+
+def question_means(items: list[ScoredItem]) -> dict[int, tuple[float, float]]:
+    """Per question: (sum of values, sum of weights) over its samples."""
+    sums: dict[int, list[float]] = {}
+    for item in items:
+        total = sums.setdefault(item.question, [0.0, 0.0])
+        total[0] += item.value
+        total[1] += item.weight
+    return {q: (v, w) for q, (v, w) in sums.items() if w > 0}
+
+
+def paired_difference(a: list[ScoredItem], b: list[ScoredItem]) -> PairedDifference:
+    per_a, per_b = question_means(a), question_means(b)
+    shared = sorted(per_a.keys() & per_b.keys())
+    only = len(per_a.keys() ^ per_b.keys())
+    nan = float("nan")
+    if not shared:
+        return PairedDifference(nan, nan, nan, nan, nan, nan, nan, 0, only)
+    # Each question weighs what it weighs in A (its item count); both runs asked the same items.
+    weights = np.array([per_a[q][1] for q in shared])
+    rate_a = np.array([per_a[q][0] / per_a[q][1] for q in shared])
+    rate_b = np.array([per_b[q][0] / per_b[q][1] for q in shared])
+    total = weights.sum()
+    mean_a, mean_b = float((weights * rate_a).sum() / total), float((weights * rate_b).sum() / total)
+    per_question = rate_b - rate_a
+    difference = float((weights * per_question).sum() / total)
+    n = len(shared)
+    if n < 2:
+        return PairedDifference(mean_a, mean_b, difference, nan, nan, nan, nan, n, only)
+    # Cluster-robust SE of a weighted mean; std(per-question differences, ddof=1) / sqrt(n) for weight 1.
+    residual = weights * (per_question - difference)
+    sem = float(np.sqrt(n / (n - 1) * np.sum(residual**2)) / total)
+    half = float(stats.t.ppf(0.975, df=n - 1)) * sem
+    low, high = difference - half, difference + half
+    if counts_successes(a) and counts_successes(b):  # two proportions: their difference lies in [-1, 1]
+        low, high = max(low, -1.0), min(high, 1.0)
+    if sem > 0:
+        p_value = float(2 * stats.t.sf(abs(difference) / sem, df=n - 1))
+    else:  # every question moved by the same amount: certain if it moved at all
+        p_value = 1.0 if difference == 0 else 0.0
+    return PairedDifference(mean_a, mean_b, difference, sem, low, high, p_value, n, only)
+
+
+def holm_adjusted(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order (NaN stays NaN and does not count)."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if not np.isnan(p))
+    adjusted = [float("nan")] * len(p_values)
+    running = 0.0
+    for rank, (p, index) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[index] = running
+    return adjusted

@@ -1,0 +1,92 @@
+"""Paired differences (question-clustered, Holm-adjusted) and pass@k, against hand-computed values and scipy."""
+
+from __future__ import annotations
+
+import math
+from math import comb
+
+import pytest
+from scipy import stats
+
+from evaluators.paired import holm_adjusted, paired_difference
+from evaluators.passk import ks_for, pass_at_k, pass_at_k_table
+from evaluators.stats import ScoredItem
+
+
+def items(outcomes: dict[int, list[float]], weight: float = 1.0) -> list[ScoredItem]:
+    return [ScoredItem(q, run, v * weight, weight) for q, vs in outcomes.items() for run, v in enumerate(vs)]
+
+
+def test_pass_at_k_is_chen_et_al_estimator():
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert pass_at_k(10, 3, 2) == pytest.approx(1 - comb(7, 2) / comb(10, 2))  # 0.5333
+    assert pass_at_k(10, 3, 8) == 1.0  # fewer than k failures: some draw of k holds a success
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(200, 17, 50) == pytest.approx(1 - comb(183, 50) / comb(200, 50))
+    with pytest.raises(ValueError, match="n=4, c=5"):
+        pass_at_k(4, 5, 1)
+    assert ks_for(8) == [1, 2, 4, 8] and ks_for(6) == [1, 2, 4] and ks_for(1) == [1]
+
+
+def test_pass_at_k_table_by_hand():
+    table = pass_at_k_table(items({0: [1, 0, 0, 0], 1: [1, 1, 0, 1]}), num_samples=4)
+    assert [row.k for row in table] == [1, 2, 4]
+    one, two, four = table
+    assert one.mean == pytest.approx(0.5) and one.sem == pytest.approx(0.25)  # std(0.25, 0.75) / sqrt 2
+    assert two.mean == pytest.approx(0.75) and two.sem == pytest.approx(0.25)  # questions at 0.5 and 1.0
+    assert (four.mean, four.sem, four.ci95_high) == (1.0, 0.0, 1.0)
+    half = stats.t.ppf(0.975, 1) * 0.25
+    assert two.ci95_low == pytest.approx(max(0.0, 0.75 - half)) and two.ci95_high == 1.0  # cut to [0, 1]
+
+
+def test_pass_at_k_only_for_binary_metrics_with_several_samples():
+    assert pass_at_k_table(items({0: [1, 0], 1: [0, 0]}), num_samples=1) == []
+    assert pass_at_k_table(items({0: [0.5, 1.0], 1: [0, 0]}), num_samples=2) == []  # a rate, not a pass
+    assert pass_at_k_table(items({0: [1, 1], 1: [0, 1]}, weight=3.0), num_samples=2) == []  # 3 items each
+
+
+def test_paired_difference_equals_scipy_paired_t_test():
+    a = {0: [1, 1], 1: [0, 0], 2: [1, 0], 3: [0, 1], 4: [1, 1]}
+    b = {0: [1, 1], 1: [1, 0], 2: [1, 1], 3: [1, 1], 4: [1, 0]}
+    result = paired_difference(items(a), items(b))
+    mean_a = [sum(v) / 2 for v in a.values()]
+    mean_b = [sum(v) / 2 for v in b.values()]
+    test = stats.ttest_rel(mean_b, mean_a)
+    assert result.difference == pytest.approx(0.2) and (result.mean_a, result.mean_b) == pytest.approx(
+        (0.6, 0.8)
+    )
+    assert result.p_value == pytest.approx(test.pvalue)
+    diffs = [y - x for x, y in zip(mean_a, mean_b, strict=True)]
+    assert result.sem == pytest.approx(stats.sem(diffs))
+    low, high = stats.t.interval(0.95, df=4, loc=0.2, scale=stats.sem(diffs))
+    assert (result.ci95_low, result.ci95_high) == pytest.approx((low, high))
+    assert result.questions == 5 and result.only_in_one == 0
+
+
+def test_pairing_removes_question_difficulty():
+    """B is A plus 0.1 on every question: unpaired, question spread hides it; paired, it is certain."""
+    a = {q: [q / 10] for q in range(10)}
+    b = {q: [q / 10 + 0.1] for q in range(10)}
+    result = paired_difference(items(a), items(b))
+    assert result.difference == pytest.approx(0.1) and result.sem == pytest.approx(0.0, abs=1e-12)
+    assert result.p_value < 1e-100
+    assert stats.ttest_ind([v[0] for v in b.values()], [v[0] for v in a.values()]).pvalue > 0.4
+
+
+def test_weighted_metrics_and_questions_in_one_run_only():
+    a = items({0: [1.0, 0.5], 1: [0.0, 0.0]}, weight=2.0) + items({2: [1.0]}, weight=4.0)
+    b = items({0: [1.0, 1.0], 1: [0.5, 0.5]}, weight=2.0) + items({3: [1.0]})
+    result = paired_difference(a, b)
+    assert result.questions == 2 and result.only_in_one == 2
+    # questions 0 and 1 weigh 4 each (2 items x 2 samples): A 0.75 and 0, B 1 and 0.5
+    assert (result.mean_a, result.mean_b, result.difference) == pytest.approx((0.375, 0.75, 0.375))
+    assert math.isnan(paired_difference(items({0: [1]}), items({1: [1]})).difference)
+
+
+def test_holm_step_down():
+    assert holm_adjusted([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm_adjusted([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    adjusted = holm_adjusted([0.01, float("nan"), 0.02])
+    assert (
+        adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
+    )
