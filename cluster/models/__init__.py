@@ -1,5 +1,6 @@
 """Models: where a model comes from (a local folder, a hub id, the embedded default), the checks made on it
-before any engine starts, and how a task's prompt is rendered with the model's chat template.
+before any engine starts, how a task's prompt is rendered with the model's chat template, and a training
+run's checkpoints and LoRA adapters found on disk and checked.
 """
 
 from cluster._lazy import lazy_exports
@@ -14,5 +15,13 @@ _EXPORTS = {
     ),
     "prompts": ("PromptRenderer",),
     "default": ("DEFAULT_MODEL_NAME", "ensure_default_model", "default_model_dir", "cache_root"),
+    "checkpoints": (
+        "Checkpoint",
+        "CheckpointKind",
+        "find_checkpoints",
+        "step_of",
+        "adapter_problem",
+        "model_module_names",
+    ),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

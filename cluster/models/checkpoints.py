@@ -1,0 +1,163 @@
+"""The checkpoints of a training run, found on disk, and the checks a LoRA adapter must pass before any engine
+starts. Plain Python: files and JSON only (a safetensors header is JSON), nothing heavy.
+
+A checkpoint is a folder recognised by its files: a full model has `config.json` and weights
+(`*.safetensors` or `pytorch_model*.bin`); a LoRA adapter has `adapter_config.json` and
+`adapter_model.safetensors` or `adapter_model.bin`. Its step comes from the nearest folder name on its path
+that carries one: `step_120`, `step-120`, `checkpoint-120` (Hugging Face Trainer), `global_step120` and
+`global_step_120` (DeepSpeed, verl: `global_step_120/actor/huggingface`), `iter_0000120` (Megatron).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from evaluators.errors import EvalInputError
+
+STEP_NAME = re.compile(r"^(?:global_step|step|checkpoint|iter|ckpt)[_-]?0*(\d+)$", re.IGNORECASE)
+MAX_DEPTH = 4  # run_dir/global_step_120/actor/huggingface is three below the run folder
+
+
+class CheckpointKind(StrEnum):
+    FULL = "full"  # a whole model: the engine loads it in place of the last one
+    LORA = "lora"  # an adapter on the base model: served beside others by one multi-LoRA engine
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+    kind: CheckpointKind
+
+
+def step_of(name: str) -> int | None:
+    found = STEP_NAME.match(name)
+    return int(found.group(1)) if found else None
+
+
+def kind_of(folder: Path) -> CheckpointKind | None:
+    """What the folder holds, by its files; None for neither."""
+    if (folder / "adapter_config.json").is_file() and any(
+        (folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")
+    ):
+        return CheckpointKind.LORA
+    if (folder / "config.json").is_file() and (
+        any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+    ):
+        return CheckpointKind.FULL
+    return None
+
+
+def find_checkpoints(run_dir: Path, steps: list[int] | None = None) -> list[Checkpoint]:
+    """Every checkpoint under `run_dir`, by step (only `steps` where given). A step with two checkpoints,
+    or none found at all, is an error that names what was looked for."""
+    if not run_dir.is_dir():
+        raise EvalInputError(f"Checkpoint folder '{run_dir}' does not exist or is not a folder.")
+    found: dict[int, Checkpoint] = {}
+    for folder in _folders(run_dir):
+        kind = kind_of(folder)
+        step = _step_on_path(folder, run_dir)
+        if kind is None or step is None:
+            continue
+        if step in found and found[step].path != folder:
+            raise EvalInputError(
+                f"Step {step} has two checkpoints: '{found[step].path}' and '{folder}'. Keep one, or pass "
+                "--steps without it."
+            )
+        found[step] = Checkpoint(step, folder, kind)
+    if not found:
+        raise EvalInputError(
+            f"No checkpoint under '{run_dir}': looked for folders named like step_120, checkpoint-120 or "
+            "global_step120 holding a model (config.json and *.safetensors / pytorch_model*.bin) or a LoRA "
+            "adapter (adapter_config.json and adapter_model.safetensors / .bin)."
+        )
+    if steps is not None:
+        missing = sorted(set(steps) - found.keys())
+        if missing:
+            raise EvalInputError(
+                f"--steps {','.join(map(str, missing))}: no such checkpoint under '{run_dir}' (it has steps "
+                f"{', '.join(map(str, sorted(found)))})."
+            )
+        found = {step: found[step] for step in steps}
+    return [found[step] for step in sorted(found)]
+
+
+def _folders(root: Path) -> list[Path]:
+    frontier, folders = [root], []
+    for _ in range(MAX_DEPTH):
+        frontier = sorted(child for folder in frontier for child in folder.iterdir() if child.is_dir())
+        folders += frontier
+    return folders
+
+
+def _step_on_path(folder: Path, root: Path) -> int | None:
+    for part in reversed(folder.relative_to(root).parts):
+        step = step_of(part)
+        if step is not None:
+            return step
+    return None
+
+
+def model_module_names(model_dir: Path) -> set[str]:
+    """The names of the model's weight-bearing modules (`q_proj`, `down_proj`, ...), read from the
+    safetensors headers: what a LoRA adapter's target_modules can name."""
+    names: set[str] = set()
+    for weights in sorted(model_dir.glob("*.safetensors")):
+        with weights.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        for tensor in header:
+            parts = tensor.split(".")
+            if len(parts) >= 2 and parts[-1] in ("weight", "bias"):
+                names.add(parts[-2])
+    return names
+
+
+def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int) -> str | None:
+    """Why this LoRA adapter cannot run on replicas of `base_model` with this `max_lora_rank`; None if it
+    can. Every reason names the file or value and the fix."""
+    config_file = adapter / "adapter_config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return f"{config_file} is not readable JSON ({exc})"
+    if not isinstance(config, dict):
+        return f"{config_file} holds no JSON object"
+    if config.get("peft_type", "LORA") != "LORA":
+        return f"{config_file}: peft_type is {config.get('peft_type')!r}; only LoRA adapters run on vLLM"
+    if not any((adapter / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
+        return f"{adapter} has no adapter_model.safetensors or adapter_model.bin"
+    base = str(config.get("base_model_name_or_path") or "")
+    if base and not _same_model(base, base_model):
+        return (
+            f"{config_file}: base_model_name_or_path is '{base}', but the replicas serve '{base_model.name}'"
+        )
+    rank = config.get("r")
+    if not isinstance(rank, int) or rank < 1:
+        return f"{config_file}: r is {rank!r}, not a positive rank"
+    if rank > max_lora_rank:
+        return f"{config_file}: rank {rank} is above the engine's max_lora_rank {max_lora_rank}; raise --max-lora-rank"
+    targets = config.get("target_modules") or []
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    known = model_module_names(base_model)
+    unknown = sorted(t for t in targets if known and t not in known)
+    if unknown:
+        return (
+            f"{config_file}: target_modules {', '.join(unknown)} are not modules of {base_model.name} (it has "
+            f"{', '.join(sorted(known))})"
+        )
+    return None
+
+
+def _same_model(named: str, base_model: Path) -> bool:
+    """An adapter's base_model_name_or_path against the replicas' model: the same folder, or the same name
+    (an HF id's last part, a folder's name), since training and evaluation rarely share paths."""
+    candidate = Path(named).expanduser()
+    if candidate.exists():
+        return candidate.resolve() == base_model.resolve()
+    return named.rstrip("/").split("/")[-1].lower() == base_model.name.lower()

@@ -1,0 +1,117 @@
+"""A training run's checkpoints found on disk, and a LoRA adapter's checks before any engine starts. The good
+adapter is a real one, made here with peft for the embedded default model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cluster.models import (
+    CheckpointKind,
+    adapter_problem,
+    find_checkpoints,
+    model_module_names,
+    step_of,
+)
+from cluster.models.default import ensure_default_model
+from evaluators.errors import EvalInputError
+
+
+@pytest.fixture(scope="module")
+def base_model() -> Path:
+    return Path(ensure_default_model())
+
+
+@pytest.fixture(scope="module")
+def adapter(base_model: Path, tmp_path_factory) -> Path:
+    """A rank-4 LoRA adapter on q_proj and v_proj of the default model, saved by peft."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    folder = tmp_path_factory.mktemp("adapters") / "step_360"
+    peft_model.save_pretrained(folder)
+    return folder
+
+
+def full_model(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def test_step_names_of_the_common_trainers():
+    assert [step_of(n) for n in ("step_120", "step-120", "checkpoint-120", "global_step120")] == [120] * 4
+    assert [step_of(n) for n in ("global_step_120", "iter_0000120", "ckpt120", "Checkpoint-7")] == [
+        120,
+        120,
+        120,
+        7,
+    ]
+    assert [step_of(n) for n in ("actor", "step_", "best", "120")] == [None] * 4
+
+
+def test_checkpoints_are_found_by_their_files_and_ordered_by_step(tmp_path, adapter):
+    full_model(tmp_path / "checkpoint-240")
+    full_model(tmp_path / "global_step_120" / "actor" / "huggingface")  # verl's layout
+    shutil.copytree(adapter, tmp_path / "step_360")
+    (tmp_path / "step_480").mkdir()
+    (tmp_path / "step_480" / "config.json").write_text("{}")  # still being written: no weights yet
+    (tmp_path / "logs").mkdir()
+    found = find_checkpoints(tmp_path)
+    assert [(c.step, c.kind) for c in found] == [
+        (120, CheckpointKind.FULL), (240, CheckpointKind.FULL), (360, CheckpointKind.LORA)
+    ]  # fmt: skip
+    assert found[0].path == tmp_path / "global_step_120" / "actor" / "huggingface"
+    assert [c.step for c in find_checkpoints(tmp_path, steps=[360, 120])] == [120, 360]
+    with pytest.raises(
+        EvalInputError, match=r"--steps 600: no such checkpoint .* \(it has steps 120, 240, 360\)"
+    ):
+        find_checkpoints(tmp_path, steps=[600])
+
+
+def test_a_step_twice_or_no_checkpoint_at_all_is_named(tmp_path):
+    with pytest.raises(EvalInputError, match="No checkpoint under .* step_120, checkpoint-120"):
+        find_checkpoints(tmp_path)
+    full_model(tmp_path / "step_100")
+    full_model(tmp_path / "checkpoint-100")
+    with pytest.raises(EvalInputError, match="Step 100 has two checkpoints"):
+        find_checkpoints(tmp_path)
+    with pytest.raises(EvalInputError, match="does not exist"):
+        find_checkpoints(tmp_path / "nothing")
+
+
+def test_a_good_adapter_passes_and_each_broken_one_says_why(tmp_path, adapter, base_model):
+    assert {"q_proj", "v_proj", "down_proj"} <= model_module_names(base_model)
+    assert adapter_problem(adapter, base_model, max_lora_rank=16) is None
+
+    def broken(name: str, change) -> str | None:  # noqa: ANN001 - a callable that edits the copy
+        copy = shutil.copytree(adapter, tmp_path / name)
+        change(copy)
+        return adapter_problem(copy, base_model, max_lora_rank=16)
+
+    def edit_config(**fields):  # noqa: ANN202 - returns the editing callable
+        def change(folder: Path) -> None:
+            config = json.loads((folder / "adapter_config.json").read_text())
+            (folder / "adapter_config.json").write_text(json.dumps(config | fields))
+
+        return change
+
+    assert "is not readable JSON" in broken("json", lambda f: (f / "adapter_config.json").write_text("{r: 4"))
+    assert "has no adapter_model" in broken("weights", lambda f: (f / "adapter_model.safetensors").unlink())
+    assert "rank 64 is above the engine's max_lora_rank 16" in broken("rank", edit_config(r=64))
+    assert "base_model_name_or_path is 'Qwen/Qwen2.5-7B'" in broken(
+        "base", edit_config(base_model_name_or_path="Qwen/Qwen2.5-7B")
+    )
+    assert "target_modules query_key_value are not modules" in broken(
+        "targets", edit_config(target_modules=["query_key_value"])
+    )
+    assert "only LoRA adapters" in broken("ia3", edit_config(peft_type="IA3"))
+    assert adapter_problem(adapter, base_model, max_lora_rank=2) is not None  # rank 4 over 2
