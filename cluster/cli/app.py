@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from cluster.cli import attach, compare, jobs, run, submit, tasks, validate
+from cluster.cli import attach, compare, jobs, plot, run, submit, tasks, validate
 from cluster.cli.parser import Parser
 from evaluators.errors import EvalInputError
 
@@ -14,7 +14,7 @@ from evaluators.errors import EvalInputError
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rayeval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (run, submit, jobs, attach, compare, tasks, validate):
+    for command in (run, submit, jobs, attach, compare, plot, tasks, validate):
         command.add_parser(sub)
     return parser
 

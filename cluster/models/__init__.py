@@ -20,6 +20,7 @@ _EXPORTS = {
         "CheckpointKind",
         "find_checkpoints",
         "step_of",
+        "step_in_name",
         "adapter_problem",
         "model_module_names",
     ),

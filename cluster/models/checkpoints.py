@@ -35,9 +35,19 @@ class Checkpoint:
     kind: CheckpointKind
 
 
+STEP_IN_NAME = re.compile(r"(?:global_step|step|checkpoint|ckpt|iter)[_-]?0*(\d+)", re.IGNORECASE)
+
+
 def step_of(name: str) -> int | None:
+    """The step a checkpoint folder's name is (`step_120`, `checkpoint-120`, ...)."""
     found = STEP_NAME.match(name)
     return int(found.group(1)) if found else None
+
+
+def step_in_name(name: str) -> int | None:
+    """The step a run's name mentions anywhere (`qwen-sft-step_480-eval`); the last one where there are several."""
+    found = STEP_IN_NAME.findall(name)
+    return int(found[-1]) if found else None
 
 
 def kind_of(folder: Path) -> CheckpointKind | None:

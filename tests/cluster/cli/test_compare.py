@@ -4,30 +4,13 @@ differences per task and metric, the Holm-adjusted verdict, the JSON file, and t
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from scipy import stats
 
 from cluster.cli import main
-from evaluators.records import SampleRecord
-from evaluators.report import summarize_task, summary_json, write_samples
-from evaluators.tasks.gsm8k import GSM8K
-
-STRICT, FLEX = "exact_match,strict-match", "exact_match,flexible-extract"
-
-
-def write_run(root: Path, run_id: str, strict: dict[int, list[int]], flexible: dict[int, list[int]]) -> Path:
-    records = [
-        SampleRecord("gsm8k", q, i, f"{run_id}-{q}-{i}", "p", "o", "t",
-                     {STRICT: float(s), FLEX: float(flexible[q][i])}, {STRICT: 1.0, FLEX: 1.0})
-        for q, samples in strict.items() for i, s in enumerate(samples)
-    ]  # fmt: skip
-    run = root / run_id
-    write_samples(run / "samples" / "model", "gsm8k", records)
-    summary = summarize_task(GSM8K(), records, num_runs=2, num_fewshot=0, num_available=1319)
-    (run / "summary.json").write_text(json.dumps(summary_json([summary], {"run_id": run_id})))
-    return run
+from tests.run_folders import STRICT
+from tests.run_folders import write_gsm8k_run as write_run
 
 
 def test_compare_pairs_questions_and_says_what_is_beyond_noise(tmp_path, capsys):

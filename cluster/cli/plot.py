@@ -1,0 +1,72 @@
+"""`rayeval plot RUN...`: training curves from finished run folders, several training runs on one axis."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from evaluators.errors import EvalInputError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plot",
+        help="training curves (score by step, with error bars) from finished run folders",
+        description="Draw each task's metrics against the training step, one PNG per task, and write the "
+        "same numbers as sweep_summary.csv and .md. Each argument is a run folder whose name carries its step "
+        "(step_120, checkpoint-120, ...), or a folder of such runs (one training run); several are drawn on "
+        "one axis, named after their folders.",
+    )
+    p.set_defaults(handler=cmd_plot)
+    p.add_argument(
+        "runs", nargs="+", type=Path, metavar="RUN", help="a run folder, or a folder of run folders"
+    )
+    p.add_argument("--errorbar", choices=["ci95", "sem", "std", "none"], default="ci95",
+                   help="what the error bars show: the CI95 (default), one SEM, the std across the N runs, none")  # fmt: skip
+    p.add_argument(
+        "--output", type=Path, default=Path("plots"), metavar="DIR", help="where to write (default plots/)"
+    )
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from evaluators.curves import ErrorBar, plot_curves, points_from_run, write_tables
+
+    points = [
+        point
+        for series, step, run in (entry for folder in args.runs for entry in runs_in(folder))
+        for point in points_from_run(run, series, step)
+    ]
+    if not points:
+        raise EvalInputError("The runs given hold no scored metric to draw.")
+    csv_path, md_path = write_tables(points, args.output)
+    for path in [*plot_curves(points, args.output, ErrorBar(args.errorbar)), csv_path, md_path]:
+        print(path)
+    return 0
+
+
+def runs_in(folder: Path) -> list[tuple[str, int, Path]]:
+    """(training run, step, run folder) for a run folder, or for each run inside a folder of runs."""
+    from cluster.models import step_in_name
+
+    if not folder.is_dir():
+        raise EvalInputError(f"'{folder}' is not a folder: give a run folder or a folder of run folders.")
+    runs = (
+        [folder]
+        if (folder / "summary.json").is_file()
+        else sorted(p.parent for p in folder.glob("*/summary.json"))
+    )
+    if not runs:
+        raise EvalInputError(
+            f"'{folder}' holds no finished run (no summary.json in it or in its subfolders)."
+        )
+    series = folder.parent.name if runs == [folder] else folder.name
+    found = []
+    for run in runs:
+        step = step_in_name(run.name)
+        if step is None:
+            raise EvalInputError(
+                f"Run folder '{run}' names no step: name it like step_120 or checkpoint-120 (the --run-id), so "
+                "it has a place on the curve."
+            )
+        found.append((series, step, run))
+    return found

@@ -1,0 +1,156 @@
+"""Training curves: each checkpoint's scores by step, as a table (CSV and Markdown) and one plot per task with
+every metric's curve and its error bars. Read from run folders (one per step) through their summary.json, so
+any finished runs can be drawn, several training runs on one axis."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from evaluators.errors import EvalInputError
+
+
+class ErrorBar(StrEnum):
+    CI95 = "ci95"  # the metric's CI95 as the run reports it (possibly asymmetric, cut to the metric's range)
+    SEM = "sem"  # one question-clustered standard error
+    STD = "std"  # the standard deviation of the N per-run means: run-to-run noise
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    series: str  # the training run
+    step: int
+    task: str
+    metric: str
+    mean: float
+    sem: float
+    ci95_low: float
+    ci95_high: float
+    std_across_runs: float
+    n: int
+    questions: int
+
+    def error(self, bar: ErrorBar) -> tuple[float, float]:
+        """(below, above) the mean, NaN-free: 0 where the run has no such spread (one question, N = 1)."""
+        if bar is ErrorBar.CI95:
+            below, above = self.mean - self.ci95_low, self.ci95_high - self.mean
+        elif bar is ErrorBar.SEM:
+            below = above = self.sem
+        elif bar is ErrorBar.STD:
+            below = above = self.std_across_runs
+        else:
+            below = above = 0.0
+        return (0.0 if math.isnan(below) else below, 0.0 if math.isnan(above) else above)
+
+
+def points_from_run(run_dir: Path, series: str, step: int) -> list[CurvePoint]:
+    """Every metric of every task in one finished run folder, as points of `series` at `step`."""
+    summary_file = run_dir / "summary.json"
+    try:
+        tasks = json.loads(summary_file.read_text())["tasks"]
+    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        raise EvalInputError(
+            f"'{run_dir}' has no readable summary.json ({exc}); is it a finished run?"
+        ) from None
+    points = []
+    for task, body in tasks.items():
+        for metric, m in (body.get("metrics") or {}).items():
+            low, high = (v if v is not None else math.nan for v in m.get("ci95", [None, None]))
+            points.append(
+                CurvePoint(series, step, task, metric, _num(m.get("mean")), _num(m.get("sem")), low, high,
+                           _num(m.get("std_across_runs")), int(m.get("n", 1)), int(m.get("questions", 0)))
+            )  # fmt: skip
+    return points
+
+
+def _num(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+COLUMNS = ("series", "step", "task", "metric", "mean", "sem", "ci95_low", "ci95_high", "std_across_runs", "n",
+           "questions")  # fmt: skip
+
+
+def write_tables(points: list[CurvePoint], folder: Path, name: str = "sweep_summary") -> tuple[Path, Path]:
+    """`name`.csv and `name`.md: one row per series x step x task x metric, in that order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ordered = sorted(points, key=lambda p: (p.series, p.task, p.metric, p.step))
+    csv_path, md_path = folder / f"{name}.csv", folder / f"{name}.md"
+    with csv_path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(asdict(p) for p in ordered)
+    lines = ["| training run | step | task | metric | mean | SEM | CI95 | N | questions |",
+             "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
+    for p in ordered:
+        lines.append(
+            f"| {p.series} | {p.step} | {p.task} | {p.metric} | {_fmt(p.mean)} | {_fmt(p.sem)} | "
+            f"[{_fmt(p.ci95_low, 3)}, {_fmt(p.ci95_high, 3)}] | {p.n} | {p.questions} |"
+        )
+    md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return csv_path, md_path
+
+
+def _fmt(value: float, digits: int = 4) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """What one line of a plot shows: the steps, the means and the error bars below and above."""
+
+    series: str
+    metric: str
+    steps: tuple[int, ...]
+    means: tuple[float, ...]
+    below: tuple[float, ...]
+    above: tuple[float, ...]
+
+
+def curves_by_task(points: list[CurvePoint], bar: ErrorBar) -> dict[str, list[Curve]]:
+    by_line: dict[tuple[str, str, str], list[CurvePoint]] = {}
+    for p in points:
+        by_line.setdefault((p.task, p.series, p.metric), []).append(p)
+    tasks: dict[str, list[Curve]] = {}
+    for (task, series, metric), line in sorted(by_line.items()):
+        line.sort(key=lambda p: p.step)
+        errors = [p.error(bar) for p in line]
+        tasks.setdefault(task, []).append(
+            Curve(series, metric, tuple(p.step for p in line), tuple(p.mean for p in line),
+                  tuple(e[0] for e in errors), tuple(e[1] for e in errors))
+        )  # fmt: skip
+    return tasks
+
+
+def plot_curves(points: list[CurvePoint], folder: Path, bar: ErrorBar) -> list[Path]:
+    """One PNG per task: every metric of every training run against the step, with its error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for task, curves in curves_by_task(points, bar).items():
+        figure, axis = plt.subplots(figsize=(8, 5))
+        several = len({c.series for c in curves}) > 1
+        for curve in curves:
+            label = f"{curve.series}: {curve.metric}" if several else curve.metric
+            yerr = None if bar is ErrorBar.NONE else [curve.below, curve.above]
+            axis.errorbar(curve.steps, curve.means, yerr=yerr, marker="o", capsize=3, label=label)
+        shown = {ErrorBar.CI95: "CI95", ErrorBar.SEM: "± SEM", ErrorBar.STD: "± std across runs",
+                 ErrorBar.NONE: "no error bars"}[bar]  # fmt: skip
+        axis.set(title=f"{task} ({shown})", xlabel="step", ylabel="mean@N")
+        axis.set_xticks(sorted({step for curve in curves for step in curve.steps}))
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+        path = folder / f"{task}.png"
+        figure.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(figure)
+        written.append(path)
+    return written

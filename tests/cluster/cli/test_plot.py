@@ -1,0 +1,64 @@
+"""`rayeval plot`: training curves from finished run folders, two training runs on one axis."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from matplotlib.image import imread
+
+from cluster.cli import main
+from cluster.cli.plot import runs_in
+from evaluators.curves import ErrorBar, curves_by_task, points_from_run
+from tests.run_folders import STRICT, write_gsm8k_run
+
+
+@pytest.fixture
+def two_training_runs(tmp_path):
+    """sft and rl, steps 120 / 240 / 360 each; 10 questions, N = 2; strict accuracy grows with the step."""
+    for series, offset in (("sft", 0), ("rl", 1)):
+        for index, step in enumerate((120, 240, 360)):
+            solved = 3 * index + offset  # questions below this one are solved in both samples
+            strict = {q: [int(q < solved), int(q <= solved)] for q in range(10)}
+            write_gsm8k_run(tmp_path / series, f"step_{step}", strict, strict)
+    return tmp_path / "sft", tmp_path / "rl"
+
+
+def test_plot_draws_one_png_per_task_and_the_tables(two_training_runs, tmp_path, capsys):
+    sft, rl = two_training_runs
+    out = tmp_path / "plots"
+    assert main(["plot", str(sft), str(rl), "--output", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(out / "gsm8k.png"), str(out / "sweep_summary.csv"), str(out / "sweep_summary.md")]
+    height, width, _ = imread(out / "gsm8k.png").shape
+    assert height > 200 and width > 300
+    rows = list(csv.DictReader((out / "sweep_summary.csv").open()))
+    assert len(rows) == 2 * 3 * 2  # training runs x steps x metrics
+    sft_strict = [r for r in rows if r["series"] == "sft" and r["metric"] == STRICT]
+    assert [int(r["step"]) for r in sft_strict] == [120, 240, 360]
+    assert [float(r["mean"]) for r in sft_strict] == pytest.approx([0.05, 0.35, 0.65])
+    assert (
+        "| sft | 240 | gsm8k | exact_match,strict-match | 0.3500 |" in (out / "sweep_summary.md").read_text()
+    )
+
+
+def test_each_point_carries_its_runs_error_bar(two_training_runs):
+    sft, _ = two_training_runs
+    points = [p for series, step, run in runs_in(sft) for p in points_from_run(run, series, step)]
+    (strict,) = [c for c in curves_by_task(points, ErrorBar.CI95)["gsm8k"] if c.metric == STRICT]
+    assert strict.steps == (120, 240, 360)
+    first = next(p for p in points if p.step == 120 and p.metric == STRICT)
+    assert strict.below[0] == pytest.approx(first.mean - first.ci95_low)
+    assert strict.above[0] == pytest.approx(first.ci95_high - first.mean)
+    (sem,) = [c for c in curves_by_task(points, ErrorBar.SEM)["gsm8k"] if c.metric == STRICT]
+    assert sem.below == sem.above and sem.below[0] == pytest.approx(first.sem)
+    (none,) = [c for c in curves_by_task(points, ErrorBar.NONE)["gsm8k"] if c.metric == STRICT]
+    assert set(none.below) == {0.0}
+
+
+def test_a_run_without_a_step_in_its_name_is_named(tmp_path, capsys):
+    write_gsm8k_run(tmp_path / "sft", "final", {0: [1]}, {0: [1]})
+    assert main(["plot", str(tmp_path / "sft"), "--output", str(tmp_path / "p")]) == 2
+    assert "Run folder" in (err := capsys.readouterr().err) and "names no step" in err
+    assert main(["plot", str(tmp_path / "nowhere")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
