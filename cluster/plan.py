@@ -9,15 +9,16 @@ import json
 import random
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from cluster.config import DEMO_LIMIT, DEMO_MAX_TOKENS, RunConfig, RunMode, TaskOptions
-from cluster.models import ResolvedModel, resolve_model
+from cluster.models import ResolvedModel, load_adapter, resolve_model
 from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
 from evaluators.tasks.base import Sample, Task
 from evaluators.tasks.registry import TASKS, get_task
-from sharding.requests import SamplingSpec
+from sharding.requests import Adapter, SamplingSpec
 
 
 class ExecutorKind(StrEnum):
@@ -137,6 +138,12 @@ class RunPlan:
     tasks: list[TaskPlan]
     lm_eval_tasks: list[LmEvalTaskPlan] = field(default_factory=list)
     lm_eval_catalog: LmEvalCatalog | None = None
+    adapter: Adapter | None = None  # --lora: every request runs through it on the base model's replicas
+
+    @property
+    def model_label(self) -> str:
+        """The name runs, folders and tables give what is evaluated: the model, plus its adapter if any."""
+        return self.model.name if self.adapter is None else f"{self.model.name}+{self.adapter.name}"
 
     @property
     def num_requests(self) -> int:
@@ -145,7 +152,8 @@ class RunPlan:
     def describe(self) -> str:
         c = self.config
         lines = [
-            f"model     {self.model.name}  ({self.model.path})",
+            f"model     {self.model_label}  ({self.model.path}"
+            + (f", LoRA adapter {self.adapter.path})" if self.adapter else ")"),
             f"replicas  {c.cluster.replicas} x {self.replica.describe()} on {self.device}"
             f" (TP={c.model.tensor_parallel_size}, PP={c.model.pipeline_parallel_size}),"
             f" cluster: {c.cluster.address or 'local (started by rayeval)'}",
@@ -252,7 +260,7 @@ def build_model_plan(config: RunConfig, device: str | None = None) -> RunPlan:
     model = resolve_model(config.model.path)
     chosen = device or resolve_device(config, None)
     _check_parallelism(config, chosen)
-    return RunPlan(config, model, chosen, replica_plan(config, chosen), [])
+    return RunPlan(config, model, chosen, replica_plan(config, chosen), [], adapter=_adapter(config, model))
 
 
 def build_plan(config: RunConfig, materialise_model: bool = True, device: str | None = None) -> RunPlan:
@@ -313,7 +321,14 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
         plans,
         lm_eval_plans,
         catalog if lm_eval_plans else None,
+        _adapter(config, model),
     )
+
+
+def _adapter(config: RunConfig, model: ResolvedModel) -> Adapter | None:
+    if config.model.lora is None:
+        return None
+    return load_adapter(config.model.lora, Path(model.path), config.model.max_lora_rank)
 
 
 def _demo_defaults(

@@ -28,6 +28,20 @@ class SamplingSpec:
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter the engine applies to a request: its name, its folder on every node, and a digest of its
+    files, so a retrained adapter at the same path makes new request ids."""
+
+    name: str
+    path: str
+    digest: str
+
+    @property
+    def identity(self) -> str:
+        return f"{self.name}:{self.digest}"
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One sample of one prompt: sample `sample_index` of N, drawn with `seed`.
 
@@ -45,13 +59,16 @@ class GenerationRequest:
     prompt_token_ids: tuple[int, ...] | None = None
     kind: RequestKind = "generate"
     continuation_start: int = 0
+    adapter: Adapter | None = None  # a LoRA adapter on the replicas' base model
 
     @property
     def group_key(self) -> tuple[object, ...]:
-        """Requests with equal keys share a prompt prefix and go to one replica together."""
+        """Requests with equal keys share a prompt prefix and go to one replica together (a prefix is cached
+        per adapter, so requests of different adapters are grouped apart)."""
+        adapter = self.adapter.identity if self.adapter else None
         if self.kind == "loglikelihood" and self.prompt_token_ids is not None:
-            return ("loglikelihood", self.prompt_token_ids[: self.continuation_start])
-        return (self.kind, self.prompt_token_ids or self.prompt, self.sampling)
+            return ("loglikelihood", adapter, self.prompt_token_ids[: self.continuation_start])
+        return (self.kind, adapter, self.prompt_token_ids or self.prompt, self.sampling)
 
 
 @dataclass(frozen=True)
@@ -126,6 +143,7 @@ def make_request(
     prompt_token_ids: tuple[int, ...] | None = None,
     kind: RequestKind = "generate",
     continuation_start: int = 0,
+    adapter: Adapter | None = None,
 ) -> GenerationRequest:
     """A request whose id is the hash of everything that determines its result (so equal work is done once).
 
@@ -133,7 +151,7 @@ def make_request(
     """
     key = RequestKey(
         model,
-        None,
+        adapter.identity if adapter else None,
         "" if prompt_token_ids is not None else prompt,
         sampling,
         seed,
@@ -143,7 +161,15 @@ def make_request(
         continuation_start,
     )
     return GenerationRequest(
-        key.request_id(), prompt, sampling, seed, sample_index, prompt_token_ids, kind, continuation_start
+        request_id=key.request_id(),
+        prompt=prompt,
+        sampling=sampling,
+        seed=seed,
+        sample_index=sample_index,
+        prompt_token_ids=prompt_token_ids,
+        kind=kind,
+        continuation_start=continuation_start,
+        adapter=adapter,
     )
 
 

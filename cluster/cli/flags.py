@@ -119,6 +119,8 @@ def _argparse_kwargs(spec: ConfigFlag) -> dict[str, Any]:
         kwargs["action"] = "append"
     elif isinstance(kind, tuple):
         kwargs["choices"] = list(kind)
+        if all(isinstance(choice, int) for choice in kind):  # numeric choices (a Literal of ints)
+            kwargs["type"] = int
     elif kind in (int, float):
         kwargs["type"] = kind
     return kwargs

@@ -76,6 +76,18 @@ class ModelOptions(Strict):
         description="model revision (branch, tag or commit) on the hub",
         json_schema_extra=cli("--revision", "REV"),
     )
+    lora: str | None = Field(
+        None,
+        min_length=1,
+        description="a LoRA adapter folder (peft's save_pretrained) to evaluate on the base model: checked before "
+        "any engine starts, applied per request by vLLM's multi-LoRA engine",
+        json_schema_extra=cli("--lora", "PATH"),
+    )
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256] = Field(
+        16,
+        description="the largest adapter rank the engines accept (vLLM's max_lora_rank)",
+        json_schema_extra=cli("--max-lora-rank", "R"),
+    )
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
         "auto",
         description="weights dtype, as vLLM names it (default auto: the model's own on GPU; on CPU bfloat16 "

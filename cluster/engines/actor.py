@@ -20,10 +20,10 @@ import ray
 
 from cluster.engines.affinity import engine_core_cpus, pin_descendants
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
-from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype
+from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype, engine_lora_args
 from cluster.plan import ExecutorKind
 from evaluators.failures import FailureKind
-from sharding.requests import Completion, GenerationRequest, PromptGroup
+from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class EngineActor:
         self.log_files = own_log_files()
         self.since_start: list[LogPlace] = []  # the logs from the engine's first request on
         self.death_cause: str | None = None
+        self.lora_ids: dict[str, int] = {}  # adapter identity -> the engine's LoRA id (1, 2, ...)
 
     async def start(self) -> EngineInfo:
         """Build the engine; a failure raises EngineStartFailed with the root error from the engine's log."""
@@ -146,6 +147,7 @@ class EngineActor:
             distributed_executor_backend=None if s.executor is ExecutorKind.SINGLE else s.executor.value,
             disable_log_stats=not s.log_stats,
             max_num_batched_tokens=s.max_num_batched_tokens,
+            **engine_lora_args(s),
             # A replica over nodes: its tensor-parallel group spans nodes, where vLLM's custom all-reduce
             # (GPU peer access within one node) cannot serve it; raylets sharing one host would try it anyway.
             disable_custom_all_reduce=s.executor is ExecutorKind.RAY
@@ -158,6 +160,16 @@ class EngineActor:
         if s.executor is ExecutorKind.RAY:
             self._hand_over_placement_group(config)
         return config
+
+    def _lora_request(self, adapter: Adapter | None) -> Any:
+        """vLLM's LoRARequest for the adapter, one stable id per adapter for the engine's life (its LoRA cache
+        keeps the most recent `max_loras` loaded)."""
+        if adapter is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        lora_id = self.lora_ids.setdefault(adapter.identity, len(self.lora_ids) + 1)
+        return LoRARequest(adapter.name, lora_id, adapter.path)
 
     @staticmethod
     def _hand_over_placement_group(config: Any) -> None:
@@ -208,7 +220,8 @@ class EngineActor:
             params = sampling_params(request)
             # The engine id must be unique among in-flight requests; the stable id stays in the Completion.
             engine_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
-            async for output in self.engine.generate(prompt, params, request_id=engine_id):
+            lora = self._lora_request(request.adapter)
+            async for output in self.engine.generate(prompt, params, request_id=engine_id, lora_request=lora):
                 final = output
         except EngineDeadError as exc:
             if self.death_cause is None:  # every in-flight request sees the death; read the log once

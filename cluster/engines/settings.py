@@ -32,6 +32,9 @@ class EngineSettings:
     chunked_prefill: bool | None = None
     # None: vLLM's custom all-reduce within one node, NCCL's over nodes; True or False forces it.
     custom_all_reduce: bool | None = None
+    # LoRA: the largest adapter rank the engine accepts (0: LoRA off) and how many adapters one batch holds.
+    max_lora_rank: int = 0
+    max_loras: int = 1
     # How the workers run; the pool sets it from the replica's layout on the cluster (one node or several).
     executor: ExecutorKind = ExecutorKind.SINGLE
 
@@ -58,10 +61,18 @@ def engine_settings(
         log_stats=log_stats,
         pin_engine_core=options.pin_engine_core,
         custom_all_reduce=options.custom_all_reduce,
+        max_lora_rank=options.max_lora_rank if options.lora else 0,
         executor=ExecutorKind.MP
         if options.tensor_parallel_size * options.pipeline_parallel_size > 1
         else ExecutorKind.SINGLE,
     )
+
+
+def engine_lora_args(settings: EngineSettings) -> dict[str, object]:
+    """vLLM's LoRA engine arguments: none where the run has no adapter (LoRA layers cost memory and time)."""
+    if settings.max_lora_rank == 0:
+        return {}
+    return {"enable_lora": True, "max_lora_rank": settings.max_lora_rank, "max_loras": settings.max_loras}
 
 
 def eager_by_default(device: str) -> bool:

@@ -241,6 +241,7 @@ class RayEvalLM(TemplateLM):
                     self.seed + index,
                     index,
                     prompt_token_ids=tuple(tokens),
+                    adapter=self._plan.adapter,
                 )
                 for index in range(first, first + self.num_samples)
             ]
@@ -338,6 +339,7 @@ class RayEvalLM(TemplateLM):
                     0,
                     prompt_token_ids=tuple(tokens),
                     kind="loglikelihood",
+                    adapter=self._plan.adapter,
                     continuation_start=start,
                 )
             )

@@ -22,6 +22,7 @@ _EXPORTS = {
         "step_of",
         "step_in_name",
         "adapter_problem",
+        "load_adapter",
         "model_module_names",
     ),
 }

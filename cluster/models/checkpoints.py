@@ -10,6 +10,7 @@ that carries one: `step_120`, `step-120`, `checkpoint-120` (Hugging Face Trainer
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import struct
@@ -18,6 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from evaluators.errors import EvalInputError
+from sharding.requests import Adapter
 
 STEP_NAME = re.compile(r"^(?:global_step|step|checkpoint|iter|ckpt)[_-]?0*(\d+)$", re.IGNORECASE)
 MAX_DEPTH = 4  # run_dir/global_step_120/actor/huggingface is three below the run folder
@@ -171,3 +173,19 @@ def _same_model(named: str, base_model: Path) -> bool:
     if candidate.exists():
         return candidate.resolve() == base_model.resolve()
     return named.rstrip("/").split("/")[-1].lower() == base_model.name.lower()
+
+
+def load_adapter(path: str, base_model: Path, max_lora_rank: int) -> Adapter:
+    """The adapter at `path`, checked against the replicas' base model (an EvalInputError says why not), with a
+    digest of its config and weights."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise EvalInputError(f"--lora {path}: no such folder. Give the folder peft's save_pretrained wrote.")
+    problem = adapter_problem(folder, base_model, max_lora_rank)
+    if problem is not None:
+        raise EvalInputError(f"--lora {path}: {problem}.")
+    digest = hashlib.sha256()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"):
+        if (folder / name).is_file():
+            digest.update(name.encode() + (folder / name).read_bytes())
+    return Adapter(folder.name, str(folder.resolve()), digest.hexdigest()[:16])

@@ -50,7 +50,7 @@ def run_evaluation(
 ) -> RunResult:
     """Run the plan on the connected Ray cluster and write every output file; returns the summaries."""
     started = time.perf_counter()
-    paths = RunPaths.new(plan.config.output_dir, plan.config.run_id, plan.model.name)
+    paths = RunPaths.new(plan.config.output_dir, plan.config.run_id, plan.model_label)
     paths.make()
     _save_config(plan, paths)
     store = _open_store(paths)
@@ -73,7 +73,7 @@ def run_evaluation(
     writer = SampleWriter(
         plan,
         prepared.planned,
-        paths.samples(plan.model.name),
+        paths.samples(plan.model_label),
         judging.samples.add_output if judging else None,
     )
     log.info("run %s: results cached in %s", paths.root, store.path)

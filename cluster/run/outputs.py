@@ -104,7 +104,7 @@ def write_outputs(run: FinishedRun) -> RunResult:
     _write_json(run.paths.summary, summary_json(summaries.every, info))
     _write_json(
         run.paths.results_json,
-        results_json(summaries.every, config.model_dump(mode="json"), run.plan.model.name, time.time()),
+        results_json(summaries.every, config.model_dump(mode="json"), run.plan.model_label, time.time()),
     )
     table = render_table(summaries.every)
     run.paths.results_txt.write_text(table)
@@ -160,7 +160,8 @@ def run_info(run: FinishedRun, summaries: list[TaskSummary], failed: int, wall: 
     plan, config, stats, dispatch = run.plan, run.plan.config, run.runner.stats, run.runner.dispatch
     info: dict[str, Any] = {
         "run_id": run.paths.run_id,
-        "model": plan.model.name,
+        "model": plan.model_label,
+        "adapter": asdict(plan.adapter) if plan.adapter else None,
         "model_path": plan.model.path,
         "device": plan.device,
         "replicas": config.cluster.replicas,

@@ -33,7 +33,12 @@ def build_requests(
             prompt = renderer.render(task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed)))
             for index in range(n):
                 request = make_request(
-                    plan.model.path, prompt, task_plan.sampling, first_sample_seed + index, index
+                    plan.model.path,
+                    prompt,
+                    task_plan.sampling,
+                    first_sample_seed + index,
+                    index,
+                    adapter=plan.adapter,
                 )
                 planned.append(PlannedSample(task_plan, doc_index, request))
     return planned
