@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from cluster.cli import attach, compare, jobs, plot, run, submit, tasks, validate
@@ -33,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     except EvalInputError as exc:
         print(f"rayeval: error: {exc}", file=sys.stderr)
         return 2
+    except (
+        BrokenPipeError
+    ):  # `rayeval ... | head`: the reader left; say nothing more and exit as a pipe writer does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print(
             "rayeval: interrupted. Rerun the same command (same --output-dir and --run-id) to resume.",

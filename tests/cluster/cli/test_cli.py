@@ -177,3 +177,9 @@ def test_a_scorer_dependency_that_does_not_import_stops_a_dry_run_with_the_fix(t
     assert "Task 'ifeval' scores with lm-eval's IFEval checkers, which do not import here" in done.stderr
     assert "datasets" in done.stderr and "pip install -e ." in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_output_piped_into_a_reader_that_leaves_early_is_no_traceback():
+    done = subprocess.run(f"{sys.executable} -m cluster.cli tasks --lm-eval a | head -1", shell=True, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
