@@ -23,7 +23,7 @@ from evaluators.paired import (
     paired_difference,
 )
 from evaluators.records import SampleRecord
-from evaluators.stats import ScoredItem
+from evaluators.report import scored_items
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,6 @@ def load_run(run_dir: Path) -> RunSamples:
     return RunSamples(
         run_dir, summary.get("run", {}).get("run_id", run_dir.name), records, metrics, directions
     )
-
-
-def scored_items(records: list[SampleRecord], metric: str) -> list[ScoredItem]:
-    return [
-        ScoredItem(r.doc_id, r.sample_index, r.scores[metric] * r.weights[metric], r.weights[metric])
-        for r in records
-        if r.error is None and metric in r.scores
-    ]
 
 
 def compare_runs(a: RunSamples, b: RunSamples, level: float = 0.05) -> list[ComparedMetric]:

@@ -95,15 +95,20 @@ def summarize_records(
         failure_reasons=dict(reasons),
     )
     for key in metric_keys:
-        items = [
-            ScoredItem(r.doc_id, r.sample_index, r.scores[key] * r.weights[key], r.weights[key])
-            for r in records
-            if r.error is None and key in r.scores
-        ]
+        items = scored_items(records, key)
         summary.metrics[key] = summarize(items, num_runs, (bounds or {}).get(key))
         if table := pass_at_k_table(items, num_runs):
             summary.pass_at_k[key] = table
     return summary
+
+
+def scored_items(records: list[SampleRecord], metric: str) -> list[ScoredItem]:
+    """The scored samples of one metric, failed samples left out: what mean@N and comparisons reduce."""
+    return [
+        ScoredItem(r.doc_id, r.sample_index, r.scores[metric] * r.weights[metric], r.weights[metric])
+        for r in records
+        if r.error is None and metric in r.scores
+    ]
 
 
 def unavailable_task(name: str, source: str, error: str) -> TaskSummary:

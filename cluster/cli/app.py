@@ -34,9 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     except EvalInputError as exc:
         print(f"rayeval: error: {exc}", file=sys.stderr)
         return 2
-    except (
-        BrokenPipeError
-    ):  # `rayeval ... | head`: the reader left; say nothing more and exit as a pipe writer does
+    except BrokenPipeError:
+        # `rayeval ... | head`: the reader left; say nothing more and exit as a pipe writer does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except KeyboardInterrupt:

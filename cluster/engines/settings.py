@@ -35,7 +35,8 @@ class EngineSettings:
     # LoRA: the largest adapter rank the engine accepts (0: LoRA off) and how many adapters one batch holds.
     max_lora_rank: int = 0
     max_loras: int = 1
-    # How the workers run; the pool sets it from the replica's layout on the cluster (one node or several).
+    # How the workers run; the pool sets it from the replica's layout on the cluster (one node or several)
+    # when it launches the engine, so the rule lives in ReplicaPlan alone.
     executor: ExecutorKind = ExecutorKind.SINGLE
 
 
@@ -62,9 +63,6 @@ def engine_settings(
         pin_engine_core=options.pin_engine_core,
         custom_all_reduce=options.custom_all_reduce,
         max_lora_rank=options.max_lora_rank if options.lora else 0,
-        executor=ExecutorKind.MP
-        if options.tensor_parallel_size * options.pipeline_parallel_size > 1
-        else ExecutorKind.SINGLE,
     )
 
 

@@ -21,7 +21,10 @@ from pathlib import Path
 from evaluators.errors import EvalInputError
 from sharding.requests import Adapter
 
-STEP_NAME = re.compile(r"^(?:global_step|step|checkpoint|iter|ckpt)[_-]?0*(\d+)$", re.IGNORECASE)
+_STEP = r"(?:global_step|step|checkpoint|iter|ckpt)[_-]?0*(\d+)"
+STEP_NAME = re.compile(f"^{_STEP}$", re.IGNORECASE)  # a checkpoint folder's whole name
+STEP_IN_NAME = re.compile(_STEP, re.IGNORECASE)  # anywhere in a run's name
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 MAX_DEPTH = 4  # run_dir/global_step_120/actor/huggingface is three below the run folder
 
 
@@ -35,9 +38,6 @@ class Checkpoint:
     step: int
     path: Path
     kind: CheckpointKind
-
-
-STEP_IN_NAME = re.compile(r"(?:global_step|step|checkpoint|ckpt|iter)[_-]?0*(\d+)", re.IGNORECASE)
 
 
 def step_of(name: str) -> int | None:
@@ -55,7 +55,7 @@ def step_in_name(name: str) -> int | None:
 def kind_of(folder: Path) -> CheckpointKind | None:
     """What the folder holds, by its files; None for neither."""
     if (folder / "adapter_config.json").is_file() and any(
-        (folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")
+        (folder / name).is_file() for name in ADAPTER_WEIGHTS
     ):
         return CheckpointKind.LORA
     if (folder / "config.json").is_file() and (
@@ -142,7 +142,7 @@ def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int) -> str 
         return f"{config_file} holds no JSON object"
     if config.get("peft_type", "LORA") != "LORA":
         return f"{config_file}: peft_type is {config.get('peft_type')!r}; only LoRA adapters run on vLLM"
-    if not any((adapter / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
+    if not any((adapter / name).is_file() for name in ADAPTER_WEIGHTS):
         return f"{adapter} has no adapter_model.safetensors or adapter_model.bin"
     base = str(config.get("base_model_name_or_path") or "")
     if base and not _same_model(base, base_model):
@@ -185,7 +185,7 @@ def load_adapter(path: str, base_model: Path, max_lora_rank: int) -> Adapter:
     if problem is not None:
         raise EvalInputError(f"--lora {path}: {problem}.")
     digest = hashlib.sha256()
-    for name in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"):
+    for name in ("adapter_config.json", *ADAPTER_WEIGHTS):
         if (folder / name).is_file():
             digest.update(name.encode() + (folder / name).read_bytes())
     return Adapter(folder.name, str(folder.resolve()), digest.hexdigest()[:16])
