@@ -37,6 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(handler=cmd_run)
+    add_run_arguments(p)
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """--config, every config flag in its group, --data-path and the output options (run and sweep share them)."""
     p.add_argument("--config", metavar="FILE", help="YAML run config; flags given here override its values")
     groups = {key: p.add_argument_group(title, text) for key, (title, text) in GROUPS.items()}
     add_config_flags(groups)
@@ -64,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _run_config(args)
+    config = run_config(args)
     if (config.cluster.address or "").startswith("ray://") and not args.dry_run:
         from cluster.api import evaluate_in_cluster  # planned and checked inside the cluster, where it runs
 
@@ -108,7 +113,7 @@ def report(result: RunResult) -> int:
     return 0
 
 
-def _run_config(args: argparse.Namespace) -> RunConfig:
+def run_config(args: argparse.Namespace) -> RunConfig:
     """The file's settings (a --judge-only run's own config.yaml when no file is given), then the flags'."""
     given = overrides(args)
     source = args.config or COMMAND_LINE

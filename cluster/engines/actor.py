@@ -13,7 +13,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -48,6 +48,8 @@ class EngineInfo:
     log_files: tuple[str, ...] = ()  # the actor's stdout / stderr files on its node: the engine's full log
     executor: str = ExecutorKind.SINGLE.value  # how its workers run (cluster.plan.ExecutorKind)
     nodes: tuple[str, ...] = ()  # the Ray node of each bundle of its placement group, in bundle order
+    model: str = ""  # the checkpoint it serves now
+    loaded_by: str = "start"  # how that checkpoint got there: start, or a swap's SwapKind (reload, rebuild)
 
 
 def bundle_nodes() -> tuple[str, ...]:
@@ -91,6 +93,33 @@ class EngineActor:
         except Exception as exc:
             raise EngineStartFailed(describe_failure(f"{type(exc).__name__}: {exc}", before)) from None
 
+    async def load_checkpoint(self, path: str) -> EngineInfo:
+        """Serve the full checkpoint at `path` from now on, in this same process: vLLM reloads the weights in
+        place where the checkpoints share architecture and tokenizer, else a new engine replaces the old one
+        (`cluster.models.swap_kind` decides). Call it only while no request is in flight."""
+        from pathlib import Path
+
+        from cluster.models import SwapKind, swap_kind
+
+        kind, why = swap_kind(Path(self.settings.model), Path(path))
+        if kind is SwapKind.NONE:
+            return self.info
+        began = time.perf_counter()
+        before = mark(self.log_files)
+        log.info("%s: %s -> %s by %s (%s)", self.name, self.settings.model, path, kind, why)
+        self.settings = replace(self.settings, model=path)
+        try:
+            if kind is SwapKind.RELOAD:
+                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+                await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
+            else:
+                await self.shutdown()
+                await self._start()
+        except Exception as exc:
+            raise EngineStartFailed(describe_failure(f"{type(exc).__name__}: {exc}", before)) from None
+        self.info = replace(self.info, model=path, loaded_by=kind.value, start_s=time.perf_counter() - began)
+        return self.info
+
     async def _start(self) -> EngineInfo:
         import vllm
         from vllm.usage.usage_lib import UsageContext
@@ -121,6 +150,7 @@ class EngineActor:
             log_files=tuple(self.log_files),
             executor=s.executor.value,
             nodes=bundle_nodes(),
+            model=s.model,
         )
         self.since_start = mark(self.log_files)
         if s.log_stats:  # AsyncLLM only logs its stats when asked; vLLM's API server asks on a timer too

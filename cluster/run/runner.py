@@ -12,7 +12,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from cluster.engines import EngineInfo, ReplicaPool, engine_settings
 from cluster.plan import RunPlan
@@ -21,6 +22,9 @@ from evaluators.failures import FailureKind
 from sharding.dispatcher import Dispatcher, DispatchStats, Replica
 from sharding.requests import Completion, GenerationRequest, PromptGroup, group_prompts
 from sharding.store import ResultStore, StoreWriteError
+
+if TYPE_CHECKING:
+    from cluster.run.shared import SharedReplicas
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +60,13 @@ class RequestRunner:
         retry_failed: bool = False,
         generate_missing: bool = True,
         core_slots: tuple[int, int] | None = None,
+        shared: SharedReplicas | None = None,
     ) -> None:
         """`generate_missing=False` (--judge-only) answers requests the store lacks with a NotGenerated failure
-        instead of starting engines."""
+        instead of starting engines. `shared`: replicas that outlive this runner (a sweep's), asked for this
+        plan's model instead of a pool of its own."""
         self.plan = plan
+        self.shared = shared
         self.generate_missing = generate_missing
         self.core_slots = core_slots
         self.store = store
@@ -198,29 +205,12 @@ class RequestRunner:
         return self._dispatcher
 
     def _start_pool(self) -> Dispatcher:
-        plan, config = self.plan, self.plan.config
-        settings = engine_settings(config.model, plan.model.path, plan.device, log_stats=self.verbose)
-        pool = ReplicaPool(
-            settings,
-            plan.replica,
-            config.cluster.replicas,
-            config.model.cpu_kv_cache_gib,
-            self.verbose,
-            core_slots=self.core_slots,
-            max_restarts=config.cluster.replica_restarts,
-        )
-        log.info("starting %d engine replica(s) of %s", config.cluster.replicas, plan.replica.describe())
+        if self.shared is not None:  # a sweep's replicas: no replacements, the pool is not this run's alone
+            replicas, self.stats.engines = self.shared.replicas_for(self.plan.model.path)
+            return Dispatcher(replicas)
+        pool = new_pool(self.plan, self.verbose, self.core_slots)
         self._pool = pool
-        self.stats.engines = list(pool.start(config.cluster.placement_timeout_s))
-        for info in self.stats.engines:
-            log.info(
-                "%s ready on %s in %.1f s (vLLM %s, executor %s)",
-                info.name,
-                _where(info),
-                info.start_s,
-                info.vllm_version,
-                info.executor,
-            )
+        self.stats.engines = start_pool(pool, self.plan)
         return Dispatcher(pool.replicas(), replacer=self._replace)
 
     async def _replace(self, dead: str) -> Replica | None:
@@ -262,6 +252,44 @@ class RequestRunner:
         # a replacement still starting in a worker thread ends once the pool is shut down
         self._loop.run_until_complete(self._loop.shutdown_default_executor())
         self._loop.close()
+
+
+def new_pool(
+    plan: RunPlan,
+    verbose: bool,
+    core_slots: tuple[int, int] | None = None,
+    max_loras: int = 1,
+    model_path: str | None = None,
+) -> ReplicaPool:
+    """The pool of the plan's replicas (not started): the engine settings come from its model options, the
+    model from `model_path` where given (a sweep's checkpoint), else the plan's."""
+    config = plan.config
+    settings = engine_settings(config.model, model_path or plan.model.path, plan.device, log_stats=verbose)
+    return ReplicaPool(
+        replace(settings, max_loras=max_loras),
+        plan.replica,
+        config.cluster.replicas,
+        config.model.cpu_kv_cache_gib,
+        verbose,
+        core_slots=core_slots,
+        max_restarts=config.cluster.replica_restarts,
+    )
+
+
+def start_pool(pool: ReplicaPool, plan: RunPlan) -> list[EngineInfo]:
+    """Start the pool's engines and log where each is."""
+    log.info("starting %d engine replica(s) of %s", pool.count, plan.replica.describe())
+    engines = list(pool.start(plan.config.cluster.placement_timeout_s))
+    for info in engines:
+        log.info(
+            "%s ready on %s in %.1f s (vLLM %s, executor %s)",
+            info.name,
+            _where(info),
+            info.start_s,
+            info.vllm_version,
+            info.executor,
+        )
+    return engines
 
 
 def _deliver(

@@ -115,3 +115,28 @@ def test_a_good_adapter_passes_and_each_broken_one_says_why(tmp_path, adapter, b
     )
     assert "only LoRA adapters" in broken("ia3", edit_config(peft_type="IA3"))
     assert adapter_problem(adapter, base_model, max_lora_rank=2) is not None  # rank 4 over 2
+
+
+def test_how_an_engine_moves_between_full_checkpoints(tmp_path, base_model):
+    from cluster.models import SwapKind, swap_kind
+    from tests.cluster.sweep.test_full_sweep import save_copy
+
+    same = save_copy(tmp_path / "copy")
+    layers = save_copy(tmp_path / "layers", perturb="layers")
+    embeddings = save_copy(tmp_path / "embeddings", perturb="embeddings")
+    assert swap_kind(same, same)[0] is SwapKind.NONE
+    assert swap_kind(base_model, layers) == (SwapKind.RELOAD, "same architecture and tokenizer")
+    assert swap_kind(layers, embeddings) == (SwapKind.REBUILD, "the tied embeddings changed")
+
+    wider = tmp_path / "wider"
+    shutil.copytree(same, wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 40, "_name_or_path": "x"}))
+    assert swap_kind(same, wider) == (SwapKind.REBUILD, "config.json differs in num_hidden_layers")
+    renamed = tmp_path / "renamed"
+    shutil.copytree(same, renamed)
+    (renamed / "config.json").write_text(json.dumps(config | {"_name_or_path": "elsewhere"}))
+    assert swap_kind(same, renamed)[0] is SwapKind.RELOAD  # names and versions are not the model
+    (renamed / "tokenizer.json").unlink()
+    (renamed / "tokenizer.json").write_text("{}")
+    assert swap_kind(same, renamed) == (SwapKind.REBUILD, "the tokenizer files differ")

@@ -1,0 +1,55 @@
+"""Engine replicas shared by the runs of a sweep: started once, kept warm from one run to the next.
+
+A LoRA sweep's runs (one per adapter) all ask for the base model and run at once: their requests, each with
+its own adapter, meet in the same engines (vLLM multi-LoRA). A full-checkpoint sweep's runs come one after
+another, and each asks for its own checkpoint: every replica's engine moves to it in its own actor process
+(an in-place weight reload where the checkpoints allow, `cluster.models.swap_kind`), never a new actor.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from cluster.engines import EngineInfo, ReplicaPool
+from cluster.plan import RunPlan
+from cluster.run.runner import new_pool, start_pool
+from sharding.dispatcher import Replica
+
+
+class SharedReplicas:
+    def __init__(self, plan: RunPlan, *, verbose: bool = False, max_loras: int = 1) -> None:
+        """`plan`: a run's of the sweep; its model options build the engines (LoRA on, with `max_loras`
+        slots, where its config has an adapter), on the model the first `replicas_for` asks for."""
+        self.plan = plan
+        self.verbose = verbose
+        self.max_loras = max_loras
+        self.pool: ReplicaPool | None = None
+        self.swaps = 0  # checkpoint moves made (each over every replica)
+        self._lock = threading.Lock()  # runs that go at once ask from their own threads
+
+    def replicas_for(self, model_path: str) -> tuple[list[Replica], list[EngineInfo]]:
+        """The replicas, serving `model_path` (started on first call, moved to it when they serve another)."""
+        with self._lock:
+            if self.pool is None:
+                self.pool = new_pool(self.plan, self.verbose, max_loras=self.max_loras, model_path=model_path)
+                infos = start_pool(self.pool, self.plan)
+            elif self.pool.settings.model != model_path:
+                infos = self._move(model_path)
+            else:
+                infos = list(self.pool.infos)
+            return self.pool.replicas(), infos
+
+    def _move(self, model_path: str) -> list[EngineInfo]:
+        assert self.pool is not None
+        self.swaps += 1
+        return self.pool.load_checkpoint(model_path)
+
+    @property
+    def engines(self) -> list[EngineInfo]:
+        return list(self.pool.infos) if self.pool is not None else []
+
+    def close(self) -> None:
+        with self._lock:
+            if self.pool is not None:
+                self.pool.shutdown()
+                self.pool = None

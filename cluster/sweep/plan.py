@@ -1,0 +1,134 @@
+"""A sweep's plan: the checkpoints of one training run, each a run of the same tasks, settings and seeds.
+
+Building it finds the checkpoints (`cluster.models.find_checkpoints`), checks every LoRA adapter against the
+base model (a bad one is skipped with its reason, the rest go on) and gives each step a run plan whose
+folder is `<sweep folder>/step_<N>`; it loads the tasks' data once and starts nothing, so `--dry-run`
+prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from cluster.config import RunConfig
+from cluster.models import (
+    Checkpoint,
+    CheckpointKind,
+    adapter_problem,
+    find_checkpoints,
+    load_adapter,
+    resolve_model,
+)
+from cluster.plan import RunPlan, build_plan, judged_task_names
+from evaluators.errors import EvalInputError
+
+MAX_LORAS = 16  # adapters one engine batch may mix (vLLM's max_loras); more wait for a free slot
+
+
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    step: int
+    path: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class SweepStep:
+    checkpoint: Checkpoint
+    plan: RunPlan
+
+    @property
+    def step(self) -> int:
+        return self.checkpoint.step
+
+    @property
+    def kind(self) -> CheckpointKind:
+        return self.checkpoint.kind
+
+
+@dataclass
+class SweepPlan:
+    checkpoint_dir: Path
+    root: Path  # the sweep's folder: one run folder per step, sweep.json, sweep_summary.*, a PNG per task
+    steps: list[SweepStep]
+    skipped: list[SkippedCheckpoint]
+
+    @property
+    def series(self) -> str:
+        """The training run's name on curves: its checkpoint folder's."""
+        return self.checkpoint_dir.resolve().name
+
+    def of_kind(self, kind: CheckpointKind) -> list[SweepStep]:
+        return [s for s in self.steps if s.kind is kind]
+
+    @property
+    def max_loras(self) -> int:
+        return max(1, min(len(self.of_kind(CheckpointKind.LORA)), MAX_LORAS))
+
+    def describe(self) -> str:
+        lines = [f"sweep     {self.checkpoint_dir} -> {self.root}"]
+        for s in self.steps:
+            what = f"LoRA adapter on {s.plan.model.name}" if s.kind is CheckpointKind.LORA else "full model"
+            lines.append(f"step      {s.step:<8} {what}: {s.checkpoint.path}")
+        lines += [f"skipped   {s.step:<8} {s.path}: {s.reason}" for s in self.skipped]
+        if self.steps:
+            lines.append("each step:")
+            lines += ["  " + line for line in self.steps[0].plan.describe().splitlines()[1:]]
+        return "\n".join(lines)
+
+
+def build_sweep_plan(
+    config: RunConfig, checkpoint_dir: Path, steps: list[int] | None = None, materialise_model: bool = True
+) -> SweepPlan:
+    """Every checkpoint under `checkpoint_dir` (or those of `steps`) as a step of the sweep. LoRA adapters run
+    on `--model` (the embedded default when none is given); full checkpoints are their own models."""
+    if config.model.lora is not None:
+        raise EvalInputError(
+            "rayeval sweep finds the LoRA adapters under the checkpoint folder itself: drop --lora (use "
+            "`rayeval run --lora PATH` for one adapter)."
+        )
+    checkpoints = find_checkpoints(checkpoint_dir, steps)
+    root = Path(config.output_dir).expanduser() / (config.run_id or f"sweep-{checkpoint_dir.resolve().name}")
+    adapters = [c for c in checkpoints if c.kind is CheckpointKind.LORA]
+    full = [c for c in checkpoints if c.kind is CheckpointKind.FULL]
+    base_config = config if adapters else _with_model(config, str(full[0].path))
+    base = build_plan(base_config, materialise_model=materialise_model)
+    _check_judge(base)
+    plan = SweepPlan(checkpoint_dir, root, [], [])
+    for checkpoint in checkpoints:
+        if checkpoint.kind is CheckpointKind.LORA:
+            problem = adapter_problem(checkpoint.path, Path(base.model.path), config.model.max_lora_rank)
+            if problem is not None:
+                plan.skipped.append(SkippedCheckpoint(checkpoint.step, checkpoint.path, problem))
+                continue
+        plan.steps.append(SweepStep(checkpoint, _step_plan(base, checkpoint, root)))
+    return plan
+
+
+def _step_plan(base: RunPlan, checkpoint: Checkpoint, root: Path) -> RunPlan:
+    """The base plan with this step's model (a full checkpoint) or adapter, run in its own folder."""
+    config = base.config.model_copy(deep=True)
+    config.output_dir = str(root)
+    config.run_id = f"step_{checkpoint.step}"
+    if checkpoint.kind is CheckpointKind.LORA:
+        config.model.lora = str(checkpoint.path)
+        adapter = load_adapter(str(checkpoint.path), Path(base.model.path), config.model.max_lora_rank)
+        return replace(base, config=config, adapter=adapter)
+    config.model.path = str(checkpoint.path)
+    return replace(base, config=config, model=resolve_model(str(checkpoint.path)))
+
+
+def _with_model(config: RunConfig, path: str) -> RunConfig:
+    changed = config.model_copy(deep=True)
+    changed.model.path = path
+    return changed
+
+
+def _check_judge(plan: RunPlan) -> None:
+    if judged_task_names(plan) and plan.config.judge.kind == "local":
+        raise EvalInputError(
+            "rayeval sweep does not run a local judge beside its engines: each step would start its own. Judge "
+            "through an API (--judge openai:MODEL, or a served judge's --judge-base-url), or sweep with "
+            "--inference-only and judge each step folder later with rayeval run --judge-only."
+        )

