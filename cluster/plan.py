@@ -159,7 +159,13 @@ class RunPlan:
             f" cluster: {c.cluster.address or 'local (started by rayeval)'}",
             f"layout    each replica: {self.replica.layout_note()}",
             f"sampling  N={c.num_samples} temperature={c.sampling.temperature} top_p={c.sampling.top_p} "
-            f"seed={c.sampling.seed}",
+            f"seed={c.sampling.seed}"
+            + (
+                f"; adaptive: more samples up to {c.sampling.max_samples} per question until the SEM is at most "
+                f"{c.sampling.target_sem:g} (rule-scored tasks)"
+                if c.sampling.target_sem is not None
+                else ""
+            ),
         ]
         for t in self.tasks:
             lines.append(

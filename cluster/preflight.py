@@ -23,12 +23,25 @@ GIB = 1 << 30
 def preflight(plan: RunPlan) -> None:
     """Every check of this module; the cluster address last, since it touches the network."""
     check_context_length(plan.model, plan.config.model.max_model_len)
+    check_adaptive(plan)
     check_judge_inputs(plan)
     check_output_dir(Path(plan.config.output_dir).expanduser())
     check_batched_tokens(plan)
     check_local_replicas(plan)
     check_kv_cache_fits(plan)
     check_address_reachable(plan.config.cluster.address)
+
+
+def check_adaptive(plan: RunPlan) -> None:
+    """Adaptive N draws more samples where answers vary: greedy tasks (temperature 0) never vary."""
+    if plan.config.sampling.target_sem is None:
+        return
+    greedy = [t.task.name for t in plan.tasks if t.sampling.temperature == 0]
+    if greedy:
+        raise EvalInputError(
+            f"--target-sem (adaptive N) needs sampled answers, but task(s) {', '.join(greedy)} decode greedily "
+            "(temperature 0), so every sample of a question is the same. Pass --temperature, e.g. 0.7."
+        )
 
 
 def check_output_dir(output_dir: Path) -> None:

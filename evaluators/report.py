@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evaluators.adaptive import AdaptiveReport
 from evaluators.failures import failure_kind
 from evaluators.judging.base import TaskStatistic
 from evaluators.passk import METHOD as PASS_AT_K_METHOD
@@ -50,10 +51,16 @@ class TaskSummary:
     error: str | None = None  # the task could not run at all (e.g. its dataset is unreachable)
     judge: str | None = None  # judged tasks: the judge, or why they were not judged (--inference-only)
     statistics: list[TaskStatistic] = field(default_factory=list)  # judged tasks: LC win rate, bootstrap CIs
+    adaptive: AdaptiveReport | None = None  # adaptive N: samples per question, rounds, why it stopped
 
 
 def summarize_task(
-    task: Task, records: list[SampleRecord], num_runs: int, num_fewshot: int, num_available: int
+    task: Task,
+    records: list[SampleRecord],
+    num_runs: int,
+    num_fewshot: int,
+    num_available: int,
+    common_runs: int | None = None,
 ) -> TaskSummary:
     summary = summarize_records(
         task.name,
@@ -64,6 +71,7 @@ def summarize_task(
         num_fewshot,
         num_available,
         bounds={m.key: m.bounds for m in task.metrics if m.bounds is not None},
+        common_runs=common_runs,
     )
     summary.higher_is_better = {m.key: m.higher_is_better for m in task.metrics}
     return summary
@@ -78,9 +86,10 @@ def summarize_records(
     num_fewshot: int,
     num_available: int,
     bounds: dict[str, tuple[float, float]] | None = None,
+    common_runs: int | None = None,
 ) -> TaskSummary:
     """mean@N of each per-sample metric, with failed samples counted by reason and never scored; `bounds`
-    gives metrics' known ranges (their CI95 stays inside)."""
+    gives metrics' known ranges (their CI95 stays inside); `common_runs` is for adaptive N (`summarize`)."""
     failed = [r for r in records if r.error is not None]
     reasons = Counter(failure_kind(r.error or "") for r in failed)
     summary = TaskSummary(
@@ -96,7 +105,7 @@ def summarize_records(
     )
     for key in metric_keys:
         items = scored_items(records, key)
-        summary.metrics[key] = summarize(items, num_runs, (bounds or {}).get(key))
+        summary.metrics[key] = summarize(items, num_runs, (bounds or {}).get(key), common_runs)
         if table := pass_at_k_table(items, num_runs):
             summary.pass_at_k[key] = table
     return summary
@@ -211,6 +220,10 @@ def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict
             for key, m in s.metrics.items()
         }
         body.pop("pass_at_k")
+        if s.adaptive is not None:
+            adaptive = body["adaptive"]
+            adaptive["sem_by_round"] = [_finite(x) for x in s.adaptive.sem_by_round]
+            adaptive["floor_sem"] = _finite(s.adaptive.floor_sem)
         body["statistics"] = {
             t.key: {
                 "value": _finite(t.value),

@@ -48,10 +48,14 @@ class MetricSummary:
 
 
 def summarize(
-    items: list[ScoredItem], num_runs: int, bounds: tuple[float, float] | None = None
+    items: list[ScoredItem],
+    num_runs: int,
+    bounds: tuple[float, float] | None = None,
+    common_runs: int | None = None,
 ) -> MetricSummary:
     """Reduce scored samples to mean@N with its clustered SEM, CI95 and the std of the per-run means. The CI95
-    is cut to `bounds` (the metric's known range) where given, else to [0, 1] for a proportion."""
+    is cut to `bounds` (the metric's known range) where given, else to [0, 1] for a proportion.
+    `common_runs`: with adaptive N, the runs every question has (the std across runs uses those only)."""
     if not items:
         nan = float("nan")
         return MetricSummary(nan, nan, nan, nan, CI_METHOD, nan, (), num_runs, 0, 0)
@@ -60,9 +64,12 @@ def summarize(
     values = np.array([i.value for i in items], dtype=float)
     weights = np.array([i.weight for i in items], dtype=float)
 
-    _, q_index = np.unique(questions, return_inverse=True)
-    q_value = np.bincount(q_index, weights=values)
-    q_weight = np.bincount(q_index, weights=weights)
+    _, q_index, q_samples = np.unique(questions, return_inverse=True, return_counts=True)
+    # Each question counts once whatever its number of samples (adaptive N gives some more than others):
+    # its samples are averaged first. With equal N this scales every question alike and changes nothing.
+    per_sample = 1.0 / q_samples[q_index]
+    q_value = np.bincount(q_index, weights=values * per_sample)
+    q_weight = np.bincount(q_index, weights=weights * per_sample)
     keep = q_weight > 0
     q_value, q_weight = q_value[keep], q_weight[keep]
     n_q = len(q_weight)
@@ -76,11 +83,7 @@ def summarize(
     else:
         sem, half = float("nan"), float("nan")
 
-    run_means = []
-    for run in sorted(set(runs.tolist())):
-        mask = runs == run
-        if weights[mask].sum() > 0:
-            run_means.append(float(values[mask].sum() / weights[mask].sum()))
+    run_means = _run_means(runs, values, weights, common_runs)
     std_runs = float(np.std(run_means, ddof=1)) if len(run_means) > 1 else float("nan")
     low, high, method = mean - half, mean + half, CI_METHOD
     if bounds is not None:
@@ -100,6 +103,22 @@ def summarize(
         num_questions=n_q,
         num_scored=len(items),
     )
+
+
+def _run_means(
+    runs: np.ndarray, values: np.ndarray, weights: np.ndarray, common_runs: int | None
+) -> list[float]:
+    """Each run's mean (run r: sample r of every question)."""
+    run_means = []
+    # With adaptive N only the first `common_runs` runs cover every question; a later one covers those that
+    # got more samples, so its mean is not another draw of the same benchmark.
+    for run in sorted(set(runs.tolist())):
+        mask = runs == run
+        if common_runs is not None and run >= common_runs:
+            continue
+        if weights[mask].sum() > 0:
+            run_means.append(float(values[mask].sum() / weights[mask].sum()))
+    return run_means
 
 
 def counts_successes(items: list[ScoredItem]) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import types
 import typing
 from collections.abc import Iterator
@@ -123,7 +124,21 @@ def _argparse_kwargs(spec: ConfigFlag) -> dict[str, Any]:
             kwargs["type"] = int
     elif kind in (int, float):
         kwargs["type"] = kind
+    if spec.metavar and "|" in spec.metavar and kind is int:  # a count or a word (--num-samples N|auto)
+        words = [w for w in spec.metavar.split("|") if w.islower()]
+        kwargs["type"] = functools.partial(_int_or_word, words)
     return kwargs
+
+
+def _int_or_word(words: list[str], text: str) -> int | str:
+    if text in words:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is neither a whole number nor {' / '.join(words)}"
+        ) from None
 
 
 def _value_type(annotation: Any) -> Any:

@@ -21,6 +21,9 @@ from cluster.config.values import ENV_NAME, check_ray_address, parse_gen_kwargs
 # prompts, so the demo took 7.6 minutes on a 2-core machine instead of about 2.5. Explicit values win.
 DEMO_LIMIT = 20
 DEMO_MAX_TOKENS = 256
+# --num-samples auto: the samples every question gets before adaptive N adds more (a spread needs two)
+AUTO_SAMPLES = "auto"
+ADAPTIVE_FIRST_SAMPLES = 2
 
 
 class RunMode(StrEnum):
@@ -183,6 +186,20 @@ class SamplingOptions(Strict):
     )
     seed: int = Field(
         1234, description="base seed; sample i of a question uses seed+i", json_schema_extra=cli("--seed")
+    )
+    target_sem: float | None = Field(
+        None,
+        gt=0,
+        description="adaptive N: after the first num_samples per question, draw more samples for the questions "
+        "whose spread moves the error bar most until each metric's SEM is at most this "
+        "(rayeval's own non-judged tasks)",
+        json_schema_extra=cli("--target-sem", "X"),
+    )
+    max_samples: int = Field(
+        16,
+        ge=2,
+        description="adaptive N: the most samples any question gets",
+        json_schema_extra=cli("--max-samples", "K"),
     )
 
 
@@ -431,8 +448,9 @@ class RunConfig(Strict):
     num_samples: int = Field(
         1,
         ge=1,
-        description="samples per question: scores are mean@N",
-        json_schema_extra=cli("--num-samples", "N", group="tasks"),
+        description="samples per question: scores are mean@N; `auto` starts at 2 and adds samples where they "
+        "shrink the error bar most, up to --max-samples, until --target-sem is reached",
+        json_schema_extra=cli("--num-samples", "N|auto", group="tasks"),
     )
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
     cluster: ClusterOptions = Field(default_factory=ClusterOptions)
@@ -469,6 +487,20 @@ class RunConfig(Strict):
         description="run folder name; reuse it to resume (default MODEL-TIMESTAMP)",
         json_schema_extra=cli("--run-id", "ID", group="output"),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_samples(cls, data: Any) -> Any:
+        """`num_samples: auto` is adaptive N from ADAPTIVE_FIRST_SAMPLES per question; it needs a target."""
+        if not isinstance(data, dict) or data.get("num_samples") != AUTO_SAMPLES:
+            return data
+        sampling = data.get("sampling")
+        if not isinstance(sampling, dict) or sampling.get("target_sem") is None:
+            raise ValueError(
+                "num_samples 'auto' (--num-samples auto) needs sampling.target_sem (--target-sem X): the SEM "
+                "at which to stop adding samples, e.g. --target-sem 0.02"
+            )
+        return {**data, "num_samples": ADAPTIVE_FIRST_SAMPLES}
 
     @field_validator("tasks", mode="before")
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import yaml
@@ -21,12 +21,14 @@ from cluster.errors import ClusterError
 from cluster.judging import JudgePipeline, start_judging, wait_for_judging
 from cluster.models import PromptRenderer
 from cluster.plan import RunPlan, core_slots
+from cluster.run.adaptive import adapt_samples
 from cluster.run.outputs import FinishedRun, output_written, write_outputs
 from cluster.run.paths import RunPaths
 from cluster.run.records import SampleWriter
 from cluster.run.requests import PlannedSample, build_requests
 from cluster.run.result import RunResult
 from cluster.run.runner import RequestRunner
+from evaluators.adaptive import AdaptiveReport
 from evaluators.errors import EvalInputError
 from sharding.store import ResultStore, StoreInUse
 
@@ -44,6 +46,7 @@ class _Prepared:
     planned: list[PlannedSample]
     judging: JudgePipeline | None
     prepare_s: float
+    adaptive: dict[str, AdaptiveReport] = field(default_factory=dict)  # adaptive N's report per task
 
 
 def run_evaluation(
@@ -96,16 +99,22 @@ def run_evaluation(
             runner.close()
             writer.close()
             store.close()
-        if runner.stats.reused_failed:
-            log.info(
-                "%d reused requests had failed last time; --retry-failed generates them again",
-                runner.stats.reused_failed,
-            )
-        result = write_outputs(
-            FinishedRun(plan, paths, writer, runner, judging, lm_eval_output, started, prepared.prepare_s)
+        _note_reused_failures(runner)
+        finished = FinishedRun(
+            plan, paths, writer, runner, judging, lm_eval_output, started, prepared.prepare_s
         )
+        finished.adaptive = prepared.adaptive
+        result = write_outputs(finished)
     _fail_if_every_replica_died(runner, result)
     return result
+
+
+def _note_reused_failures(runner: RequestRunner) -> None:
+    if runner.stats.reused_failed:
+        log.info(
+            "%d reused requests had failed last time; --retry-failed generates them again",
+            runner.stats.reused_failed,
+        )
 
 
 def _save_config(plan: RunPlan, paths: RunPaths) -> None:
@@ -157,6 +166,8 @@ def _generate(
     if prepared.planned:
         runner.run([p.request for p in prepared.planned], label="generating", on_completion=writer.add)
     writer.drain()
+    if prepared.planned and not runner.all_replicas_dead:
+        prepared.adaptive = adapt_samples(plan, prepared.planned, runner, writer)
     if prepared.judging is not None:
         wait_for_judging(prepared.judging, progress)
     if plan.lm_eval_tasks and plan.lm_eval_catalog is not None and not runner.all_replicas_dead:

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from cluster.run.paths import RunPaths
 from cluster.run.records import SampleWriter
 from cluster.run.result import RunResult
 from cluster.run.runner import RequestRunner
+from evaluators.adaptive import AdaptiveReport
 from evaluators.failures import FailureKind
 from evaluators.judging.base import JudgeTask
 from evaluators.records import SampleRecord
@@ -80,6 +81,7 @@ class FinishedRun:
     lm_eval_output: LmEvalRunOutput | None
     started: float  # time.perf_counter() at the start of the run
     prepare_s: float
+    adaptive: dict[str, AdaptiveReport] = field(default_factory=dict)  # adaptive N, per native task
 
 
 @dataclass
@@ -143,9 +145,7 @@ def _summarize(run: FinishedRun) -> _Summaries:
             )
             result.judged.append(summary)
         else:
-            summary = summarize_task(
-                task, records, config.num_samples, task_plan.num_fewshot, task_plan.available
-            )
+            summary = _native_summary(task_plan, records, config.num_samples, run.adaptive.get(task.name))
         result.every.append(summary)
     if run.lm_eval_output is not None:
         for name, records in run.lm_eval_output.records.items():
@@ -241,6 +241,20 @@ def judging_timeline(runner: RequestRunner, judge: JudgeStats) -> dict[str, Any]
         "first_judge_answer_s": rel(judge.first_answer_at),
         "overlap_s": round(overlap, 3),
     }
+
+
+def _native_summary(
+    task_plan: TaskPlan, records: list[SampleRecord], num_samples: int, adaptive: AdaptiveReport | None
+) -> TaskSummary:
+    """A rule-scored task's summary; with adaptive N, N is the most samples a question got, and the std
+    across runs uses the first `num_samples` runs, the ones every question has."""
+    task = task_plan.task
+    if adaptive is None:
+        return summarize_task(task, records, num_samples, task_plan.num_fewshot, task_plan.available)
+    most = max(adaptive.samples_per_question.values(), default=num_samples)
+    summary = summarize_task(task, records, most, task_plan.num_fewshot, task_plan.available, num_samples)
+    summary.adaptive = adaptive
+    return summary
 
 
 def _judged_summary(

@@ -52,6 +52,11 @@ class SampleWriter:
         self._thread = threading.Thread(target=self._work, name="scoring", daemon=True)
         self._thread.start()
 
+    def add_planned(self, planned: list[PlannedSample]) -> None:
+        """More samples to expect (adaptive N's extra rounds); call before their completions arrive."""
+        for item in planned:
+            self.by_request.setdefault(item.request.request_id, []).append(item)
+
     def add(self, completion: Completion) -> None:
         """Hand in a completion (from the dispatch loop); it is scored and written in the scoring thread."""
         self._queue.put(completion)

@@ -55,7 +55,9 @@ def test_what_a_sweep_cannot_do_is_refused_with_the_fix(tmp_path, lora_run):
 
 
 def test_the_dry_run_lists_steps_and_skips(tmp_path, lora_run, capsys):
-    assert main(["sweep", str(lora_run), "--tasks", "ifeval", "--output-dir", str(tmp_path), "--dry-run"]) == 0
+    assert (
+        main(["sweep", str(lora_run), "--tasks", "ifeval", "--output-dir", str(tmp_path), "--dry-run"]) == 0
+    )
     shown = capsys.readouterr().out
     assert "step      100      LoRA adapter on SmolLM2-135M-Instruct" in shown
     assert "skipped   300" in shown and "task      ifeval" in shown

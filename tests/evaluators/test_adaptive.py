@@ -1,0 +1,56 @@
+"""Adaptive N's allocation and the statistics of unequal samples per question, against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evaluators.adaptive import AdaptiveRule, StopReason, allocate, clustered_sem, question_variances
+from evaluators.stats import ScoredItem, summarize
+
+
+def test_samples_go_where_answers_vary_and_few_were_drawn():
+    values = {0: [1.0, 0.0], 1: [1.0, 1.0], 2: [0.0, 0.0], 3: [1.0, 0.0, 1.0, 0.0]}
+    allocation = allocate(values, AdaptiveRule(target_sem=0.01, max_samples=8, round_share=0.5))
+    assert allocation.stop is None and sum(allocation.extra.values()) == 2
+    # question 0 (split 1/1 on 2 samples) gains most: 0.25 / (2 x 3); then a question that agreed with itself
+    # on 2 samples (5/36 / 6 = 0.023) beats question 0's third sample (0.25 / 12) and question 3 (0.25 / 20)
+    assert allocation.extra[0] == 1 and set(allocation.extra) - {0} <= {1, 2}
+    # the SEM the round starts from: std of the per-question means (0.5, 1, 0, 0.5) / sqrt(4)
+    assert allocation.sem == pytest.approx(np.std([0.5, 1.0, 0.0, 0.5], ddof=1) / 2)
+    # the prior keeps a question that agreed with itself in play: (2 + 0.5) / 3 = 5/6 -> 5/36
+    assert question_variances(values)[1] == pytest.approx(5 / 36)
+
+
+def test_it_stops_at_the_target_or_when_every_question_has_the_most_samples():
+    values = {q: [1.0, 0.0] for q in range(4)}  # every mean 0.5: SEM 0
+    reached = allocate(values, AdaptiveRule(target_sem=0.05, max_samples=4))
+    assert reached.stop is StopReason.TARGET_REACHED and reached.extra == {}
+    full = {0: [1.0, 0.0, 1.0], 1: [0.0, 0.0, 0.0], 2: [1.0, 1.0, 1.0]}
+    done = allocate(full, AdaptiveRule(target_sem=0.001, max_samples=3))
+    assert done.stop is StopReason.MAX_SAMPLES and done.sem == pytest.approx(clustered_sem(full))
+    # the floor: the part of the SEM that between-question spread alone gives (no samples can remove it)
+    assert 0 <= done.floor_sem < done.sem
+
+
+def test_each_question_counts_once_whatever_its_number_of_samples():
+    # question 0: 4 samples, mean 0.25; question 1: 2 samples, mean 1.0 -> benchmark mean 0.625, not 0.5
+    items = [ScoredItem(0, r, v, 1.0) for r, v in enumerate([1.0, 0.0, 0.0, 0.0])]
+    items += [ScoredItem(1, r, 1.0, 1.0) for r in range(2)]
+    summary = summarize(items, num_runs=4, common_runs=2)
+    assert summary.mean == pytest.approx(0.625)
+    assert summary.sem == pytest.approx(np.std([0.25, 1.0], ddof=1) / math.sqrt(2))
+    assert summary.run_means == (1.0, 0.5)  # runs 0 and 1 only: the ones both questions have
+
+
+def test_equal_samples_give_the_same_statistics_as_before():
+    rng = np.random.default_rng(0)
+    items = [ScoredItem(q, r, float(rng.integers(0, 3)), 2.0) for q in range(30) for r in range(4)]
+    summary = summarize(items, num_runs=4)
+    per_question = [sum(i.value for i in items if i.question == q) / 8 for q in range(30)]
+    ratio = sum(i.value for i in items) / sum(i.weight for i in items)
+    assert summary.mean == pytest.approx(ratio) == pytest.approx(np.mean(per_question))
+    assert summary.sem == pytest.approx(np.std(per_question, ddof=1) / math.sqrt(30))
+    assert len(summary.run_means) == 4
