@@ -69,14 +69,32 @@ async def generate(engine, prompts: list[list[int]], max_tokens: int) -> list[li
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
 
-async def measure(model: Path, device: str, prompts: list[list[int]], max_tokens: int) -> dict:
+def shared_prefix(a: list[list[int]], b: list[list[int]]) -> float:
+    """The mean share of each output that two sides agree on before their first different token."""
+    shares = []
+    for x, y in zip(a, b, strict=True):
+        same = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+        shares.append(same / max(1, len(x)))
+    return round(sum(shares) / len(shares), 3)
+
+
+async def measure(
+    model: Path, device: str, prompts: list[list[int]], max_tokens: int, noise_floor: bool = False
+) -> dict:
     other = perturbed_copy(model, model.parent / f"{model.name}-perturbed")
     began = time.perf_counter()
     engine = build(str(model), device)
     row: dict = {"build_s": round(time.perf_counter() - began, 2)}
     first = await generate(engine, prompts, max_tokens)
     began = time.perf_counter()
-    await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(other)})
+    try:
+        await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(other)})
+        row["reload_call"] = "reload_weights(weights_path)"
+    except Exception as exc:  # noqa: BLE001 - older vLLM: point the config at the new folder, then reload
+        row["reload_weights_path_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        await engine.collective_rpc("update_config", args=({"model_config": {"model": str(other)}},))
+        await engine.collective_rpc("reload_weights")
+        row["reload_call"] = "update_config + reload_weights()"
     await engine.reset_prefix_cache()
     row["reload_s"] = round(time.perf_counter() - began, 2)
     reloaded = await generate(engine, prompts, max_tokens)
@@ -86,6 +104,13 @@ async def measure(model: Path, device: str, prompts: list[list[int]], max_tokens
     row["rebuild_s"] = round(time.perf_counter() - began, 2)  # shutting the old one down included
     fresh = await generate(engine, prompts, max_tokens)
     engine.shutdown()
+    if noise_floor:  # a second new engine on the same checkpoint: how often two new engines agree at all
+        engine = build(str(other), device)
+        again = await generate(engine, prompts, max_tokens)
+        engine.shutdown()
+        row["identical_new_vs_new"] = sum(a == b for a, b in zip(fresh, again, strict=True))
+        row["shared_prefix_new_vs_new"] = shared_prefix(fresh, again)
+    row["shared_prefix_reloaded_vs_new"] = shared_prefix(reloaded, fresh)
     row["identical_reloaded_vs_new"] = sum(a == b for a, b in zip(reloaded, fresh, strict=True))
     row["identical_first_vs_reloaded"] = sum(a == b for a, b in zip(first, reloaded, strict=True))
     row["prompts"] = len(prompts)
@@ -101,7 +126,11 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, required=True, help="JSONL file the row is appended to")
+    parser.add_argument("--noise-floor", action="store_true",
+                        help="also a second new engine on the second checkpoint: how often two new engines agree")  # fmt: skip
     args = parser.parse_args()
+    # the engine core is a subprocess; this process may have touched CUDA (torch.cuda.is_available) by then
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     import numpy as np
     import torch
 
@@ -117,7 +146,7 @@ def main() -> int:
         shutil.copytree(args.model, model)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     prompts = np.random.default_rng(0).integers(100, vocab - 100, size=(args.prompts, 128)).tolist()
-    row = asyncio.run(measure(model, device, prompts, args.max_tokens))
+    row = asyncio.run(measure(model, device, prompts, args.max_tokens, args.noise_floor))
     import vllm
 
     row |= {"device": device, "model": args.model.name, "vllm": vllm.__version__, "host": platform.node(),

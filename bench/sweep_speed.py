@@ -29,11 +29,17 @@ WORKLOAD = ["--tasks", "ifeval", "--limit", "64", "--max-tokens", "128", "--no-p
 
 def make_adapters(folder: Path, count: int) -> list[Path]:
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     from cluster.models import ensure_default_model
 
+    try:
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+    except ImportError:  # the GPU machine has no peft: write the same files peft writes
+        return [
+            write_adapter(folder / f"step_{(i + 1) * 100}", Path(ensure_default_model()), i)
+            for i in range(count)
+        ]
     paths = []
     for index in range(count):
         torch.manual_seed(index)
@@ -44,6 +50,36 @@ def make_adapters(folder: Path, count: int) -> list[Path]:
         get_peft_model(model, config).save_pretrained(path)
         paths.append(path)
     return paths
+
+
+def write_adapter(path: Path, base: Path, seed: int) -> Path:
+    """A rank-8 LoRA adapter on q/k/v/o of the model at `base`, random A and B (peft's names and config)."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((base / "config.json").read_text())
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv = hidden // heads * config.get("num_key_value_heads", heads)
+    shapes = {
+        "q_proj": (hidden, hidden),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (hidden, hidden),
+    }
+    noise = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        for module, (fan_in, fan_out) in shapes.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(8, fan_in, generator=noise) / fan_in**0.5
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, 8, generator=noise) * 0.01
+    path.mkdir(parents=True)
+    save_file(tensors, path / "adapter_model.safetensors")
+    adapter = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
+               "bias": "none", "target_modules": list(shapes), "base_model_name_or_path": str(base),
+               "fan_in_fan_out": False, "modules_to_save": None}  # fmt: skip
+    (path / "adapter_config.json").write_text(json.dumps(adapter))
+    return path
 
 
 def make_checkpoints(folder: Path, count: int) -> list[Path]:
@@ -114,11 +150,16 @@ def main() -> int:
     parser.add_argument("--adapters", type=int, default=4, help="LoRA adapters (default 4)")
     parser.add_argument("--checkpoints", type=int, default=5, help="full checkpoints (default 5)")
     parser.add_argument("--lora-replicas", type=int, default=1, help="replicas for the LoRA side (default 1)")
+    parser.add_argument("--full-replicas", type=int, default=2, help="replicas for the full side (default 2)")
     parser.add_argument("--out", type=Path, required=True, help="JSONL file the rows are appended to")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rayeval-sweep-bench-") as folder:
         for kind in args.kinds.split(","):
-            count, replicas = (args.adapters, args.lora_replicas) if kind == "lora" else (args.checkpoints, 2)
+            count, replicas = (
+                (args.adapters, args.lora_replicas)
+                if kind == "lora"
+                else (args.checkpoints, args.full_replicas)
+            )
             row = measure(kind, count, replicas, Path(folder))
             row |= {"host": platform.node(), "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
             print(json.dumps(row), flush=True)
