@@ -6,7 +6,7 @@
 Every side is a `rayeval` process as a user starts it (process start to exit, Ray start and engine start
 included), on the same tasks, prompts, sampling and engine settings, each into a fresh output folder.
 `lora`: K LoRA adapters of the embedded default model (peft, rank 8, random weights, fixed seeds) against K
-runs with `--lora`. `full`: five saved copies of the default model (layers moved by 2 % noise, a different
+runs with `--lora`, swept as LoRA adapters and again with `--lora-merge`. `full`: five saved copies of the default model (layers moved by 2 % noise, a different
 seed each) on two replicas against five runs with `--model`. The separate runs come first, then the sweep;
 rows are appended to --out with the machine and the date.
 """
@@ -130,6 +130,13 @@ def measure(kind: str, count: int, replicas: int, work: Path) -> dict:
         separate.append(timed(["run", *which, *common, "--run-id", f"separate-{path.name}"]))
     sweep = timed(["sweep", str(run_dir), *common, "--run-id", "sweep"])
     summary = json.loads((out / "sweep" / "sweep.json").read_text())
+    merged = {}
+    if kind == "lora":  # the same adapters merged into the base weights, run as full checkpoints
+        merge_s = timed(["sweep", str(run_dir), *common, "--run-id", "sweep-merged", "--lora-merge"])
+        merged = {
+            "sweep_lora_merge_s": round(merge_s, 1),
+            "ratio_lora_merge": round(merge_s / sum(separate), 3),
+        }
     return {
         "kind": kind,
         "checkpoints": count,
@@ -141,6 +148,7 @@ def measure(kind: str, count: int, replicas: int, work: Path) -> dict:
         "ratio": round(sweep / sum(separate), 3),
         "engine_starts": summary["engine_starts"],
         "loaded_by": [s["loaded_by"] for s in summary["steps"]],
+        **merged,
     }
 
 

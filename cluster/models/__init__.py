@@ -27,5 +27,6 @@ _EXPORTS = {
         "SwapKind",
         "swap_kind",
     ),
+    "merge": ("merged_checkpoint",),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -265,8 +265,10 @@ def new_pool(
     model from `model_path` where given (a sweep's checkpoint), else the plan's."""
     config = plan.config
     settings = engine_settings(config.model, model_path or plan.model.path, plan.device, log_stats=verbose)
+    # LoRA layers only where requests carry an adapter (a merged adapter's plan has none)
+    lora_rank = settings.max_lora_rank if plan.adapter is not None else 0
     return ReplicaPool(
-        replace(settings, max_loras=max_loras),
+        replace(settings, max_loras=max_loras, max_lora_rank=lora_rank),
         plan.replica,
         config.cluster.replicas,
         config.model.cpu_kv_cache_gib,

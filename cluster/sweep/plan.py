@@ -53,6 +53,7 @@ class SweepPlan:
     root: Path  # the sweep's folder: one run folder per step, sweep.json, sweep_summary.*, a PNG per task
     steps: list[SweepStep]
     skipped: list[SkippedCheckpoint]
+    lora_merge: bool = False  # adapters merged into the base weights and run as full checkpoints
 
     @property
     def series(self) -> str:
@@ -70,6 +71,7 @@ class SweepPlan:
         lines = [f"sweep     {self.checkpoint_dir} -> {self.root}"]
         for s in self.steps:
             what = f"LoRA adapter on {s.plan.model.name}" if s.kind is CheckpointKind.LORA else "full model"
+            what += " (merged into its weights)" if self.lora_merge and s.kind is CheckpointKind.LORA else ""
             lines.append(f"step      {s.step:<8} {what}: {s.checkpoint.path}")
         lines += [f"skipped   {s.step:<8} {s.path}: {s.reason}" for s in self.skipped]
         if self.steps:
@@ -79,7 +81,11 @@ class SweepPlan:
 
 
 def build_sweep_plan(
-    config: RunConfig, checkpoint_dir: Path, steps: list[int] | None = None, materialise_model: bool = True
+    config: RunConfig,
+    checkpoint_dir: Path,
+    steps: list[int] | None = None,
+    materialise_model: bool = True,
+    lora_merge: bool = False,
 ) -> SweepPlan:
     """Every checkpoint under `checkpoint_dir` (or those of `steps`) as a step of the sweep. LoRA adapters run
     on `--model` (the embedded default when none is given); full checkpoints are their own models."""
@@ -95,7 +101,7 @@ def build_sweep_plan(
     base_config = config if adapters else _with_model(config, str(full[0].path))
     base = build_plan(base_config, materialise_model=materialise_model)
     _check_judge(base)
-    plan = SweepPlan(checkpoint_dir, root, [], [])
+    plan = SweepPlan(checkpoint_dir, root, [], [], lora_merge)
     for checkpoint in checkpoints:
         if checkpoint.kind is CheckpointKind.LORA:
             problem = adapter_problem(checkpoint.path, Path(base.model.path), config.model.max_lora_rank)

