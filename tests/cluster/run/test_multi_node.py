@@ -53,7 +53,8 @@ def token_auth(token: Path) -> Iterator[None]:
 
 def test_a_worker_node_lost_mid_run_is_replaced_and_loses_nothing(three_nodes: Cluster, tmp_path):
     first, second = three_nodes.worker_nodes
-    argv = ["run", "--address", three_nodes.address, "--tasks", "ifeval", "--limit", "32", "--replicas", "2",
+    # 64 questions at one sequence per engine: the rest outlasts a replacement's engine start on a fast CPU too
+    argv = ["run", "--address", three_nodes.address, "--tasks", "ifeval", "--limit", "64", "--replicas", "2",
             "--max-num-seqs", "1", "--output-dir", str(tmp_path), "--run-id", "nodes", *ENGINE_FLAGS, "--max-tokens", "32"]  # fmt: skip
     store = tmp_path / "nodes" / "cache" / "completions.jsonl"
     proc = start_in_background(argv)
@@ -76,7 +77,7 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_loses_nothing(three_nodes: C
     assert summary["replica_restarts"] == {"allowed": 2, "used": 1}
     assert summary["samples_failed"] == 0
     rows = records(tmp_path / "nodes" / "samples" / MODEL_DIR / "ifeval.jsonl")
-    assert sorted(r["doc_id"] for r in rows) == list(range(32)) and all(r["error"] is None for r in rows)
+    assert sorted(r["doc_id"] for r in rows) == list(range(64)) and all(r["error"] is None for r in rows)
     assert f"in place of {lost}" in err
 
 
