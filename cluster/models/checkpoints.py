@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from evaluators.errors import EvalInputError
 from sharding.requests import Adapter
@@ -121,8 +122,7 @@ def model_module_names(model_dir: Path) -> set[str]:
     names: set[str] = set()
     for weights in sorted(model_dir.glob("*.safetensors")):
         with weights.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
+            header = _safetensors_header(handle)
         for tensor in header:
             parts = tensor.split(".")
             if len(parts) >= 2 and parts[-1] in ("weight", "bias"):
@@ -249,10 +249,16 @@ def _tensor_bytes(folder: Path, name: str) -> bytes | None:
     .bin weights: the caller then treats it as changed unless both are None)."""
     for weights in sorted(folder.glob("*.safetensors")):
         with weights.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
+            header = _safetensors_header(handle)
             if name in header:
                 begin, end = header[name]["data_offsets"]
-                handle.seek(8 + length + begin)
+                handle.seek(handle.tell() + begin)  # offsets count from the end of the header
                 return handle.read(end - begin)
     return None
+
+
+def _safetensors_header(handle: BinaryIO) -> dict[str, Any]:
+    """A safetensors file's JSON header (tensor name -> dtype, shape, data_offsets), read from the start of
+    `handle`, which is left at the first byte of the tensor data."""
+    (length,) = struct.unpack("<Q", handle.read(8))
+    return json.loads(handle.read(length))

@@ -1,6 +1,7 @@
 """One evaluation run and its files: the coordinator (`run_evaluation`), the request runner over the replicas
 and the result store, request building, scoring into live records, the run folder's layout (`RunPaths`) and
-the final files. `SharedReplicas`: a sweep's engines, kept warm from one run to the next. Scores are computed in `records.SampleWriter` (native tasks) and written by `outputs`."""
+the final files. `SharedReplicas`: a sweep's engines, kept warm from one run to the next. Scores are
+computed in `records.SampleWriter` (native tasks) and written by `outputs`."""
 
 from cluster._lazy import lazy_exports
 

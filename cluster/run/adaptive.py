@@ -13,13 +13,12 @@ import math
 
 from cluster.plan import RunPlan, TaskPlan
 from cluster.run.records import SampleWriter
-from cluster.run.requests import PlannedSample
+from cluster.run.requests import PlannedSample, sample_request
 from cluster.run.runner import RequestRunner
 from evaluators.adaptive import AdaptiveReport, AdaptiveRule, allocate
 from evaluators.judging.base import JudgeTask
 from evaluators.report import scored_items
 from evaluators.stats import summarize
-from sharding.requests import make_request
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +115,8 @@ def _next_round(
         first = drawn[(name, doc_index)]
         source = prompts[(name, doc_index)].request
         for sample_index in range(first, first + count):
-            request = make_request(
-                plan.model.path,
-                source.prompt,
-                source.sampling,
-                plan.config.sampling.seed + sample_index,
-                sample_index,
-                adapter=plan.adapter,
-            )
+            seed = plan.config.sampling.seed + sample_index
+            request = sample_request(plan, source.prompt, source.sampling, seed, sample_index)
             extra.append(PlannedSample(task_plan, doc_index, request))
         drawn[(name, doc_index)] = first + count
     return extra

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from cluster.models import PromptRenderer
 from cluster.plan import RunPlan, TaskPlan
-from sharding.requests import GenerationRequest, make_request
+from sharding.requests import GenerationRequest, SamplingSpec, make_request
 
 
 @dataclass
@@ -32,13 +32,13 @@ def build_requests(
         for doc_index, sample in enumerate(task_plan.samples):
             prompt = renderer.render(task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed)))
             for index in range(n):
-                request = make_request(
-                    plan.model.path,
-                    prompt,
-                    task_plan.sampling,
-                    first_sample_seed + index,
-                    index,
-                    adapter=plan.adapter,
-                )
+                request = sample_request(plan, prompt, task_plan.sampling, first_sample_seed + index, index)
                 planned.append(PlannedSample(task_plan, doc_index, request))
     return planned
+
+
+def sample_request(
+    plan: RunPlan, prompt: str, sampling: SamplingSpec, seed: int, sample_index: int
+) -> GenerationRequest:
+    """Sample `sample_index` of a rendered prompt, on the plan's model and adapter."""
+    return make_request(plan.model.path, prompt, sampling, seed, sample_index, adapter=plan.adapter)

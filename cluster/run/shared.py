@@ -44,10 +44,6 @@ class SharedReplicas:
         self.swaps += 1
         return self.pool.load_checkpoint(model_path)
 
-    @property
-    def engines(self) -> list[EngineInfo]:
-        return list(self.pool.infos) if self.pool is not None else []
-
     def close(self) -> None:
         with self._lock:
             if self.pool is not None:
