@@ -102,7 +102,7 @@ def evaluate_plan(
     preflight(plan)
     replicas = config.cluster.replicas + local_judge_replicas(plan)
     with ray_session(config.cluster.address, plan.replica, replicas, verbose):
-        if config.cluster.address and config.cluster.device == "auto":
+        if config.cluster.address and config.cluster.device == "auto" and not plan.model.endpoint:
             plan.device = "gpu" if cluster_has_gpus() else "cpu"
             plan.replica = replica_plan(config, plan.device)
         return run_evaluation(plan, verbose=verbose, progress=progress, retry_failed=retry_failed)

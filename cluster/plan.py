@@ -149,15 +149,27 @@ class RunPlan:
     def num_requests(self) -> int:
         return sum(len(t.samples) for t in self.tasks) * self.config.num_samples
 
+    def _describe_replicas(self) -> list[str]:
+        c = self.config
+        where = f"cluster: {c.cluster.address or 'local (started by rayeval)'}"
+        if self.model.endpoint:
+            e = c.endpoint
+            return [
+                f"endpoint  {e.base_url or 'api.openai.com'}: {e.max_concurrency} requests in flight, "
+                f"{e.requests_per_second:g} req/s, sent from API client actors; {where}"
+            ]
+        return [
+            f"replicas  {c.cluster.replicas} x {self.replica.describe()} on {self.device}"
+            f" (TP={c.model.tensor_parallel_size}, PP={c.model.pipeline_parallel_size}), {where}",
+            f"layout    each replica: {self.replica.layout_note()}",
+        ]
+
     def describe(self) -> str:
         c = self.config
         lines = [
             f"model     {self.model_label}  ({self.model.path}"
             + (f", LoRA adapter {self.adapter.path})" if self.adapter else ")"),
-            f"replicas  {c.cluster.replicas} x {self.replica.describe()} on {self.device}"
-            f" (TP={c.model.tensor_parallel_size}, PP={c.model.pipeline_parallel_size}),"
-            f" cluster: {c.cluster.address or 'local (started by rayeval)'}",
-            f"layout    each replica: {self.replica.layout_note()}",
+            *self._describe_replicas(),
             f"sampling  N={c.num_samples} temperature={c.sampling.temperature} top_p={c.sampling.top_p} "
             f"seed={c.sampling.seed}"
             + (
@@ -211,9 +223,9 @@ def check_judge(plan: RunPlan) -> None:
             "writingbench). Pass --tasks with the judged tasks of that run."
         )
     if judged and mode is not RunMode.INFERENCE_ONLY and plan.config.judge.kind == "openai":
-        from cluster.judging.api import ApiJudgeSettings, read_api_key
+        from cluster.endpoints import ApiSettings, read_api_key
 
-        read_api_key(ApiJudgeSettings.from_options(plan.config.judge))
+        read_api_key(ApiSettings.from_options(plan.config.judge))
     if judged and mode is RunMode.FULL and plan.config.judge.model is None:
         raise EvalInputError(
             f"Task(s) {', '.join(judged)} are scored by a judge model: pass --judge local:PATH_OR_ID (a judge on "
@@ -241,6 +253,9 @@ def core_slots(plan: RunPlan, judge: bool) -> tuple[int, int] | None:
         return None
     replicas = plan.config.cluster.replicas
     return (replicas, replicas + judges) if judge else (0, replicas + judges)
+
+
+ENDPOINT_DEVICE = "endpoint"  # the plan's device when the model is behind an OpenAI-compatible endpoint
 
 
 def resolve_device(config: RunConfig, cluster_has_gpus: bool | None) -> str:
@@ -317,7 +332,7 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
             "--apply-chat-template, or drop --fewshot-as-multiturn."
         )
     check_fewshot_pools(plans)
-    chosen = device or resolve_device(config, None)
+    chosen = device or _device_of(config, model)
     _check_parallelism(config, chosen)
     return RunPlan(
         config,
@@ -329,6 +344,11 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
         catalog if lm_eval_plans else None,
         _adapter(config, model),
     )
+
+
+def _device_of(config: RunConfig, model: ResolvedModel) -> str:
+    """A model behind an endpoint runs on no device of ours: asking torch for GPUs would only cost seconds."""
+    return ENDPOINT_DEVICE if model.endpoint else resolve_device(config, None)
 
 
 def _adapter(config: RunConfig, model: ResolvedModel) -> Adapter | None:

@@ -23,6 +23,7 @@ GIB = 1 << 30
 def preflight(plan: RunPlan) -> None:
     """Every check of this module; the cluster address last, since it touches the network."""
     check_context_length(plan.model, plan.config.model.max_model_len)
+    check_endpoint(plan)
     check_adaptive(plan)
     check_judge_inputs(plan)
     check_output_dir(Path(plan.config.output_dir).expanduser())
@@ -30,6 +31,22 @@ def preflight(plan: RunPlan) -> None:
     check_local_replicas(plan)
     check_kv_cache_fits(plan)
     check_address_reachable(plan.config.cluster.address)
+
+
+def check_endpoint(plan: RunPlan) -> None:
+    """A model behind an endpoint: its API key at hand, and no task that needs what a chat API lacks."""
+    if not plan.model.endpoint:
+        return
+    from cluster.endpoints import ApiSettings, read_api_key
+
+    read_api_key(ApiSettings.from_endpoint_options(plan.config.model, plan.config.endpoint))
+    if plan.lm_eval_tasks:
+        names = ", ".join(t.name for t in plan.lm_eval_tasks)
+        raise EvalInputError(
+            f"lm-eval task(s) {names} run through rayeval's engines (token ids, log-likelihoods), which a model "
+            f"behind an endpoint ({plan.model.path}) does not have. Run rayeval's own tasks against the endpoint "
+            "(`rayeval tasks` lists them), or run lm-eval's own `local-chat-completions` model against it."
+        )
 
 
 def check_adaptive(plan: RunPlan) -> None:
@@ -83,7 +100,8 @@ def check_batched_tokens(plan: RunPlan) -> None:
 
 
 def _local_cpu_run(plan: RunPlan) -> bool:
-    return plan.config.cluster.address is None and plan.device == "cpu"
+    """Whether rayeval starts CPU engines of the model on this machine (none for a model behind an endpoint)."""
+    return plan.config.cluster.address is None and plan.device == "cpu" and not plan.model.endpoint
 
 
 def usable_cores() -> int:

@@ -16,6 +16,7 @@ class FailureKind(StrEnum):
     NOT_DISPATCHED = "NotDispatched"  # the run stopped handing out work (its results could not be kept)
     JUDGE_PARSE = "JudgeParseError"  # the judge's answer held no verdict in the asked-for format
     JUDGE_API = "JudgeAPIError"  # the judge API kept failing after every retry
+    ENDPOINT_API = "EndpointAPIError"  # the model's OpenAI-compatible endpoint kept failing after every retry
     JUDGE_UNAVAILABLE = "JudgeUnavailable"  # the judge could not start
     JUDGE_UNANSWERED = "JudgeUnanswered"  # judging stopped before the sample's verdicts came back
 

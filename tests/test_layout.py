@@ -22,8 +22,9 @@ RUNS_HEAVY = {
     "cluster.session": {"ray"},
     "cluster.jobs.client": {"ray"},
     "cluster.run.remote": {"ray"},
-    "cluster.judging.api.client": {"ray", "openai"},
-    "cluster.judging.api.rate_limiter": {"ray"},
+    "cluster.endpoints.client": {"ray", "openai"},
+    "cluster.endpoints.rate_limiter": {"ray"},
+    "cluster.serve.app": {"ray"},
     "cluster.lm_eval.backend": {"lm_eval"},
 }
 MAX_FUNCTION_LINES = 60

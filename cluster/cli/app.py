@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from cluster.cli import attach, compare, jobs, plot, run, submit, sweep, tasks, validate
+from cluster.cli import attach, compare, jobs, plot, run, serve, submit, sweep, tasks, validate
 from cluster.cli.parser import Parser
 from evaluators.errors import EvalInputError
 
@@ -15,7 +15,7 @@ from evaluators.errors import EvalInputError
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rayeval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (run, sweep, submit, jobs, attach, compare, plot, tasks, validate):
+    for command in (run, sweep, serve, submit, jobs, attach, compare, plot, tasks, validate):
         command.add_parser(sub)
     return parser
 

@@ -22,6 +22,12 @@ from cluster.config import RunConfig
 # Help groups in the order `--help` shows them: title, and the paragraph under it.
 GROUPS: dict[str, tuple[str, str | None]] = {
     "model": ("model and engine", None),
+    "endpoint": (
+        "model endpoint",
+        "With --model openai:NAME the model under test is an OpenAI-compatible endpoint (a `rayeval serve`, a "
+        "`vllm serve`, a hosted API): chat prompts go to /chat/completions, plain ones to /completions. Its API "
+        "key is read from the environment variable --api-key-env names, never from a flag.",
+    ),
     "tasks": ("tasks and sampling", None),
     "lm_eval": (
         "lm-eval tasks",
@@ -40,6 +46,7 @@ GROUPS: dict[str, tuple[str, str | None]] = {
 # The help group of each config section's flags.
 SECTION_GROUPS = {
     "model": "model",
+    "endpoint": "endpoint",
     "sampling": "tasks",
     "lm_eval": "lm_eval",
     "judge": "judge",
@@ -59,9 +66,10 @@ class ConfigFlag:
     consts: tuple[tuple[str, str, str], ...]
 
 
-def config_flags() -> list[ConfigFlag]:
-    """Every setting `rayeval run` offers, in field order: the top-level ones, then each section's."""
-    return list(_flags(RunConfig, prefix="", group=None))
+def config_flags(schema: type[BaseModel] = RunConfig) -> list[ConfigFlag]:
+    """Every setting a command offers (`rayeval run`'s by default), in field order: the top-level ones, then
+    each section's."""
+    return list(_flags(schema, prefix="", group=None))
 
 
 def _flags(model: type[BaseModel], prefix: str, group: str | None) -> Iterator[ConfigFlag]:
@@ -82,8 +90,15 @@ def _flags(model: type[BaseModel], prefix: str, group: str | None) -> Iterator[C
             yield from _flags(field.annotation, f"{prefix}{name}.", SECTION_GROUPS.get(name, group))
 
 
-def add_config_flags(groups: dict[str, argparse._ArgumentGroup]) -> None:
-    for spec in config_flags():
+def add_config_flags(
+    groups: dict[str, argparse._ArgumentGroup],
+    schema: type[BaseModel] = RunConfig,
+    skip: frozenset[str] = frozenset(),
+) -> None:
+    """The flags of `schema`'s settings, each in its help group; `skip` names settings (dotted) left out."""
+    for spec in config_flags(schema):
+        if spec.dest in skip:
+            continue
         group = groups[spec.group]
         kwargs = _argparse_kwargs(spec)
         if spec.consts:
@@ -95,15 +110,17 @@ def add_config_flags(groups: dict[str, argparse._ArgumentGroup]) -> None:
             group.add_argument(spec.flag, dest=spec.dest, **kwargs)
 
 
-def flag_names() -> dict[str, str]:
+def flag_names(schema: type[BaseModel] = RunConfig) -> dict[str, str]:
     """Each setting's flag by its dotted path (`sampling.temperature` → `--temperature`), for messages."""
-    return {spec.dest: spec.flag for spec in config_flags()}
+    return {spec.dest: spec.flag for spec in config_flags(schema)}
 
 
-def overrides(args: argparse.Namespace) -> dict[str, Any]:
+def overrides(args: argparse.Namespace, schema: type[BaseModel] = RunConfig) -> dict[str, Any]:
     """The settings the command line gave, by dotted path; --tasks is split into names."""
     given = vars(args)
-    values = {spec.dest: given[spec.dest] for spec in config_flags() if given.get(spec.dest) is not None}
+    values = {
+        spec.dest: given[spec.dest] for spec in config_flags(schema) if given.get(spec.dest) is not None
+    }
     if "tasks" in values:
         values["tasks"] = [n.strip() for n in values["tasks"].split(",") if n.strip()]
     return values

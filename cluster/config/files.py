@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from cluster.config.errors import format_validation_error
 from cluster.config.options import RunConfig
 from evaluators.data import NotUtf8, read_utf8
 from evaluators.errors import EvalInputError
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
 def load_config_file(path: str) -> dict[str, Any]:
@@ -56,8 +58,10 @@ def build_config(
     overrides: dict[str, Any],
     source: str,
     flags: Mapping[str, str] | None = None,
-) -> RunConfig:
-    """Merge flag overrides (dotted keys like `model.path`) into the file's settings and validate.
+    schema: type[ConfigT] = RunConfig,  # type: ignore[assignment]
+) -> ConfigT:
+    """Merge flag overrides (dotted keys like `model.path`) into the file's settings and validate them as
+    `schema` (a run's config, or `rayeval serve`'s).
 
     `flags` names the flag of each override, for error messages.
     """
@@ -77,7 +81,7 @@ def build_config(
         else:
             target[leaf] = value
     try:
-        return RunConfig.model_validate(merged)
+        return schema.model_validate(merged)
     except ValidationError as exc:
         raise EvalInputError(format_validation_error(exc, source, flags)) from None
 

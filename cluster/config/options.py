@@ -34,6 +34,9 @@ class RunMode(StrEnum):
     JUDGE_ONLY = "judge_only"
 
 
+ENDPOINT_PREFIX = "openai:"  # --model openai:NAME: the model under test behind an OpenAI-compatible endpoint
+
+
 def cli(
     flag: str,
     metavar: str | None = None,
@@ -71,8 +74,9 @@ class ModelOptions(Strict):
 
     path: str | None = Field(
         None,
-        description="model folder or HF hub id (default: the embedded SmolLM2-135M-Instruct)",
-        json_schema_extra=cli("--model", "PATH_OR_HF_ID"),
+        description="model folder or HF hub id (default: the embedded SmolLM2-135M-Instruct), or openai:NAME for "
+        "model NAME behind an OpenAI-compatible endpoint (--base-url)",
+        json_schema_extra=cli("--model", "PATH_OR_HF_ID | openai:NAME"),
     )
     revision: str | None = Field(
         None,
@@ -164,6 +168,16 @@ class ModelOptions(Strict):
         "of NCCL's (default: on within one node, off for a replica over several nodes)",
         json_schema_extra=cli("--custom-all-reduce"),
     )
+
+    @property
+    def is_endpoint(self) -> bool:
+        """Whether the model is behind an OpenAI-compatible endpoint (`openai:NAME`), not run on our engines."""
+        return (self.path or "").startswith(ENDPOINT_PREFIX)
+
+    @property
+    def endpoint_model(self) -> str:
+        """The name the endpoint serves the model under (after `openai:`)."""
+        return (self.path or "").removeprefix(ENDPOINT_PREFIX).strip() if self.is_endpoint else ""
 
 
 class SamplingOptions(Strict):
@@ -311,6 +325,71 @@ class LmEvalOptions(Strict):
         return value
 
 
+def _check_http_url(value: str | None) -> str | None:
+    parsed = urlparse(value or "")
+    if value is not None and (parsed.scheme not in ("http", "https") or not parsed.netloc):
+        raise ValueError(
+            f"'{value}' is not an http(s) URL: give the endpoint's full address, e.g. "
+            "http://localhost:8000/v1 or https://api.example.com/v1"
+        )
+    return value
+
+
+def _check_env_name(value: str) -> str:
+    if not ENV_NAME.match(value):
+        raise ValueError(
+            f"'{value}' is not an environment variable name: give the variable's name (letters, digits, "
+            "underscores), e.g. OPENAI_API_KEY, never the key itself"
+        )
+    return value
+
+
+class EndpointOptions(Strict):
+    """How to reach the model under test when it is an OpenAI-compatible endpoint (`--model openai:NAME`):
+    its requests go through the same dispatcher, store and reports as engine replicas, sent by API client
+    actors under one cluster-wide rate limiter. The API key is read from the variable `api_key_env`."""
+
+    base_url: str | None = Field(
+        None,
+        description="the endpoint's address, ending in /v1 (default: OpenAI's)",
+        json_schema_extra=cli("--base-url", "URL"),
+    )
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="environment variable with the endpoint's API key (with --base-url it may be unset: a "
+        "local server takes any key)",
+        json_schema_extra=cli("--api-key-env", "VAR"),
+    )
+    max_concurrency: int = Field(
+        64,
+        ge=1,
+        description="requests in flight to the endpoint, for the whole cluster",
+        json_schema_extra=cli("--max-concurrency", "N"),
+    )
+    requests_per_second: float = Field(
+        100.0,
+        gt=0,
+        description="requests per second to the endpoint, for the whole cluster",
+        json_schema_extra=cli("--requests-per-second", "R"),
+    )
+    max_attempts: int = Field(
+        8,
+        ge=1,
+        description="attempts per request on 429, 5xx, timeouts and dropped connections (waits between them "
+        "double up to 30 s, so a served replica restarting within a minute costs no sample)",
+        json_schema_extra=cli("--endpoint-max-attempts", "N"),
+    )
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="seconds per attempt before it counts as a timeout and is retried",
+        json_schema_extra=cli("--endpoint-timeout", "S"),
+    )
+
+    _base_url = field_validator("base_url")(_check_http_url)
+    _key_env = field_validator("api_key_env")(_check_env_name)
+
+
 class JudgeOptions(Strict):
     """Who judges the judged tasks (alpaca_eval, arena_hard, healthbench, writingbench) and how fast.
 
@@ -393,26 +472,8 @@ class JudgeOptions(Strict):
             raise ValueError(f"'{value}' has no model after the colon: write {kind}:MODEL, e.g. {example}")
         return value
 
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        parsed = urlparse(value or "")
-        if value is not None and (parsed.scheme not in ("http", "https") or not parsed.netloc):
-            raise ValueError(
-                f"'{value}' is not an http(s) URL: give the endpoint's full address, e.g. "
-                "http://localhost:8000/v1 or https://api.example.com/v1"
-            )
-        return value
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _variable_name(cls, value: str) -> str:
-        if not ENV_NAME.match(value):
-            raise ValueError(
-                f"'{value}' is not an environment variable name: give the variable's name (letters, digits, "
-                "underscores), e.g. OPENAI_API_KEY, never the key itself"
-            )
-        return value
+    _base_url = field_validator("base_url")(_check_http_url)
+    _key_env = field_validator("api_key_env")(_check_env_name)
 
     @property
     def kind(self) -> Literal["local", "openai"] | None:
@@ -428,6 +489,7 @@ class JudgeOptions(Strict):
 
 class RunConfig(Strict):
     model: ModelOptions = Field(default_factory=ModelOptions)
+    endpoint: EndpointOptions = Field(default_factory=EndpointOptions)
     tasks: list[TaskOptions] = Field(
         default_factory=lambda: [TaskOptions(name="ifeval")],
         description="comma-separated task names (default ifeval; `rayeval tasks` lists them)",
@@ -537,5 +599,61 @@ class RunConfig(Strict):
             )
         return value
 
+    @model_validator(mode="after")
+    def _endpoint_only_with_openai_model(self) -> RunConfig:
+        if self.model.is_endpoint:
+            if not self.model.endpoint_model:
+                raise ValueError(
+                    f"model.path '{self.model.path}' has no model after the colon: write openai:NAME with the "
+                    "name the endpoint serves (its /v1/models lists them)"
+                )
+            if self.model.lora is not None:
+                raise ValueError(
+                    "model.lora (--lora) loads an adapter into rayeval's own engines, but the model is an endpoint "
+                    "(openai:NAME): serve the adapter there (rayeval serve --lora NAME=PATH) and pass its name"
+                )
+        elif self.endpoint.base_url is not None:
+            raise ValueError(
+                f"endpoint.base_url (--base-url {self.endpoint.base_url}) is for a model behind an endpoint, but "
+                "model.path names no such model: pass --model openai:NAME with the name the endpoint serves"
+            )
+        return self
+
     def enabled_tasks(self) -> list[TaskOptions]:
         return [t for t in self.tasks if t.enabled]
+
+
+class ServeConfig(Strict):
+    """`rayeval serve`: the model (and each replica's engine, as `rayeval run` builds it) behind an
+    OpenAI-compatible API on Ray Serve."""
+
+    model: ModelOptions = Field(default_factory=ModelOptions)
+    cluster: ClusterOptions = Field(default_factory=ClusterOptions)
+    served_name: str | None = Field(
+        None,
+        min_length=1,
+        description="the model's name in the API (`model` of each request, /v1/models) (default: the model "
+        "folder's name)",
+        json_schema_extra=cli("--served-model-name", "NAME", group="serve"),
+    )
+    port: int = Field(
+        8000,
+        ge=1,
+        le=65535,
+        description="the HTTP port of Ray Serve's proxy (a cluster whose Serve already runs keeps its own)",
+        json_schema_extra=cli("--port", "PORT", group="serve"),
+    )
+    app_name: str = Field(
+        "rayeval",
+        min_length=1,
+        description="the Serve application's name, for --status and --shutdown",
+        json_schema_extra=cli("--app-name", "NAME", group="serve"),
+    )
+
+    @model_validator(mode="after")
+    def _engine_model(self) -> ServeConfig:
+        if self.model.is_endpoint:
+            raise ValueError(
+                f"model.path '{self.model.path}' is an endpoint already: serve a model folder or hub id"
+            )
+        return self

@@ -123,10 +123,10 @@ class ApiJudgeBackend:
     """An OpenAI-compatible API behind judge actors that share one cluster-wide rate limiter."""
 
     def __init__(self, options: JudgeOptions) -> None:
-        from cluster.judging.api import ApiJudgeSettings
+        from cluster.endpoints import ApiSettings
 
         self.options = options
-        self.settings = ApiJudgeSettings.from_options(options)
+        self.settings = ApiSettings.from_options(options)
         endpoint = options.base_url or "api.openai.com"
         self.identity = JudgeIdentity(
             spec=f"openai:{options.target}@{endpoint}",
@@ -140,13 +140,13 @@ class ApiJudgeBackend:
         return make_request(self.identity.spec, payload, sampling, seed=0, sample_index=0, kind="chat")
 
     def start(self) -> list[Replica]:
-        from cluster.judging.api import start_api_judges
+        from cluster.endpoints import start_api_clients
 
-        self._pool = start_api_judges(self.settings, self.options.replicas)
+        self._pool = start_api_clients(self.settings, self.options.replicas)
         return self._pool.replicas()
 
     def is_transient(self, completion: Completion) -> bool:
-        from cluster.judging.api import is_transient
+        from cluster.endpoints import is_transient
 
         return is_transient(completion)
 

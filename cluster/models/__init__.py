@@ -13,7 +13,7 @@ _EXPORTS = {
         "check_model_folder",
         "check_hub_model",
     ),
-    "prompts": ("PromptRenderer",),
+    "prompts": ("PromptRenderer", "EndpointRenderer", "Renderer", "prompt_renderer"),
     "default": ("DEFAULT_MODEL_NAME", "ensure_default_model", "default_model_dir", "cache_root"),
     "checkpoints": (
         "Checkpoint",

@@ -1,16 +1,29 @@
-"""Rendering task prompts into the exact text an engine receives, with the model's own chat template."""
+"""Rendering task prompts into the exact text an engine receives, with the model's own chat template; or, for
+a model behind an OpenAI-compatible endpoint, into the chat messages the endpoint templates itself."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Protocol
 
 from cluster.models.resolve import ResolvedModel
 from evaluators.errors import EvalInputError
 from evaluators.tasks.base import Prompt
+from sharding.requests import RequestKind
+
+
+class Renderer(Protocol):
+    """What `build_requests` needs: a prompt's request text and the kind of request that carries it."""
+
+    request_kind: RequestKind
+
+    def render(self, prompt: Prompt) -> str: ...
 
 
 class PromptRenderer:
     """Turns a task prompt into the exact text sent to the engine: chat template or plain text."""
+
+    request_kind: RequestKind = "generate"
 
     def __init__(self, model: ResolvedModel, chat_template: bool | None, revision: str | None = None) -> None:
         from transformers import AutoTokenizer
@@ -36,3 +49,29 @@ class PromptRenderer:
             return prompt.text
         messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
         return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+
+class EndpointRenderer:
+    """A model behind an endpoint applies its own chat template: a prompt travels as its chat messages in
+    JSON (a `chat` request, sent to /chat/completions), or as its plain text (a `generate` request, sent
+    to /completions) where `chat_template` is False."""
+
+    def __init__(self, chat_template: bool | None) -> None:
+        self.use_chat_template = chat_template is not False
+        self.request_kind: RequestKind = "chat" if self.use_chat_template else "generate"
+
+    def render(self, prompt: Prompt) -> str:
+        if not self.use_chat_template:
+            return prompt.text
+        return json.dumps(
+            [{"role": m.role, "content": m.content} for m in prompt.messages], ensure_ascii=False
+        )
+
+
+def prompt_renderer(
+    model: ResolvedModel, chat_template: bool | None, revision: str | None = None
+) -> Renderer:
+    """The renderer of the model under test: its tokenizer's template here, or its endpoint's there."""
+    if model.endpoint:
+        return EndpointRenderer(chat_template)
+    return PromptRenderer(model, chat_template, revision)

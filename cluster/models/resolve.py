@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster.config import ENDPOINT_PREFIX
 from cluster.models.default import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model
 from evaluators.data import offline_if_hub_unreachable
 from evaluators.errors import EvalInputError
@@ -29,8 +30,9 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 @dataclass(frozen=True)
 class ResolvedModel:
     name: str  # short name for folders and tables
-    path: str  # what vLLM and the tokenizer load
+    path: str  # what vLLM and the tokenizer load; `openai:NAME` for a model behind an endpoint
     is_default: bool
+    endpoint: bool = False  # behind an OpenAI-compatible endpoint: no engine, tokenizer or weights here
 
 
 def resolve_model(path: str | None, materialise: bool = True, label: str | None = None) -> ResolvedModel:
@@ -42,6 +44,9 @@ def resolve_model(path: str | None, materialise: bool = True, label: str | None 
         folder = ensure_default_model() if materialise else default_model_dir()
         return ResolvedModel(DEFAULT_MODEL_NAME, str(folder), True)
     label = label or f"--model {path}"
+    if path.startswith(ENDPOINT_PREFIX):
+        served = path.removeprefix(ENDPOINT_PREFIX).strip()
+        return ResolvedModel(served.rstrip("/").split("/")[-1] or served, path, False, endpoint=True)
     local = Path(path).expanduser()
     if local.exists():
         check_model_folder(local, label)

@@ -116,7 +116,7 @@ def _next_round(
         source = prompts[(name, doc_index)].request
         for sample_index in range(first, first + count):
             seed = plan.config.sampling.seed + sample_index
-            request = sample_request(plan, source.prompt, source.sampling, seed, sample_index)
+            request = sample_request(plan, source.prompt, source.sampling, seed, sample_index, source.kind)
             extra.append(PlannedSample(task_plan, doc_index, request))
         drawn[(name, doc_index)] = first + count
     return extra

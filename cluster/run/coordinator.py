@@ -19,7 +19,7 @@ import yaml
 from cluster.config import RunMode
 from cluster.errors import ClusterError
 from cluster.judging import JudgePipeline, start_judging, wait_for_judging
-from cluster.models import PromptRenderer
+from cluster.models import prompt_renderer
 from cluster.plan import RunPlan, core_slots
 from cluster.run.adaptive import adapt_samples
 from cluster.run.outputs import FinishedRun, output_written, write_outputs
@@ -143,7 +143,7 @@ def _prepare(
     began = time.perf_counter()
     config = plan.config
     make_renderer = functools.partial(
-        PromptRenderer, plan.model, config.model.chat_template, config.model.revision
+        prompt_renderer, plan.model, config.model.chat_template, config.model.revision
     )
     renderer = None
     if plan.tasks and config.model.chat_template:

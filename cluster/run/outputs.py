@@ -191,6 +191,13 @@ def run_info(run: FinishedRun, summaries: list[TaskSummary], failed: int, wall: 
         import lm_eval
 
         info["lm_eval_version"] = getattr(lm_eval, "__version__", "unknown")
+    if plan.model.endpoint:
+        calls = run.runner.endpoint_stats()
+        info["endpoint"] = {
+            "base_url": config.endpoint.base_url,
+            "max_concurrency": config.endpoint.max_concurrency,
+            "calls": asdict(calls) if calls is not None else None,
+        }
     info["mode"] = config.mode.value
     return info
 

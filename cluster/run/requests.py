@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cluster.models import PromptRenderer
+from cluster.models import Renderer
 from cluster.plan import RunPlan, TaskPlan
-from sharding.requests import GenerationRequest, SamplingSpec, make_request
+from sharding.requests import GenerationRequest, RequestKind, SamplingSpec, make_request
 
 
 @dataclass
@@ -20,7 +20,7 @@ class PlannedSample:
 
 
 def build_requests(
-    plan: RunPlan, renderer: PromptRenderer, sampling_seed: int | None = None
+    plan: RunPlan, renderer: Renderer, sampling_seed: int | None = None
 ) -> list[PlannedSample]:
     """Every task's requests, `num_samples` per question; sample i is seeded `sampling_seed + i` (the config's
     seed unless given: the GPU bench draws fresh samples of the same prompts this way)."""
@@ -32,13 +32,23 @@ def build_requests(
         for doc_index, sample in enumerate(task_plan.samples):
             prompt = renderer.render(task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed)))
             for index in range(n):
-                request = sample_request(plan, prompt, task_plan.sampling, first_sample_seed + index, index)
+                request = sample_request(
+                    plan, prompt, task_plan.sampling, first_sample_seed + index, index, renderer.request_kind
+                )
                 planned.append(PlannedSample(task_plan, doc_index, request))
     return planned
 
 
 def sample_request(
-    plan: RunPlan, prompt: str, sampling: SamplingSpec, seed: int, sample_index: int
+    plan: RunPlan,
+    prompt: str,
+    sampling: SamplingSpec,
+    seed: int,
+    sample_index: int,
+    kind: RequestKind = "generate",
 ) -> GenerationRequest:
-    """Sample `sample_index` of a rendered prompt, on the plan's model and adapter."""
-    return make_request(plan.model.path, prompt, sampling, seed, sample_index, adapter=plan.adapter)
+    """Sample `sample_index` of a rendered prompt, on the plan's model and adapter; `kind` is the renderer's
+    (`chat` for a model behind an endpoint)."""
+    return make_request(
+        plan.model.path, prompt, sampling, seed, sample_index, kind=kind, adapter=plan.adapter
+    )

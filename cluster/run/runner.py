@@ -24,6 +24,7 @@ from sharding.requests import Completion, GenerationRequest, PromptGroup, group_
 from sharding.store import ResultStore, StoreWriteError
 
 if TYPE_CHECKING:
+    from cluster.endpoints import ApiClientPool, ApiStats
     from cluster.run.shared import SharedReplicas
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class RunnerStats:
     generation_s: float = 0.0
     engines: list[EngineInfo] = field(default_factory=list)
     replicas_replaced: int = 0  # restarts the pool has spent (a replacement that did not start counts)
+    endpoint: ApiStats | None = None  # a model behind an endpoint: its requests, retries and failures
     first_dispatch_at: float | None = None  # wall clock (time.time()) of the first generation dispatched
     last_completion_at: float | None = None
 
@@ -75,6 +77,7 @@ class RequestRunner:
         self.retry_failed = retry_failed
         self.stats = RunnerStats()
         self._pool: ReplicaPool | None = None
+        self._endpoint: ApiClientPool | None = None
         self._dispatcher: Dispatcher | None = None
         self._starting: Future[Dispatcher] | None = None
         self._seen: set[str] = set()
@@ -205,6 +208,14 @@ class RequestRunner:
         return self._dispatcher
 
     def _start_pool(self) -> Dispatcher:
+        if self.plan.model.endpoint:  # the model behind an endpoint: API clients instead of engines
+            from cluster.endpoints import ApiSettings, start_api_clients
+
+            config = self.plan.config
+            self._endpoint = start_api_clients(
+                ApiSettings.from_endpoint_options(config.model, config.endpoint), 1
+            )
+            return Dispatcher(self._endpoint.replicas())
         if self.shared is not None:  # a sweep's replicas: no replacements, the pool is not this run's alone
             replicas, self.stats.engines = self.shared.replicas_for(self.plan.model.path)
             return Dispatcher(replicas)
@@ -234,6 +245,12 @@ class RequestRunner:
         log.info("%s ready on %s in %.1f s, in place of %s", info.name, _where(info), info.start_s, dead)
         return replica
 
+    def endpoint_stats(self) -> ApiStats | None:
+        """The calls made to the model's endpoint so far (None for a model on engines)."""
+        if self._endpoint is not None:
+            self.stats.endpoint = self._endpoint.stats()
+        return self.stats.endpoint
+
     @property
     def replica_restarts(self) -> dict[str, int]:
         if self._pool is not None:  # a replacement still starting has spent its restart too
@@ -249,6 +266,10 @@ class RequestRunner:
             self.stats.replicas_replaced = self._pool.restarts_used
             self._pool.shutdown()
             self._pool = None
+        if self._endpoint is not None:
+            self.stats.endpoint = self._endpoint.stats()
+            self._endpoint.shutdown()
+            self._endpoint = None
         # a replacement still starting in a worker thread ends once the pool is shut down
         self._loop.run_until_complete(self._loop.shutdown_default_executor())
         self._loop.close()

@@ -1,7 +1,10 @@
-"""API judges: Ray actors that send chat requests to an OpenAI-compatible API, all under one limiter.
+"""API clients: Ray actors that send requests to an OpenAI-compatible API, all under one limiter. They
+serve API judges and a model under test behind an endpoint (`--model openai:M --base-url URL`) alike.
 
-Each `chat` request's prompt is a JSON list of {role, content} messages. Every attempt holds a lease of the
-cluster-wide `RateLimiter` for the length of its HTTP call, so however many judge actors run on however
+A `chat` request's prompt is a JSON list of {role, content} messages and goes to /chat/completions; a
+`generate` request's prompt (its text, or its token ids where it has them) goes to /completions. Every
+attempt holds a lease of the cluster-wide `RateLimiter` for the length of its HTTP call, so however many
+client actors run on however
 many nodes, the API sees one request rate and one concurrency. Failures the API may get over (429, 5xx,
 timeouts, dropped connections, and a 200 that is no chat completion: a body that is not JSON, such as a
 proxy's HTML error page, or no choices) are retried with exponential backoff and full jitter, or after the
@@ -21,7 +24,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
@@ -31,11 +34,10 @@ import openai
 import ray
 from ray.actor import ActorHandle
 
+from cluster.endpoints.rate_limiter import LimiterStats, RateLimiter
+from cluster.endpoints.settings import ApiSettings, FailureReason, read_api_key, redact
 from cluster.engines import remote_message, replica_call
 from cluster.errors import ClusterError
-from cluster.judging.api.rate_limiter import LimiterStats, RateLimiter
-from cluster.judging.api.settings import ApiJudgeSettings, FailureReason, read_api_key, redact
-from evaluators.failures import FailureKind
 from sharding.dispatcher import Replica
 from sharding.requests import Completion, GenerationRequest, PromptGroup
 
@@ -56,7 +58,7 @@ def _summed(first: dict[str, int], second: dict[str, int]) -> dict[str, int]:
 
 
 @dataclass
-class ApiJudgeStats:
+class ApiStats:
     """Counts of one actor, or summed over a pool. A retry is counted under the `FailureReason` value of
     the failure that caused it, a failed request under that of its last attempt's failure."""
 
@@ -67,8 +69,8 @@ class ApiJudgeStats:
     failures: int = 0
     failures_by_reason: dict[str, int] = field(default_factory=dict)
 
-    def add(self, other: ApiJudgeStats) -> ApiJudgeStats:
-        return ApiJudgeStats(
+    def add(self, other: ApiStats) -> ApiStats:
+        return ApiStats(
             self.requests + other.requests,
             self.attempts + other.attempts,
             self.retries + other.retries,
@@ -136,6 +138,24 @@ def chat_arguments(model: str, messages: list[dict[str, str]], request: Generati
     return arguments
 
 
+def completion_arguments(model: str, request: GenerationRequest) -> dict[str, Any]:
+    """The completions.create arguments of one request: its token ids where it has them (a tokenised
+    lm-eval prompt), else its text."""
+    spec = request.sampling
+    prompt: str | list[int] = list(request.prompt_token_ids) if request.prompt_token_ids else request.prompt
+    arguments: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "max_tokens": spec.max_tokens,
+        "seed": request.seed,
+    }
+    if spec.stop:
+        arguments["stop"] = list(spec.stop)
+    return arguments
+
+
 def check_response(response: Any) -> Any:
     """The chat completion of a 200, or BadResponse. The client hands back the body's text when it is not
     JSON (an HTML page from a proxy, say); that text is never quoted, as such a page may echo the headers."""
@@ -149,7 +169,7 @@ def check_response(response: Any) -> Any:
     return response
 
 
-def classify(exc: BaseException, settings: ApiJudgeSettings) -> AttemptFailure:
+def classify(exc: BaseException, settings: ApiSettings) -> AttemptFailure:
     """Retry 429, 5xx, timeouts, connection errors and 200s that are no chat completion; no other failure
     gets better by asking again."""
     if isinstance(exc, BadResponse):
@@ -166,7 +186,7 @@ def classify(exc: BaseException, settings: ApiJudgeSettings) -> AttemptFailure:
     return AttemptFailure(FailureReason.OTHER, f"{type(exc).__name__}: {_short(str(exc))}")
 
 
-def _status_failure(exc: openai.APIStatusError, settings: ApiJudgeSettings) -> AttemptFailure:
+def _status_failure(exc: openai.APIStatusError, settings: ApiSettings) -> AttemptFailure:
     status = exc.status_code
     wait = retry_after_s(exc.response.headers)
     if status == 429:
@@ -211,7 +231,7 @@ def retry_after_s(headers: Mapping[str, str]) -> float | None:
         return None
 
 
-def backoff_s(attempt: int, failure: AttemptFailure, settings: ApiJudgeSettings, rng: random.Random) -> float:
+def backoff_s(attempt: int, failure: AttemptFailure, settings: ApiSettings, rng: random.Random) -> float:
     """The wait before attempt `attempt + 1`: the API's Retry-After when given, else full jitter,
     uniform over [0, min(max, base * 2^(attempt - 1))], so retrying actors do not fire in step."""
     if failure.retry_after_s is not None:
@@ -226,10 +246,10 @@ def _short(text: str, limit: int = 300) -> str:
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
-class ApiJudgeActor:
-    """One judge client. It only waits on the network, so it takes no CPU from engine replicas."""
+class ApiClientActor:
+    """One API client. It only waits on the network, so it takes no CPU from engine replicas."""
 
-    def __init__(self, name: str, settings: ApiJudgeSettings, api_key: str, limiter: ActorHandle) -> None:
+    def __init__(self, name: str, settings: ApiSettings, api_key: str, limiter: ActorHandle) -> None:
         self.name = name
         self.settings = settings
         self._limiter = limiter
@@ -241,14 +261,14 @@ class ApiJudgeActor:
             timeout=settings.timeout_s,
             default_headers={REPLICA_HEADER: name},
         )
-        self._stats = ApiJudgeStats()
+        self._stats = ApiStats()
         self._rng = random.Random()
         self._background: set[asyncio.Task[None]] = set()
 
     def ready(self) -> str:
         return self.name
 
-    def stats(self) -> ApiJudgeStats:
+    def stats(self) -> ApiStats:
         return self._stats
 
     async def generate(self, group: PromptGroup) -> list[Completion]:
@@ -259,24 +279,23 @@ class ApiJudgeActor:
         began = time.perf_counter()
         self._stats.requests += 1
         try:
-            messages = parse_messages(request.prompt)
+            call = self._call(request)
         except ValueError as exc:  # a fault of the request itself, the same on every run: not retryable
             _count(self._stats.failures_by_reason, FailureReason.INVALID_PROMPT)
             self._stats.failures += 1
             return Completion(
                 request.request_id,
                 replica=self.name,
-                error=FailureKind.JUDGE_API.error(str(exc)),
+                error=self.settings.user.failure_kind.error(str(exc)),
                 finish_reason=FailureReason.INVALID_PROMPT.value,
             )
-        arguments = chat_arguments(self.settings.model, messages, request)
         attempt = 0
         while True:
             attempt += 1
             self._stats.attempts += 1
             try:
                 async with self._lease():
-                    response = check_response(await self._client.chat.completions.create(**arguments))
+                    response = check_response(await call())
             except Exception as exc:  # noqa: BLE001 - every failure ends as this request's Completion
                 failure = classify(exc, self.settings)
                 if not failure.retry or attempt >= self.settings.max_attempts:
@@ -284,6 +303,18 @@ class ApiJudgeActor:
                 await self._back_off(attempt, failure)
                 continue
             return self._completion(request, response, began)
+
+    def _call(self, request: GenerationRequest) -> Callable[[], Awaitable[Any]]:
+        """One attempt's HTTP call for the request; ValueError when no OpenAI API answers such a request."""
+        if request.kind == "chat":
+            chat = chat_arguments(self.settings.model, parse_messages(request.prompt), request)
+            return lambda: self._client.chat.completions.create(**chat)
+        if request.kind == "generate":
+            completion = completion_arguments(self.settings.model, request)
+            return lambda: self._client.completions.create(**completion)
+        raise ValueError(
+            f"an OpenAI-compatible API answers chat and completion requests, not '{request.kind}' ones"
+        )
 
     async def _back_off(self, attempt: int, failure: AttemptFailure) -> None:
         self._stats.retries += 1
@@ -321,9 +352,10 @@ class ApiJudgeActor:
         latency = time.perf_counter() - began
         choice = response.choices[0]  # check_response saw at least one
         usage = response.usage
+        text = choice.message.content if request.kind == "chat" else choice.text
         return Completion(
             request_id=request.request_id,
-            text=choice.message.content or "",
+            text=text or "",
             prompt_tokens=usage.prompt_tokens if usage is not None else 0,
             output_tokens=usage.completion_tokens if usage is not None else 0,
             finish_reason=choice.finish_reason,
@@ -346,15 +378,13 @@ class ApiJudgeActor:
             request.request_id,
             latency_s=time.perf_counter() - began,
             replica=self.name,
-            error=redact(FailureKind.JUDGE_API.error(detail), self._key),
+            error=redact(self.settings.user.failure_kind.error(detail), self._key),
             finish_reason=failure.reason.value,  # why it failed: `is_transient` reads it
             retryable=True,
         )
 
 
-def api_judge_replicas(
-    actors: list[ActorHandle], names: list[str], settings: ApiJudgeSettings
-) -> list[Replica]:
+def api_client_replicas(actors: list[ActorHandle], names: list[str], settings: ApiSettings) -> list[Replica]:
     """Dispatcher handles; each window is the cluster-wide concurrency, which the limiter enforces anyway."""
     return [
         Replica(name, replica_call(actor, name), settings.max_concurrency)
@@ -362,11 +392,11 @@ def api_judge_replicas(
     ]
 
 
-class ApiJudgePool:
-    """The judge actors of a run and their one shared limiter."""
+class ApiClientPool:
+    """The API client actors of a run (its judges, or its model's endpoint) and their one shared limiter."""
 
     def __init__(
-        self, settings: ApiJudgeSettings, limiter: ActorHandle, actors: list[ActorHandle], names: list[str]
+        self, settings: ApiSettings, limiter: ActorHandle, actors: list[ActorHandle], names: list[str]
     ) -> None:
         self.settings = settings
         self.limiter = limiter
@@ -374,10 +404,10 @@ class ApiJudgePool:
         self.names = names
 
     def replicas(self) -> list[Replica]:
-        return api_judge_replicas(self.actors, self.names, self.settings)
+        return api_client_replicas(self.actors, self.names, self.settings)
 
-    def stats(self) -> ApiJudgeStats:
-        total = ApiJudgeStats()
+    def stats(self) -> ApiStats:
+        total = ApiStats()
         for stats in ray.get([a.stats.remote() for a in self.actors]):
             total = total.add(stats)
         return total
@@ -391,22 +421,22 @@ class ApiJudgePool:
         self.actors = []
 
 
-def start_api_judges(settings: ApiJudgeSettings, count: int, ready_timeout_s: float = 120.0) -> ApiJudgePool:
-    """Read the key here on the driver, then start the limiter and `count` judge actors (no CPUs: they
+def start_api_clients(settings: ApiSettings, count: int, ready_timeout_s: float = 120.0) -> ApiClientPool:
+    """Read the key here on the driver, then start the limiter and `count` client actors (no CPUs: they
     must never keep engine replicas from being scheduled)."""
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
     api_key = read_api_key(settings)
     limiter = RateLimiter.remote(settings.requests_per_second, settings.max_concurrency)
-    names = [f"api-judge-{index}" for index in range(count)]
-    actors = [ApiJudgeActor.remote(name, settings, api_key, limiter) for name in names]
-    pool = ApiJudgePool(settings, limiter, actors, names)
+    names = [f"{settings.user.actor_prefix}-{index}" for index in range(count)]
+    actors = [ApiClientActor.remote(name, settings, api_key, limiter) for name in names]
+    pool = ApiClientPool(settings, limiter, actors, names)
     try:
         ray.get([a.ready.remote() for a in actors], timeout=ready_timeout_s)
     except Exception as exc:
         pool.shutdown()
         raise ClusterError(
-            f"The API judge actors for '{settings.model}' failed to start: {remote_message(exc)}. The openai "
+            f"The API client actors for '{settings.model}' failed to start: {remote_message(exc)}. The openai "
             "package must be installed on every node of the cluster."
         ) from exc
     return pool

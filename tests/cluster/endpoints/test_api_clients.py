@@ -22,10 +22,9 @@ import pytest
 import ray
 
 from cluster.config import JudgeOptions
-from cluster.judging import ApiJudgeBackend, JudgeRunner
-from cluster.judging.api import (
-    ApiJudgePool,
-    ApiJudgeSettings,
+from cluster.endpoints import (
+    ApiClientPool,
+    ApiSettings,
     AttemptFailure,
     BadResponse,
     FailureReason,
@@ -37,8 +36,9 @@ from cluster.judging.api import (
     read_api_key,
     redact,
     retry_after_s,
-    start_api_judges,
+    start_api_clients,
 )
+from cluster.judging import ApiJudgeBackend, JudgeRunner
 from evaluators.errors import EvalInputError
 from evaluators.tasks.base import ChatMessage
 from sharding.dispatcher import Dispatcher
@@ -73,7 +73,7 @@ def groups_of(messages: list[list[dict[str, str]]], sizes: list[int]) -> list[Pr
     return groups
 
 
-def judge(pool: ApiJudgePool, groups: list[PromptGroup]) -> dict[str, Completion]:
+def judge(pool: ApiClientPool, groups: list[PromptGroup]) -> dict[str, Completion]:
     done: dict[str, Completion] = {}
 
     def collect(group: PromptGroup, completions: list[Completion]) -> None:
@@ -107,7 +107,7 @@ def test_limiter_core_spaces_grants_and_caps_leases() -> None:
 
 
 def test_backoff_takes_retry_after_capped_else_full_jitter() -> None:
-    settings = ApiJudgeSettings(model="m", backoff_base_s=0.5, backoff_max_s=4.0)
+    settings = ApiSettings(model="m", backoff_base_s=0.5, backoff_max_s=4.0)
     rng = random.Random(0)
     rate_limited = FailureReason.RATE_LIMITED
     assert backoff_s(1, AttemptFailure(rate_limited, "", 2.5), settings, rng) == 2.5
@@ -135,7 +135,7 @@ def status_error(status: int, body: str) -> openai.APIStatusError:
 
 
 def test_failures_are_classified_and_only_passing_ones_retried() -> None:
-    settings = ApiJudgeSettings(model="m", api_key_env=KEY_ENV)
+    settings = ApiSettings(model="m", api_key_env=KEY_ENV)
     html = "<html><body>502 Bad Gateway (Authorization: Bearer sk-x)</body></html>"
     with pytest.raises(BadResponse) as not_json:
         check_response(html)  # what the client hands back for a text/html 200
@@ -174,13 +174,13 @@ def test_error_messages_lose_the_key_and_any_echoed_bearer_token() -> None:
 
 
 def test_missing_or_empty_key_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = ApiJudgeSettings(model="gpt-judge", api_key_env=KEY_ENV)
+    settings = ApiSettings(model="gpt-judge", api_key_env=KEY_ENV)
     monkeypatch.delenv(KEY_ENV, raising=False)
     with pytest.raises(EvalInputError, match=f"{KEY_ENV}, which is not set.*export {KEY_ENV}="):
         read_api_key(settings)
     monkeypatch.setenv(KEY_ENV, "  ")
     with pytest.raises(EvalInputError, match=f"{KEY_ENV}, which is empty"):
-        start_api_judges(settings, count=1)  # fails on the driver, before any actor starts
+        start_api_clients(settings, count=1)  # fails on the driver, before any actor starts
 
 
 # --- on Ray ---------------------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def test_two_judges_share_one_rate_and_concurrency_limit(local_ray: None, api_ke
     # 0.2-0.7 s per answer: sometimes the rate binds, sometimes the concurrency.
     latency = {message_key(chat(q)): 0.2 + 0.1 * (q % 6) for q in range(16)}
     with JudgeApiStandin(verdict, latency_s=latency.__getitem__) as server:
-        settings = ApiJudgeSettings(
+        settings = ApiSettings(
             model="judge-standin",
             base_url=server.base_url,
             api_key_env=KEY_ENV,
@@ -214,7 +214,7 @@ def test_two_judges_share_one_rate_and_concurrency_limit(local_ray: None, api_ke
             max_concurrency=concurrency,
             timeout_s=10.0,
         )
-        pool = start_api_judges(settings, count=2)
+        pool = start_api_clients(settings, count=2)
         try:
             groups = groups_of([chat(q) for q in range(16)], [1, 2, 3, 4] * 4)  # 40 requests
             done = judge(pool, groups)
@@ -294,7 +294,7 @@ def test_faults_are_retried_as_the_api_asks_and_end_as_completions(local_ray: No
     # A timeout is the stand-in sleeping 3 s against the client's 2 s: margins wide enough that a loaded
     # machine never turns an answer into a timeout.
     with JudgeApiStandin(verdict, schedule, retry_after_s=retry_after, timeout_sleep_s=3.0) as server:
-        settings = ApiJudgeSettings(
+        settings = ApiSettings(
             model="judge-standin",
             base_url=server.base_url,
             api_key_env=KEY_ENV,
@@ -305,7 +305,7 @@ def test_faults_are_retried_as_the_api_asks_and_end_as_completions(local_ray: No
             backoff_base_s=0.05,
             backoff_max_s=0.5,
         )
-        pool = start_api_judges(settings, count=2)
+        pool = start_api_clients(settings, count=2)
         try:
             groups = groups_of(conversations, [1] * len(conversations))
             done = judge(pool, groups)
@@ -352,8 +352,8 @@ def sorted_attempts(log: list[Served], key: str) -> list[Served]:
 @pytest.mark.slow
 def test_rejected_key_is_not_retried_and_never_quoted(local_ray: None, api_key: str) -> None:
     with JudgeApiStandin(verdict, api_key="sk-the-right-key", echo_auth=True) as server:
-        settings = ApiJudgeSettings(model="judge-standin", base_url=server.base_url, api_key_env=KEY_ENV)
-        pool = start_api_judges(settings, count=1)
+        settings = ApiSettings(model="judge-standin", base_url=server.base_url, api_key_env=KEY_ENV)
+        pool = start_api_clients(settings, count=1)
         try:
             done = judge(pool, groups_of([chat(0)], [1]))
             stats = pool.stats()
@@ -374,10 +374,10 @@ def test_rejected_key_is_not_retried_and_never_quoted(local_ray: None, api_key: 
 def test_error_bodies_that_quote_the_key_are_redacted(local_ray: None, api_key: str) -> None:
     kinds = ["400", "500", "html", "429", "bad_json"]
     with JudgeApiStandin(verdict, dealt(kinds), echo_auth=True) as server:
-        settings = ApiJudgeSettings(
+        settings = ApiSettings(
             model="judge-standin", base_url=server.base_url, api_key_env=KEY_ENV, max_attempts=1
         )
-        pool = start_api_judges(settings, count=1)
+        pool = start_api_clients(settings, count=1)
         try:
             done = judge(pool, groups_of([chat(q) for q in range(len(kinds))], [1] * len(kinds)))
         finally:

@@ -1,7 +1,8 @@
-"""What an API judge is and how its failures are named: settings, failure reasons, the API key.
+"""What an OpenAI-compatible API client is and how its failures are named: settings, failure reasons, the
+API key. Its user is a judge (`--judge openai:M`) or the model under test (`--model openai:M`).
 
-Plain Python (no openai, no Ray): the planner and `--dry-run` check a judge's key and settings with this
-module alone; `client` runs the judges.
+Plain Python (no openai, no Ray): the planner and `--dry-run` check a key and settings with this module
+alone; `client` runs the actors.
 """
 
 from __future__ import annotations
@@ -11,16 +12,39 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cluster.config import JudgeOptions
+from cluster.config import EndpointOptions, JudgeOptions, ModelOptions
 from evaluators.errors import EvalInputError
+from evaluators.failures import FailureKind
 from sharding.requests import Completion
 
 _OPTIONS = JudgeOptions.model_fields  # the defaults are the config's, defined once there
+# The key sent where the model's endpoint has no key variable set: local servers (vLLM, `rayeval serve`)
+# ignore it, and the openai client refuses to start without one.
+NO_KEY = "EMPTY"
+
+
+class ApiUser(StrEnum):
+    """Who calls the API: it names the actors, the failures and the flags in messages."""
+
+    JUDGE = "judge"
+    MODEL = "model"  # the model under test, served behind an endpoint
+
+    @property
+    def failure_kind(self) -> FailureKind:
+        return FailureKind.JUDGE_API if self is ApiUser.JUDGE else FailureKind.ENDPOINT_API
+
+    @property
+    def actor_prefix(self) -> str:
+        return "api-judge" if self is ApiUser.JUDGE else "endpoint"
+
+    @property
+    def key_flag(self) -> str:
+        return "--judge-api-key-env" if self is ApiUser.JUDGE else "--api-key-env"
 
 
 @dataclass(frozen=True)
-class ApiJudgeSettings:
-    """How to reach the judge API and how hard to push it; plain data so it travels to the actors.
+class ApiSettings:
+    """How to reach the API and how hard to push it; plain data so it travels to the actors.
 
     `requests_per_second` and `max_concurrency` hold for the whole cluster, not per actor.
     """
@@ -34,9 +58,10 @@ class ApiJudgeSettings:
     timeout_s: float = _OPTIONS["timeout_s"].default
     backoff_base_s: float = 0.5  # the first retry's ceiling; each later one doubles it, up to backoff_max_s
     backoff_max_s: float = 30.0
+    user: ApiUser = ApiUser.JUDGE
 
     @classmethod
-    def from_options(cls, options: JudgeOptions) -> ApiJudgeSettings:
+    def from_options(cls, options: JudgeOptions) -> ApiSettings:
         """The settings of the run's `openai:MODEL` judge."""
         return cls(
             model=options.target,
@@ -48,9 +73,23 @@ class ApiJudgeSettings:
             timeout_s=options.timeout_s,
         )
 
+    @classmethod
+    def from_endpoint_options(cls, model: ModelOptions, options: EndpointOptions) -> ApiSettings:
+        """The settings of the run's `openai:MODEL` model under test."""
+        return cls(
+            model=model.endpoint_model,
+            base_url=options.base_url,
+            api_key_env=options.api_key_env,
+            requests_per_second=options.requests_per_second,
+            max_concurrency=options.max_concurrency,
+            max_attempts=options.max_attempts,
+            timeout_s=options.timeout_s,
+            user=ApiUser.MODEL,
+        )
+
 
 class FailureReason(StrEnum):
-    """Why one attempt failed; the value is the key of the per-reason counts in `ApiJudgeStats`."""
+    """Why one attempt failed; the value is the key of the per-reason counts in `ApiStats`."""
 
     RATE_LIMITED = "429"
     SERVER_ERROR = "5xx"
@@ -83,7 +122,7 @@ TRANSIENT_REASONS = frozenset(
 
 def is_transient(completion: Completion) -> bool:
     """Whether a judge API request failed, after all its attempts, on a fault the API may get over (the
-    reason of its last attempt, which `ApiJudgeActor` puts in a failed completion's `finish_reason`)."""
+    reason of its last attempt, which `ApiClientActor` puts in a failed completion's `finish_reason`)."""
     if completion.ok or completion.finish_reason not in _REASON_VALUES:
         return False
     return FailureReason(completion.finish_reason).transient
@@ -92,16 +131,20 @@ def is_transient(completion: Completion) -> bool:
 _REASON_VALUES = frozenset(reason.value for reason in FailureReason)
 
 
-def read_api_key(settings: ApiJudgeSettings) -> str:
-    """The API key from the environment of the driver; the actors get it from here, never from their own."""
+def read_api_key(settings: ApiSettings) -> str:
+    """The API key from the environment of the driver; the actors get it from here, never from their own.
+    The model's own endpoint at a `base_url` may go without one (a local server takes any key)."""
     name = settings.api_key_env
     value = os.environ.get(name, "").strip()
+    if not value and settings.user is ApiUser.MODEL and settings.base_url is not None:
+        return NO_KEY
     if not value:
         state = "is empty" if name in os.environ else "is not set"
+        who = "API judge" if settings.user is ApiUser.JUDGE else "model endpoint"
         raise EvalInputError(
-            f"The API judge '{settings.model}' needs an API key in the environment variable {name}, which "
+            f"The {who} '{settings.model}' needs an API key in the environment variable {name}, which "
             f"{state}. Set it in the shell that starts the run (export {name}=...), or name another "
-            "variable with --judge-api-key-env."
+            f"variable with {settings.user.key_flag}."
         )
     return value
 

@@ -1,0 +1,80 @@
+"""The model under test behind an OpenAI-compatible endpoint (`rayeval run --model openai:NAME --base-url`):
+the checks made before anything starts, and a real run whose endpoint answers 429 and 500 before it answers.
+
+The endpoint here is the loopback stand-in of the API judge tests (tests/judge_api_standin.py): it stands
+in for an API that misbehaves on a schedule, which a real server cannot be made to do. A real served model
+(`rayeval serve`) answers the runs of tests/cluster/serve/test_serve.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.endpoints import NO_KEY, ApiSettings, ApiUser, read_api_key
+from evaluators.errors import EvalInputError
+from tests.judge_api_standin import JudgeApiStandin, dealt
+from tests.runs import rayeval, records
+
+ANSWER = "Hello. This answer has two sentences."
+KEY_ENV = "RAYEVAL_TEST_ENDPOINT_KEY"
+
+
+def test_a_local_endpoint_needs_no_key_but_a_hosted_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    local = ApiSettings(
+        model="m", base_url="http://127.0.0.1:8000/v1", api_key_env=KEY_ENV, user=ApiUser.MODEL
+    )
+    assert read_api_key(local) == NO_KEY
+    hosted = ApiSettings(model="gpt-x", api_key_env=KEY_ENV, user=ApiUser.MODEL)
+    with pytest.raises(EvalInputError, match=f"model endpoint 'gpt-x'.*{KEY_ENV}.*--api-key-env"):
+        read_api_key(hosted)
+    judge = ApiSettings(model="m", base_url="http://127.0.0.1:8000/v1", api_key_env=KEY_ENV)
+    with pytest.raises(EvalInputError, match="--judge-api-key-env"):
+        read_api_key(judge)  # a judge always needs its key
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--base-url", "http://127.0.0.1:9/v1"], "is for a model behind an endpoint"),
+        (["--model", "openai:", "--base-url", "http://127.0.0.1:9/v1"], "has no model after the colon"),
+        (["--model", "openai:m", "--base-url", "localhost:8000"], "is not an http(s) URL"),
+        (["--model", "openai:m", "--lora", "/tmp/adapter"], "serve the adapter there"),
+        (
+            ["--model", "openai:m", "--base-url", "http://127.0.0.1:9/v1", "--tasks", "lm_eval:gsm8k"],
+            "local-chat-completions",
+        ),
+    ],
+)
+def test_bad_endpoint_settings_are_refused_before_anything_starts(argv: list[str], message: str) -> None:
+    done = rayeval("run", *argv, "--dry-run", timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_an_endpoint_that_answers_429_and_500_first_costs_no_sample_and_a_resume_asks_nothing(
+    tmp_path: Path,
+) -> None:
+    schedule = dealt(["429", "500", "ok"], first_attempt_only=True)
+    with JudgeApiStandin(answer=lambda _messages: ANSWER, schedule=schedule, retry_after_s=0.2) as standin:
+        argv = [
+            "run", "--model", "openai:standin", "--base-url", standin.base_url, "--tasks", "ifeval",
+            "--limit", "9", "--no-progress", "--output-dir", str(tmp_path), "--run-id", "faults",
+        ]  # fmt: skip
+        done = rayeval(*argv)
+        assert done.returncode == 0, done.stderr[-3000:]
+        served = standin.log()
+        again = rayeval(*argv)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert len(standin.log()) == len(served)  # the resumed run asked the endpoint nothing
+    samples = records(tmp_path / "faults" / "samples" / "standin" / "ifeval.jsonl")
+    assert len(samples) == 9 and all(s["output"] == ANSWER and s["error"] is None for s in samples)
+    assert sorted(s.action for s in served) == ["429"] * 3 + ["500"] * 3 + ["ok"] * 9
+    assert {s.replica for s in served} == {"endpoint-0"} and {s.model for s in served} == {"standin"}
+    calls = json.loads((tmp_path / "faults" / "summary.json").read_text())["run"]["endpoint"]["calls"]
+    assert calls["requests"] == 9 and calls["failures"] == 0
+    assert calls["retries_by_reason"] == {"429": 3, "5xx": 3}
+    assert "9 of 9 requests reused" in again.stdout

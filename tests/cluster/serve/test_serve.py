@@ -1,0 +1,175 @@
+"""`rayeval serve` on a real `ray start --head` cluster: Ray Serve's LLM application over a real vLLM engine
+of the default model, reached with the `openai` client, with `rayeval run --model openai:...`, and with
+lm-eval's own `local-chat-completions` model; and a served replica killed in the middle of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.lm_eval_local import write_local_tasks
+from tests.ray_head import HeadNode, free_port, start_head
+from tests.runs import MODEL_DIR, rayeval, records, start_in_background, wait_for_records
+
+pytestmark = pytest.mark.slow
+
+SERVED_NAME = "smol"
+ENGINE = ["--dtype", "float32", "--max-model-len", "1024"]  # float32: outputs equal to the local replicas'
+RUN = ["--tasks", "ifeval", "--max-tokens", "48", "--no-progress", "--enforce-eager"]
+GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+@dataclass
+class Served:
+    head: HeadNode
+    address: str
+    url: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.head.client_env()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    head = start_head(num_cpus=2)
+    address = f"127.0.0.1:{head.gcs_port}"
+    port = free_port()
+    try:
+        done = rayeval(
+            "serve", "--address", address, *ENGINE, "--port", str(port), "--served-model-name", SERVED_NAME,
+            env=head.client_env(), timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        url = f"http://127.0.0.1:{port}/v1"
+        assert f"serving {SERVED_NAME} " in done.stdout and f"at {url} " in done.stdout, done.stdout
+        yield Served(head, address, url)
+    finally:
+        rayeval("serve", "--shutdown", "--address", address, env=head.client_env(), timeout=120)
+        head.stop()
+
+
+def client(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_the_openai_client_lists_chats_streams_and_gets_openai_errors(served: Served) -> None:
+    api = client(served)
+    assert [m.id for m in api.models.list().data] == [SERVED_NAME]
+    messages = [{"role": "user", "content": "Name three colours."}]
+    whole = api.chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=24, temperature=0)
+    text = whole.choices[0].message.content
+    assert text and whole.usage.completion_tokens > 0
+    stream = api.chat.completions.create(
+        model=SERVED_NAME, messages=messages, max_tokens=24, temperature=0, stream=True
+    )
+    chunks = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert len(chunks) > 3 and "".join(chunks) == text  # greedy: the stream spells the same answer
+    with pytest.raises(openai.NotFoundError) as unknown:
+        api.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
+    assert unknown.value.status_code == 404 and "no-such-model" in str(unknown.value.body)
+    with pytest.raises(openai.BadRequestError) as too_long:
+        api.chat.completions.create(
+            model=SERVED_NAME, messages=[{"role": "user", "content": "word " * 1500}], max_tokens=4
+        )
+    assert too_long.value.status_code == 400
+    assert "maximum context length" in json.dumps(too_long.value.body)
+
+
+def test_status_names_the_application_and_its_running_replica(served: Served) -> None:
+    done = rayeval("serve", "--status", "--address", served.address, env=served.env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "application rayeval: RUNNING" in done.stdout
+    assert f"LLMServer:{SERVED_NAME}: HEALTHY; replicas: 1 RUNNING" in done.stdout, done.stdout
+
+
+def test_a_run_against_the_endpoint_equals_a_run_on_local_replicas_and_resumes_asking_nothing(
+    served: Served, tmp_path: Path
+) -> None:
+    endpoint = ["--model", f"openai:{SERVED_NAME}", "--base-url", served.url, "--limit", "6", *RUN]
+    first = rayeval("run", *endpoint, "--output-dir", str(tmp_path), "--run-id", "endpoint")
+    assert first.returncode == 0, first.stderr[-3000:]
+    local = rayeval("run", *ENGINE, "--limit", "6", *RUN, "--output-dir", str(tmp_path), "--run-id", "local")
+    assert local.returncode == 0, local.stderr[-3000:]
+    by_endpoint = records(tmp_path / "endpoint" / "samples" / SERVED_NAME / "ifeval.jsonl")
+    by_local = records(tmp_path / "local" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert len(by_endpoint) == len(by_local) == 6
+    for mine, theirs in zip(by_endpoint, by_local, strict=True):
+        assert mine["doc_id"] == theirs["doc_id"] and mine["error"] is None
+        assert mine["output"] == theirs["output"] and mine["scores"] == theirs["scores"]
+        assert mine["replica"] == "endpoint-0"
+    summary = json.loads((tmp_path / "endpoint" / "summary.json").read_text())
+    assert summary["run"]["endpoint"]["calls"]["requests"] == 6
+    assert summary["run"]["endpoint"]["calls"]["failures"] == 0
+
+    again = rayeval("run", *endpoint, "--output-dir", str(tmp_path), "--run-id", "endpoint")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "6 of 6 requests reused" in again.stdout
+    resumed = json.loads((tmp_path / "endpoint" / "summary.json").read_text())["run"]
+    assert resumed["requests_generated"] == 0 and resumed["endpoint"]["calls"] is None  # no client started
+
+
+def test_lm_evals_local_chat_completions_model_scores_a_task_through_the_served_model(
+    served: Served, tmp_path: Path
+) -> None:
+    tasks = write_local_tasks(tmp_path / "tasks", GSM8K, rows=4)
+    command = [
+        sys.executable, "-m", "lm_eval", "--model", "local-chat-completions",
+        "--model_args", f"model={SERVED_NAME},base_url={served.url}/chat/completions,num_concurrent=2,"
+        "max_retries=2,tokenized_requests=False,tokenizer_backend=None",
+        "--tasks", "gsm8k_local", "--include_path", str(tasks), "--apply_chat_template", "--limit", "3",
+        "--gen_kwargs", "max_gen_toks=32", "--output_path", str(tmp_path / "out"), "--log_samples",
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env={**os.environ, "OPENAI_API_KEY": "unused"}
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = [p for p in (tmp_path / "out").rglob("samples_gsm8k_local_*.jsonl")]
+    assert len(logged) == 1
+    samples = records(logged[0])
+    assert len(samples) == 3 and all(s["resps"][0][0].strip() for s in samples)
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+    assert "exact_match,strict-match" in results["results"]["gsm8k_local"]
+
+
+def test_a_served_replica_killed_mid_run_is_restarted_and_every_sample_is_scored_once(
+    served: Served, tmp_path: Path
+) -> None:
+    argv = [
+        "run", "--model", f"openai:{SERVED_NAME}", "--base-url", served.url, "--limit", "24",
+        "--max-concurrency", "4", "--endpoint-max-attempts", "12", *RUN,
+        "--output-dir", str(tmp_path), "--run-id", "killed",
+    ]  # fmt: skip
+    proc = start_in_background(argv)
+    wait_for_records(proc, tmp_path / "killed" / "cache" / "completions.jsonl", 4)
+    killed = _kill_served_replica()
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert killed, "no Serve replica process of the model was found to kill"
+    samples = records(tmp_path / "killed" / "samples" / SERVED_NAME / "ifeval.jsonl")
+    assert sorted(s["doc_id"] for s in samples) == list(range(24))  # each question once
+    assert all(s["error"] is None and s["output"] for s in samples)
+    calls = json.loads((tmp_path / "killed" / "summary.json").read_text())["run"]["endpoint"]["calls"]
+    assert calls["failures"] == 0 and calls["retries"] >= 1, calls  # the requests the kill cut were retried
+    done = rayeval("serve", "--status", "--address", served.address, env=served.env, timeout=120)
+    assert "replicas: 1 RUNNING" in done.stdout, done.stdout  # Serve put a new replica in its place
+
+
+def _kill_served_replica() -> list[int]:
+    found = subprocess.run(
+        ["pgrep", "-f", f"ServeReplica:rayeval:LLMServer:{SERVED_NAME}"], capture_output=True, text=True
+    ).stdout.split()
+    for pid in found:
+        os.kill(int(pid), signal.SIGKILL)
+    time.sleep(1)
+    return [int(pid) for pid in found]
