@@ -190,11 +190,16 @@ def serve_status(app_name: str) -> str:
     if app is None:
         running = ", ".join(sorted(applications)) or "none"
         return f"no Serve application '{app_name}' on this cluster (running: {running})"
-    lines = [f"application {app_name}: {app.status.value}" + (f" ({app.message})" if app.message else "")]
+    lines = [f"application {app_name}: {_state(app.status)}" + (f" ({app.message})" if app.message else "")]
     for deployment_name, deployment in app.deployments.items():
-        counts = ", ".join(f"{count} {state.value}" for state, count in deployment.replica_states.items())
-        lines.append(f"  {deployment_name}: {deployment.status.value}; replicas: {counts or 'none'}")
+        counts = ", ".join(f"{count} {_state(state)}" for state, count in deployment.replica_states.items())
+        lines.append(f"  {deployment_name}: {_state(deployment.status)}; replicas: {counts or 'none'}")
     return "\n".join(lines)
+
+
+def _state(value: object) -> str:
+    """A Serve status enum's name; Serve's status may hand them over as plain strings."""
+    return str(getattr(value, "value", value))
 
 
 def shutdown_app(app_name: str) -> bool:

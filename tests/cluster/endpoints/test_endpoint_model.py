@@ -67,6 +67,7 @@ def test_an_endpoint_that_answers_429_and_500_first_costs_no_sample_and_a_resume
         done = rayeval(*argv)
         assert done.returncode == 0, done.stderr[-3000:]
         served = standin.log()
+        calls = json.loads((tmp_path / "faults" / "summary.json").read_text())["run"]["endpoint"]["calls"]
         again = rayeval(*argv)
         assert again.returncode == 0, again.stderr[-3000:]
         assert len(standin.log()) == len(served)  # the resumed run asked the endpoint nothing
@@ -74,7 +75,6 @@ def test_an_endpoint_that_answers_429_and_500_first_costs_no_sample_and_a_resume
     assert len(samples) == 9 and all(s["output"] == ANSWER and s["error"] is None for s in samples)
     assert sorted(s.action for s in served) == ["429"] * 3 + ["500"] * 3 + ["ok"] * 9
     assert {s.replica for s in served} == {"endpoint-0"} and {s.model for s in served} == {"standin"}
-    calls = json.loads((tmp_path / "faults" / "summary.json").read_text())["run"]["endpoint"]["calls"]
     assert calls["requests"] == 9 and calls["failures"] == 0
     assert calls["retries_by_reason"] == {"429": 3, "5xx": 3}
     assert "9 of 9 requests reused" in again.stdout

@@ -137,7 +137,8 @@ def test_lm_evals_local_chat_completions_model_scores_a_task_through_the_served_
     logged = [p for p in (tmp_path / "out").rglob("samples_gsm8k_local_*.jsonl")]
     assert len(logged) == 1
     samples = records(logged[0])
-    assert len(samples) == 3 and all(s["resps"][0][0].strip() for s in samples)
+    assert {s["doc_id"] for s in samples} == {0, 1, 2}  # one row per question and filter
+    assert all(s["resps"][0][0].strip() for s in samples)
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
     assert "exact_match,strict-match" in results["results"]["gsm8k_local"]
 

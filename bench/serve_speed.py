@@ -1,0 +1,198 @@
+"""rayeval's replicas against served models: the same prompts and engine settings three ways.
+
+    python bench/serve_speed.py --out bench/results/serve-speed.jsonl            # CPU, 100 IFEval prompts
+    python bench/serve_speed.py --out $OUT/serve.jsonl --device gpu --model PATH --limit 500
+
+Sides, one engine replica each, greedy, the model's chat template:
+- `local`: `rayeval run` on its own replica (engine started by the run);
+- `serve`: `rayeval run --model openai:NAME` against `rayeval serve` (Ray Serve's LLM app) started first;
+- `vllm-serve`: plain `vllm serve` with the seed tools' client, 64 threads of the `openai` client sending the
+  same chat messages (no scoring, no store).
+Each row: the server's start (served sides), the client's wall time from process start to exit (the run's
+scored files included; the 64-thread client's time from its first request to its last answer, its imports
+not counted), output tokens and tokens/s over that wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+NAME = "served"
+THREADS = 64
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rayeval_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cluster.cli", *args]
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--max-model-len", "2048", "--max-num-seqs", "64", "--dtype", args.dtype]
+    return [*flags, "--model", args.model] if args.model else flags
+
+
+def run_flags(args: argparse.Namespace, out: Path, run_id: str) -> list[str]:
+    return ["--tasks", "ifeval", "--limit", str(args.limit), "--max-tokens", str(args.max_tokens),
+            "--no-progress", "--output-dir", str(out), "--run-id", run_id]  # fmt: skip
+
+
+def output_tokens(run_dir: Path) -> int:
+    samples = next(run_dir.glob("samples/*/ifeval.jsonl"))
+    return sum(json.loads(line)["output_tokens"] for line in samples.read_text().splitlines() if line.strip())
+
+
+def timed_run(command: list[str], run_dir: Path) -> dict:
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - began
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    tokens = output_tokens(run_dir)
+    return {"wall_s": round(wall, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 1)}
+
+
+def side_local(args: argparse.Namespace, work: Path) -> dict:
+    return timed_run(rayeval_cmd("run", *engine_flags(args), *run_flags(args, work, "local")), work / "local")
+
+
+def wait_for_api(url: str, server: subprocess.Popen, timeout_s: float = 900) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with {server.returncode}")
+        try:
+            urllib.request.urlopen(f"{url}/models", timeout=2)  # noqa: S310 - a local server
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"{url} did not answer within {timeout_s:g} s")
+
+
+def start_server(
+    command: list[str], url: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, float]:
+    began = time.perf_counter()
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, env={**os.environ, **(env or {})})  # fmt: skip
+    wait_for_api(url, server)
+    return server, round(time.perf_counter() - began, 2)
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+def side_serve(args: argparse.Namespace, work: Path) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    serve = rayeval_cmd("serve", *engine_flags(args), "--port", str(port), "--served-model-name", NAME)
+    server, start_s = start_server(serve, url)
+    try:
+        run = ["run", "--model", f"openai:{NAME}", "--base-url", url, *run_flags(args, work, "serve")]
+        return {"server_start_s": start_s, **timed_run(rayeval_cmd(*run), work / "serve")}
+    finally:
+        stop_server(server)
+
+
+def chat_messages(limit: int) -> list[list[dict[str, str]]]:
+    """IFEval's first `limit` prompts as the chat messages rayeval sends an endpoint."""
+    from evaluators.tasks import get_task
+
+    task = get_task("ifeval")
+    samples = task.load_samples(None)[:limit]
+    prompts = [task.build_prompt(sample, []) for sample in samples]
+    return [[{"role": m.role, "content": m.content} for m in p.messages] for p in prompts]
+
+
+def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
+    import openai
+
+    from cluster.engines import cpu_thread_binding
+    from cluster.models import resolve_model
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    model = resolve_model(args.model).path
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+               "--served-model-name", NAME, "--port", str(port), "--dtype", args.dtype,
+               "--max-model-len", "2048", "--max-num-seqs", "64", "--disable-log-requests"]  # fmt: skip
+    env = {}
+    if args.device == "cpu":  # the settings rayeval gives a CPU engine (cluster.engines.settings)
+        command += ["--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048"]
+        cores = sorted(os.sched_getaffinity(0))
+        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(0, 1, 1, cores)}
+    server, start_s = start_server(command, url, env)
+    try:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=3, timeout=3600)
+
+        def ask(messages: list[dict[str, str]]) -> int:
+            answer = client.chat.completions.create(
+                model=NAME, messages=messages, max_tokens=args.max_tokens, temperature=0
+            )
+            return answer.usage.completion_tokens
+
+        conversations = chat_messages(args.limit)
+        began = time.perf_counter()
+        with ThreadPoolExecutor(THREADS) as pool:
+            tokens = sum(pool.map(ask, conversations))
+        wall = time.perf_counter() - began
+    finally:
+        stop_server(server)
+    return {"server_start_s": start_s, "wall_s": round(wall, 2), "output_tokens": tokens,
+            "tokens_per_s": round(tokens / wall, 1)}  # fmt: skip
+
+
+SIDES = {"local": side_local, "serve": side_serve, "vllm-serve": side_vllm_serve}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True, help="JSONL file the rows are appended to")
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    args = parser.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="serve-speed-") as folder:
+        for side in args.sides.split(","):
+            row = {"side": side, **SIDES[side](args, Path(folder))}
+            row |= {"limit": args.limit, "max_tokens": args.max_tokens, "dtype": args.dtype,
+                    "device": args.device, "host": platform.node(), "cores": len(os.sched_getaffinity(0)),
+                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            with args.out.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
