@@ -8,9 +8,10 @@ Sides, one engine replica each, greedy, the model's chat template:
 - `serve`: `rayeval run --model openai:NAME` against `rayeval serve` (Ray Serve's LLM app) started first;
 - `vllm-serve`: plain `vllm serve` with the seed tools' client, 64 threads of the `openai` client sending the
   same chat messages (no scoring, no store).
-Each row: the server's start (served sides), the client's wall time from process start to exit (the run's
-scored files included; the 64-thread client's time from its first request to its last answer, its imports
-not counted), output tokens and tokens/s over that wall time.
+Each row: the server's start (served sides), the client's wall time from its process's start to its exit
+(the run's scored files and Ray's start and stop included; the 64-thread client's imports and threads),
+output tokens and tokens/s over that wall time; for rayeval's runs also the time from the first request
+handed out to the last result (`generation_s`) and the run's timeline (`run.timeline` of summary.json).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -69,7 +69,9 @@ def timed_run(command: list[str], run_dir: Path) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     tokens = output_tokens(run_dir)
-    return {"wall_s": round(wall, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 1)}
+    run = json.loads((run_dir / "summary.json").read_text())["run"]
+    return {"wall_s": round(wall, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
+            "generation_s": run["generation_s"], "timeline": run.get("timeline")}  # fmt: skip
 
 
 def side_local(args: argparse.Namespace, work: Path) -> dict:
@@ -90,12 +92,22 @@ def wait_for_api(url: str, server: subprocess.Popen, timeout_s: float = 900) -> 
 
 
 def start_server(
-    command: list[str], url: str, env: dict[str, str] | None = None
+    command: list[str], url: str, env: dict[str, str] | None = None, ready_line: str | None = None
 ) -> tuple[subprocess.Popen, float]:
+    """Start a server and time it until it serves: until it prints `ready_line` where given (`rayeval serve`
+    says so once every replica answers; Serve's proxy lists models before that), else until /models answers."""
     began = time.perf_counter()
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True, env={**os.environ, **(env or {})})  # fmt: skip
-    wait_for_api(url, server)
+    server = subprocess.Popen(command, stdout=subprocess.PIPE if ready_line else subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                              env={**os.environ, **(env or {})})  # fmt: skip
+    if ready_line is None:
+        wait_for_api(url, server)
+    else:
+        for line in server.stdout:
+            if ready_line in line:
+                break
+        else:
+            raise SystemExit(f"the server exited with {server.wait()} before it said '{ready_line}'")
     return server, round(time.perf_counter() - began, 2)
 
 
@@ -111,7 +123,7 @@ def side_serve(args: argparse.Namespace, work: Path) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     serve = rayeval_cmd("serve", *engine_flags(args), "--port", str(port), "--served-model-name", NAME)
-    server, start_s = start_server(serve, url)
+    server, start_s = start_server(serve, url, ready_line=f"serving {NAME} ")
     try:
         run = ["run", "--model", f"openai:{NAME}", "--base-url", url, *run_flags(args, work, "serve")]
         return {"server_start_s": start_s, **timed_run(rayeval_cmd(*run), work / "serve")}
@@ -121,7 +133,7 @@ def side_serve(args: argparse.Namespace, work: Path) -> dict:
 
 def chat_messages(limit: int) -> list[list[dict[str, str]]]:
     """IFEval's first `limit` prompts as the chat messages rayeval sends an endpoint."""
-    from evaluators.tasks import get_task
+    from evaluators.tasks.registry import get_task
 
     task = get_task("ifeval")
     samples = task.load_samples(None)[:limit]
@@ -129,9 +141,23 @@ def chat_messages(limit: int) -> list[list[dict[str, str]]]:
     return [[{"role": m.role, "content": m.content} for m in p.messages] for p in prompts]
 
 
-def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
-    import openai
+CLIENT = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+import openai
+url, name, max_tokens, threads, conversations = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+client = openai.OpenAI(base_url=url, api_key="unused", max_retries=3, timeout=3600)
+def ask(messages):
+    answer = client.chat.completions.create(model=name, messages=messages, max_tokens=max_tokens, temperature=0)
+    return answer.usage.completion_tokens
+with ThreadPoolExecutor(threads) as pool:
+    print("TOKENS", sum(pool.map(ask, json.load(open(conversations)))))
+"""
 
+
+def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
+    """`vllm serve` and the seed tools' client: a process of 64 threads of the `openai` client, timed from
+    its start to its exit (no scoring, no files)."""
     from cluster.engines import cpu_thread_binding
     from cluster.models import resolve_model
 
@@ -140,29 +166,32 @@ def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
     model = resolve_model(args.model).path
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                "--served-model-name", NAME, "--port", str(port), "--dtype", args.dtype,
-               "--max-model-len", "2048", "--max-num-seqs", "64", "--disable-log-requests"]  # fmt: skip
+               "--max-model-len", "2048", "--max-num-seqs", "64"]  # fmt: skip
     env = {}
     if args.device == "cpu":  # the settings rayeval gives a CPU engine (cluster.engines.settings)
         command += ["--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048"]
         cores = sorted(os.sched_getaffinity(0))
         env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(0, 1, 1, cores)}
+    conversations = work / "conversations.json"
+    conversations.write_text(json.dumps(chat_messages(args.limit)))
     server, start_s = start_server(command, url, env)
     try:
-        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=3, timeout=3600)
-
-        def ask(messages: list[dict[str, str]]) -> int:
-            answer = client.chat.completions.create(
-                model=NAME, messages=messages, max_tokens=args.max_tokens, temperature=0
-            )
-            return answer.usage.completion_tokens
-
-        conversations = chat_messages(args.limit)
+        client = [
+            sys.executable,
+            "-c",
+            CLIENT,
+            url,
+            NAME,
+            str(args.max_tokens),
+            str(THREADS),
+            str(conversations),
+        ]
         began = time.perf_counter()
-        with ThreadPoolExecutor(THREADS) as pool:
-            tokens = sum(pool.map(ask, conversations))
+        done = subprocess.run(client, capture_output=True, text=True, check=True)
         wall = time.perf_counter() - began
     finally:
         stop_server(server)
+    tokens = int(next(line for line in done.stdout.splitlines() if line.startswith("TOKENS ")).split()[1])
     return {"server_start_s": start_s, "wall_s": round(wall, 2), "output_tokens": tokens,
             "tokens_per_s": round(tokens / wall, 1)}  # fmt: skip
 

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import ray
 from ray.exceptions import AuthenticationError
 
+from cluster import timeline
 from cluster.errors import ClusterError, first_line
 from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
 from cluster.plan import ReplicaPlan
@@ -48,10 +49,12 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
             logging_level=logging.WARNING,
         )
         log.info("started a local Ray cluster with %d logical CPUs", cpus)
+    timeline.mark("ray started")
     try:
         yield
     finally:
         ray.shutdown()
+        timeline.mark("ray stopped")
 
 
 @contextmanager

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from cluster import timeline
 from cluster.cli import attach, compare, jobs, plot, run, serve, submit, sweep, tasks, validate
 from cluster.cli.parser import Parser
 from evaluators.errors import EvalInputError
@@ -27,6 +28,7 @@ def configure_logging(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    timeline.mark("cli imported")
     args = build_parser().parse_args(argv)
     configure_logging(getattr(args, "verbose", False))
     try:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from cluster import timeline
 from cluster.cli.flags import GROUPS, add_config_flags, flag_names, overrides
 from cluster.config import COMMAND_LINE, RunConfig, RunMode, build_config, load_config_file
 from cluster.run import RunPaths
@@ -66,6 +67,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--verbose", action="store_true", help="show Ray and vLLM logs, with vLLM's periodic engine stats"
     )
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument(
+        "--profile-startup",
+        action="store_true",
+        help="print where the process's time went, from its start to its exit (imports, Ray start, engine start, "
+        "first and last result, files, shutdown); summary.json's run.timeline has it up to the summary",
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -82,17 +89,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     plan = build_plan(config, materialise_model=not args.dry_run)
     preflight(plan)
+    timeline.mark("planned")
     if args.dry_run:
         print(plan.describe())
         return 0
 
     from cluster.api import evaluate_plan
 
-    return report(
+    code = report(
         evaluate_plan(
             plan, verbose=args.verbose, progress=not args.no_progress, retry_failed=args.retry_failed
         )
     )
+    print_timeline(args)
+    return code
+
+
+def print_timeline(args: argparse.Namespace) -> None:
+    """--profile-startup: where the process's time went, up to now (its exit), on stderr."""
+    if args.profile_startup:
+        timeline.mark("exit")
+        lines = timeline.format_moments(timeline.moments())
+        print(f"timeline (seconds since the process started):\n{lines}", file=sys.stderr)
 
 
 def report(result: RunResult) -> int:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster.cli.run import add_run_arguments, run_config
+from cluster.cli.run import add_run_arguments, print_timeline, run_config
 from evaluators.errors import EvalInputError
 
 if TYPE_CHECKING:
@@ -88,7 +88,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         retry_failed=args.retry_failed,
     )
-    return report(result)
+    code = report(result)
+    print_timeline(args)
+    return code
 
 
 def report(result: SweepResult) -> int:

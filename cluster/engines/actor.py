@@ -61,6 +61,9 @@ def bundle_nodes() -> tuple[str, ...]:
     return tuple(placed[index] for index in sorted(placed))
 
 
+ENGINE_STOP_GRACE_S = 0.5
+
+
 class EngineDead(RuntimeError):
     """The vLLM engine inside the actor has died; the caller treats the replica as lost. The message is the
     engine's root error, read back from its log, and where that log is."""
@@ -300,10 +303,12 @@ class EngineActor:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     async def shutdown(self) -> None:
+        """Stop the engine and its processes. The engine core gets ENGINE_STOP_GRACE_S after SIGTERM (vLLM
+        waits 5 s by default): it holds nothing to save, and the run's files wait for this."""
         if self.stats_logging is not None:
             self.stats_logging.cancel()
         if self.engine is not None:
-            self.engine.shutdown()
+            self.engine.shutdown(timeout=ENGINE_STOP_GRACE_S)
             self.engine = None
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from cluster import timeline
 from cluster.config import RunMode
 from cluster.errors import ClusterError
 from cluster.judging import JudgePipeline, start_judging, wait_for_judging
@@ -97,6 +98,7 @@ def run_evaluation(
             if judging is not None:
                 judging.close(completed)
             runner.close()
+            timeline.mark("engines stopped")
             writer.close()
             store.close()
         _note_reused_failures(runner)
@@ -154,6 +156,7 @@ def _prepare(
         # and lm-eval builds its requests.
         runner.start_in_background()
     planned = build_requests(plan, renderer or make_renderer()) if plan.tasks else []
+    timeline.mark("requests built")
     prepare_s = time.perf_counter() - began
     judging = None if config.mode is RunMode.INFERENCE_ONLY else start_judging(plan, paths.judges, verbose)
     return _Prepared(planned, judging, prepare_s)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cluster import timeline
 from cluster.errors import OutputWriteError
 from cluster.judging import JudgePipeline, task_statistics
 from cluster.plan import RunPlan, TaskPlan
@@ -199,6 +200,8 @@ def run_info(run: FinishedRun, summaries: list[TaskSummary], failed: int, wall: 
             "calls": asdict(calls) if calls is not None else None,
         }
     info["mode"] = config.mode.value
+    # seconds since the driver process started, up to this summary (rayeval run --profile-startup: to exit)
+    info["timeline"] = timeline.moments()
     return info
 
 

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from cluster import timeline
 from cluster.engines import EngineInfo, ReplicaPool, engine_settings
 from cluster.plan import RunPlan
 from cluster.progress import progress_bar
@@ -162,6 +163,7 @@ class RequestRunner:
 
         def done(group: PromptGroup, completions: list[Completion]) -> None:
             self.stats.last_completion_at = time.time()
+            timeline.mark("first result", self.stats.last_completion_at)
             if self.write_error is not None:
                 return  # the run is stopping: what cannot be stored is generated again on resume
             if self.store is not None:
@@ -179,8 +181,11 @@ class RequestRunner:
 
         began = time.perf_counter()
         self.stats.first_dispatch_at = self.stats.first_dispatch_at or time.time()
+        timeline.mark("first request handed out")
         with bar:
             self._loop.run_until_complete(dispatcher.run(groups, on_group_done=done))
+        if self.stats.last_completion_at is not None:
+            timeline.mark("last result", self.stats.last_completion_at)
         self.stats.generation_s += time.perf_counter() - began
         if self.write_error is not None:
             raise self.write_error
@@ -222,6 +227,7 @@ class RequestRunner:
         pool = new_pool(self.plan, self.verbose, self.core_slots)
         self._pool = pool
         self.stats.engines = start_pool(pool, self.plan)
+        timeline.mark("engines ready")
         return Dispatcher(pool.replicas(), replacer=self._replace)
 
     async def _replace(self, dead: str) -> Replica | None:

@@ -183,3 +183,34 @@ def test_output_piped_into_a_reader_that_leaves_early_is_no_traceback():
     done = subprocess.run(f"{sys.executable} -m cluster.cli tasks --lm-eval a | head -1", shell=True, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+def test_help_and_dry_run_import_neither_ray_vllm_nor_torch(tmp_path):
+    # What makes `rayeval run --help` and `--dry-run` take a second, not ten: the heavy packages are imported
+    # where they are used. torch is not needed to tell that a CPU build of it sees no GPU.
+    script = (
+        "import sys\n"
+        "from cluster.cli import main\n"
+        "for argv in (['run', '--help'], ['run', '--dry-run', '--output-dir', sys.argv[1]]):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('ray', 'vllm', 'torch') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert "model     SmolLM2-135M-Instruct" in done.stdout and "on cpu" in done.stdout
+
+
+def test_a_cpu_build_of_torch_sees_no_gpu_without_being_imported():
+    from importlib.metadata import version
+
+    from cluster.plan import local_gpus_visible
+
+    if not version("torch").endswith("+cpu"):
+        pytest.skip("torch here is not a CPU build")
+    assert local_gpus_visible() is False

@@ -1,0 +1,189 @@
+"""A small run end to end: `rayeval run` against `vllm.LLM.chat` in one script and against `vllm serve` with
+64 client threads, each a process (or two) timed from start to exit, in paired turns.
+
+    python bench/small_run.py --out bench/results/small-run.jsonl                 # 100 IFEval prompts, 512 tokens
+    python bench/small_run.py --out ... --limit 1000 --max-tokens 256 --repeats 1
+    python bench/small_run.py --out ... --sides demo,help,dry-run                  # the CLI's own fixed costs
+
+Same prompts (IFEval's first N, the model's chat template), greedy, same engine settings (the embedded
+SmolLM2, bfloat16, max_model_len 2048, max_num_seqs 64, eager, no chunked prefill, 1 GiB KV cache, the
+engine's threads bound to this process's cores). Sides:
+- `llm-chat`: one script: import vLLM, build `vllm.LLM`, `llm.chat` over the prompts, exit (no scoring);
+- `vllm-serve`: `vllm serve` started, then a 64-thread `openai` client process; the wall is the server's start
+  plus the client's (no scoring);
+- `rayeval`: `rayeval run --tasks ifeval --limit N --max-tokens M` (scored, files written), its
+  `--profile-startup` timeline kept in the row;
+- `demo`: `rayeval run` as `make demo` runs it (the embedded demo's 20 prompts), twice: the first and a
+  second run of the same command;
+- `help`, `dry-run`: `rayeval run --help` and `rayeval run --dry-run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.serve_speed import CLIENT, NAME, THREADS, chat_messages, free_port, start_server, stop_server  # noqa: E402
+
+LLM_CHAT = """
+import json, sys
+if __name__ == "__main__":
+    from vllm import LLM, SamplingParams
+    model, conversations, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    llm = LLM(model=model, dtype="bfloat16", max_model_len=2048, max_num_seqs=64, enforce_eager=True,
+              enable_chunked_prefill=False, max_num_batched_tokens=2048)
+    outputs = llm.chat(json.load(open(conversations)), SamplingParams(temperature=0, max_tokens=max_tokens),
+                       use_tqdm=False)
+    print("TOKENS", sum(len(o.outputs[0].token_ids) for o in outputs))
+"""
+
+
+def tokens_printed(stdout: str) -> int:
+    """The count a client printed as `TOKENS n` (vLLM logs to stdout too)."""
+    return int(next(line for line in stdout.splitlines() if line.startswith("TOKENS ")).split()[1])
+
+
+def engine_env() -> dict[str, str]:
+    from cluster.engines import cpu_thread_binding
+
+    cores = sorted(os.sched_getaffinity(0))
+    return {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(0, 1, 1, cores)}
+
+
+def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    wall = time.perf_counter() - began
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:6])} ... failed:\n{done.stderr[-3000:]}")
+    return round(wall, 2), done
+
+
+def side_llm_chat(args: argparse.Namespace, work: Path) -> dict:
+    from cluster.models import resolve_model
+
+    conversations = work / "conversations.json"
+    conversations.write_text(json.dumps(chat_messages(args.limit)))
+    model = resolve_model(None).path
+    wall, done = timed(
+        [sys.executable, "-c", LLM_CHAT, model, str(conversations), str(args.max_tokens)], engine_env()
+    )
+    return {"wall_s": wall, "output_tokens": tokens_printed(done.stdout)}
+
+
+def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
+    from cluster.models import resolve_model
+
+    conversations = work / "conversations.json"
+    conversations.write_text(json.dumps(chat_messages(args.limit)))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model(None).path,
+               "--served-model-name", NAME, "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048",
+               "--max-num-seqs", "64", "--enforce-eager", "--no-enable-chunked-prefill",
+               "--max-num-batched-tokens", "2048"]  # fmt: skip
+    server, start_s = start_server(command, url, engine_env())
+    try:
+        client = [
+            sys.executable,
+            "-c",
+            CLIENT,
+            url,
+            NAME,
+            str(args.max_tokens),
+            str(THREADS),
+            str(conversations),
+        ]
+        wall, done = timed(client)
+    finally:
+        stop_server(server)
+    return {"wall_s": round(start_s + wall, 2), "server_start_s": start_s, "client_s": wall,
+            "output_tokens": tokens_printed(done.stdout)}  # fmt: skip
+
+
+def side_rayeval(args: argparse.Namespace, work: Path) -> dict:
+    run_id = f"r{time.time_ns()}"
+    command = [sys.executable, "-m", "cluster.cli", "run", "--tasks", "ifeval", "--limit", str(args.limit),
+               "--max-tokens", str(args.max_tokens), "--no-progress", "--profile-startup",
+               "--output-dir", str(work), "--run-id", run_id]  # fmt: skip
+    wall, _ = timed(command)
+    run = json.loads((work / run_id / "summary.json").read_text())["run"]
+    samples = next((work / run_id).glob("samples/*/ifeval.jsonl")).read_text().splitlines()
+    tokens = sum(json.loads(line)["output_tokens"] for line in samples if line.strip())
+    return {"wall_s": wall, "output_tokens": tokens, "timeline": run["timeline"]}
+
+
+def side_demo(args: argparse.Namespace, work: Path) -> dict:
+    command = [
+        sys.executable,
+        "-m",
+        "cluster.cli",
+        "run",
+        "--no-progress",
+        "--output-dir",
+        str(work / "demo"),
+    ]
+    first, _ = timed([*command, "--run-id", "first"])
+    second, _ = timed([*command, "--run-id", "second"])
+    return {"first_s": first, "second_s": second}
+
+
+def side_help(args: argparse.Namespace, work: Path) -> dict:
+    return {"wall_s": timed([sys.executable, "-m", "cluster.cli", "run", "--help"])[0]}
+
+
+def side_dry_run(args: argparse.Namespace, work: Path) -> dict:
+    return {"wall_s": timed([sys.executable, "-m", "cluster.cli", "run", "--dry-run"])[0]}
+
+
+SIDES = {
+    "llm-chat": side_llm_chat,
+    "vllm-serve": side_vllm_serve,
+    "rayeval": side_rayeval,
+    "demo": side_demo,
+    "help": side_help,
+    "dry-run": side_dry_run,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True, help="JSONL file the rows are appended to")
+    parser.add_argument("--sides", default="llm-chat,vllm-serve,rayeval")
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="turns; each turn runs every side, order rotated"
+    )
+    args = parser.parse_args()
+    sides = args.sides.split(",")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    for turn in range(args.repeats):
+        order = sides[turn % len(sides) :] + sides[: turn % len(sides)]
+        for side in order:
+            with tempfile.TemporaryDirectory(prefix="small-run-") as folder:
+                row = {"side": side, "turn": turn, **SIDES[side](args, Path(folder))}
+            row |= {"limit": args.limit, "max_tokens": args.max_tokens, "host": platform.node(),
+                    "cores": len(os.sched_getaffinity(0)), "commit": commit.stdout.strip(),
+                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            with args.out.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
