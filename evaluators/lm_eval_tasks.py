@@ -15,12 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evaluators.data import offline_if_hub_unreachable
 from evaluators.errors import EvalInputError
 from evaluators.records import SampleRecord
-from evaluators.report import TaskSummary, summarize_records, unavailable_task
+
+if TYPE_CHECKING:  # the report module loads pyarrow and scipy: planning a run (and --dry-run) needs neither
+    from evaluators.report import TaskSummary
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +285,8 @@ def describe_leaf(name: str, task: Any, results: Mapping[str, Any]) -> LmEvalTas
 def summarize_lm_eval_task(
     result: LmEvalTaskResult, records: list[SampleRecord], num_runs: int
 ) -> TaskSummary:
+    from evaluators.report import summarize_records
+
     summary = summarize_records(
         result.name,
         result.version,
@@ -313,6 +317,8 @@ def summarize_lm_eval_group(
         higher_is_better={},
         rounds=rounds,
     )
+    from evaluators.report import unavailable_task
+
     summary = unavailable_task(name, "lm-eval", "")
     summary.error = None
     summary.num_available = result.num_available

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import optimize, special, stats
 
 from evaluators.judging.base import JudgedItem, TaskStatistic
 
@@ -33,6 +32,8 @@ def question_index(questions: ArrayLike) -> tuple[np.ndarray, int]:
 
 def _rng_argument(seed: int) -> dict[str, np.random.Generator]:
     # scipy >= 1.15 names it `rng`; older releases (we allow 1.11) call it `random_state`.
+    from scipy import stats
+
     name = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
     return {name: np.random.default_rng(seed)}
 
@@ -71,6 +72,8 @@ def bootstrap_statistic(
         counts = np.zeros(flat.shape, dtype=float)
         np.add.at(counts, (np.arange(flat.shape[0])[:, None], flat), 1.0)
         return np.asarray(estimate(counts), dtype=float).reshape(picks.shape[:-1])
+
+    from scipy import stats  # here, not at the top: planning a run loads this module, and scipy takes 0.5 s
 
     result = stats.bootstrap(
         (np.arange(num_questions),),
@@ -155,6 +158,8 @@ def length_controlled_win_rate(
     games; returns sigmoid(theta), i.e. the win probability at delta = 0. Only phi is penalised (by
     `l2 * phi**2`): penalising theta would pull the answer towards 1/2.
     """
+    from scipy import optimize, special
+
     y = np.asarray(wins, dtype=float)
     delta = np.asarray(length_deltas, dtype=float)
     w = np.ones_like(y) if game_weights is None else np.asarray(game_weights, dtype=float)
