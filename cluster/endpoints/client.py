@@ -124,28 +124,21 @@ def parse_messages(prompt: str) -> list[dict[str, str]]:
 def chat_arguments(model: str, messages: list[dict[str, str]], request: GenerationRequest) -> dict[str, Any]:
     """The chat.completions.create arguments of one request. `engine_options` name vLLM sampling fields
     that chat APIs do not take, so they are left out."""
-    spec = request.sampling
-    arguments: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "temperature": spec.temperature,
-        "top_p": spec.top_p,
-        "max_tokens": spec.max_tokens,
-        "seed": request.seed,
-    }
-    if spec.stop:
-        arguments["stop"] = list(spec.stop)
-    return arguments
+    return {**sampling_arguments(model, request), "messages": messages}
 
 
 def completion_arguments(model: str, request: GenerationRequest) -> dict[str, Any]:
     """The completions.create arguments of one request: its token ids where it has them (a tokenised
     lm-eval prompt), else its text."""
-    spec = request.sampling
     prompt: str | list[int] = list(request.prompt_token_ids) if request.prompt_token_ids else request.prompt
+    return {**sampling_arguments(model, request), "prompt": prompt}
+
+
+def sampling_arguments(model: str, request: GenerationRequest) -> dict[str, Any]:
+    """What chat and completion calls share: the model, the sampling and the request's seed."""
+    spec = request.sampling
     arguments: dict[str, Any] = {
         "model": model,
-        "prompt": prompt,
         "temperature": spec.temperature,
         "top_p": spec.top_p,
         "max_tokens": spec.max_tokens,

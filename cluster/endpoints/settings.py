@@ -63,28 +63,24 @@ class ApiSettings:
     @classmethod
     def from_options(cls, options: JudgeOptions) -> ApiSettings:
         """The settings of the run's `openai:MODEL` judge."""
-        return cls(
-            model=options.target,
-            base_url=options.base_url,
-            api_key_env=options.api_key_env,
-            requests_per_second=options.requests_per_second,
-            max_concurrency=options.max_concurrency,
-            max_attempts=options.max_attempts,
-            timeout_s=options.timeout_s,
-        )
+        return cls._of(options.target, options, ApiUser.JUDGE)
 
     @classmethod
     def from_endpoint_options(cls, model: ModelOptions, options: EndpointOptions) -> ApiSettings:
         """The settings of the run's `openai:MODEL` model under test."""
+        return cls._of(model.endpoint_model, options, ApiUser.MODEL)
+
+    @classmethod
+    def _of(cls, model: str, options: JudgeOptions | EndpointOptions, user: ApiUser) -> ApiSettings:
         return cls(
-            model=model.endpoint_model,
+            model=model,
             base_url=options.base_url,
             api_key_env=options.api_key_env,
             requests_per_second=options.requests_per_second,
             max_concurrency=options.max_concurrency,
             max_attempts=options.max_attempts,
             timeout_s=options.timeout_s,
-            user=ApiUser.MODEL,
+            user=user,
         )
 
 
