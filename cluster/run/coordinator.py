@@ -143,6 +143,8 @@ def _prepare(
 ) -> _Prepared:
     """Render prompts and build requests while the engines start (a fresh run), and start judging."""
     began = time.perf_counter()
+    for task_plan in plan.tasks:  # scorers' imports, begun while Ray started: a failed one stops the run here
+        task_plan.task.wait_for_scorer()
     config = plan.config
     make_renderer = functools.partial(
         prompt_renderer, plan.model, config.model.chat_template, config.model.revision

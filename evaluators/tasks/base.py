@@ -86,9 +86,19 @@ class Task(ABC):
         """Every sample of the evaluation split, in dataset order."""
 
     def check_ready(self) -> None:
-        """Raise EvalInputError if scoring cannot work in this environment (a scorer dependency that does not
-        import, say): called while planning, so the run stops before any engine starts or output is lost."""
+        """Raise EvalInputError if scoring cannot work in this environment (a scorer dependency that is not
+        installed, say): called while planning, so the run stops before any engine starts or output is lost.
+        Quick: `--dry-run` calls it too; importing a heavy scorer is `preload_scorer`'s job."""
         return None  # most tasks score with the standard library and need no check
+
+    def preload_scorer(self) -> None:
+        """Start importing what scoring needs, in the background (a run calls it while Ray starts)."""
+        return None
+
+    def wait_for_scorer(self) -> None:
+        """Block until `preload_scorer`'s import is done; raise EvalInputError if it failed. A run calls it
+        before its engines start."""
+        return None
 
     def load_fewshot(self, data_path: str | None) -> list[Sample]:
         """Samples few-shot examples are drawn from; tasks without few-shot support keep the default."""

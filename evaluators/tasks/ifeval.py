@@ -11,7 +11,7 @@ from typing import Any
 
 from evaluators.data import load_rows, packaged_or_hub
 from evaluators.errors import DataError, EvalInputError
-from evaluators.sentence_splitting import load_ifeval_utils
+from evaluators.sentence_splitting import load_ifeval_utils, missing_checker_modules, preload_ifeval_utils
 from evaluators.tasks.base import (
     DataSourceInfo,
     MetricSpec,
@@ -95,14 +95,18 @@ class IFEval(Task):
         return [Sample(i, row) for i, row in enumerate(rows)]
 
     def check_ready(self) -> None:
+        missing = missing_checker_modules()
+        if missing:
+            raise _checkers_missing(f"No module named {', '.join(repr(m) for m in missing)}")
+
+    def preload_scorer(self) -> None:
+        preload_ifeval_utils()
+
+    def wait_for_scorer(self) -> None:
         try:
-            load_ifeval_utils()
+            preload_ifeval_utils().result()
         except ImportError as error:
-            raise EvalInputError(
-                f"Task 'ifeval' scores with lm-eval's IFEval checkers, which do not import here ({error}). "
-                "Install rayeval's dependencies into this environment (`pip install -e .` in the project, or "
-                "`pip install 'lm-eval[ifeval]'`), then run again."
-            ) from None
+            raise _checkers_missing(str(error)) from None
 
     def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
         text = sample.doc["prompt"]
@@ -125,3 +129,11 @@ class IFEval(Task):
             else:
                 scores[metric.key] = MetricValue(float(value))
         return scores
+
+
+def _checkers_missing(error: str) -> EvalInputError:
+    return EvalInputError(
+        f"Task 'ifeval' scores with lm-eval's IFEval checkers, which do not import here ({error}). "
+        "Install rayeval's dependencies into this environment (`pip install -e .` in the project, or "
+        "`pip install 'lm-eval[ifeval]'`), then run again."
+    )

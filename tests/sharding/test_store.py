@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import asdict
+
 import pytest
 
 from sharding.requests import Completion, RequestKey, SamplingSpec
@@ -21,6 +25,21 @@ def test_request_id_changes_with_every_input_that_matters():
         base.request_id() == RequestKey("m", None, "prompt", SamplingSpec(temperature=0.7), 1, 0).request_id()
     )
     assert base.request_id() not in ids and len(ids) == len(variants)
+
+
+def test_request_ids_are_those_earlier_stores_hold():
+    """Ids hash the key's full JSON form (dataclasses.asdict), so stores written by earlier versions resume."""
+    keys = [
+        RequestKey("m", None, "p", SamplingSpec(), 1, 0),
+        RequestKey(
+            "m", "a:d", "", SamplingSpec(0.7, 0.9, 12, ("x", "\n"), (("top_k", 5),)), 3, 2, (1, 2), "chat"
+        ),
+        RequestKey("m", None, "é", SamplingSpec(), 0, 1, None, "loglikelihood", 2, ("extra",)),
+    ]
+    for key in keys:
+        payload = json.dumps(asdict(key), sort_keys=True, ensure_ascii=False)
+        assert key.request_id() == hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
+    assert keys[0].request_id() == "e4ae8173a73c9083527683089e1c0272"  # what every version so far computed
 
 
 def test_store_round_trip_keeps_failures_and_survives_a_torn_write(tmp_path):

@@ -179,13 +179,33 @@ def test_a_scorer_dependency_that_does_not_import_stops_a_dry_run_with_the_fix(t
     assert "Traceback" not in done.stderr
 
 
+def test_checkers_that_are_installed_but_fail_to_import_stop_the_run_before_its_engines(tmp_path):
+    # Fault injection: lm-eval's IFEval module made unimportable while every package is installed, so the
+    # quick planning check passes and the import started beside Ray's start fails; the run stops with the
+    # fix before any engine starts (no vLLM import), and nothing of the run is lost (it has none yet).
+    script = (
+        "import sys; sys.modules['lm_eval.tasks.ifeval.instructions_util'] = None\n"
+        "from cluster.cli import main\n"
+        f"code = main(['run', '--tasks', 'ifeval', '--limit', '2', '--output-dir', {str(tmp_path)!r}])\n"
+        "print('vllm imported:', 'vllm' in sys.modules)\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Task 'ifeval' scores with lm-eval's IFEval checkers, which do not import here" in done.stderr
+    assert "instructions_util" in done.stderr and "Traceback" not in done.stderr
+    assert "vllm imported: False" in done.stdout
+
+
 def test_output_piped_into_a_reader_that_leaves_early_is_no_traceback():
     done = subprocess.run(f"{sys.executable} -m cluster.cli tasks --lm-eval a | head -1", shell=True, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
 
 
-def test_help_and_dry_run_import_neither_ray_vllm_nor_torch(tmp_path):
+def test_help_and_dry_run_import_neither_ray_vllm_torch_nor_the_ifeval_checkers(tmp_path):
     # What makes `rayeval run --help` and `--dry-run` take a second, not ten: the heavy packages are imported
     # where they are used. torch is not needed to tell that a CPU build of it sees no GPU.
     script = (
@@ -196,7 +216,7 @@ def test_help_and_dry_run_import_neither_ray_vllm_nor_torch(tmp_path):
         "        main(argv)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "print(sorted(m for m in ('ray', 'vllm', 'torch') if m in sys.modules))\n"
+        "print(sorted(m for m in ('ray', 'vllm', 'torch', 'nltk', 'lm_eval') if m in sys.modules))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
