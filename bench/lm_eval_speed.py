@@ -48,7 +48,20 @@ from lm_eval import simple_evaluate
 from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager
 import_s = time.perf_counter() - began
-model_args, tasks, include, limit, dp, out = sys.argv[1:7]
+model_args, tasks, include, limit, out, repo = sys.argv[1:7]
+if "ifeval" in tasks:  # lm-eval's checkers need NLTK data that cannot be downloaded here: rayeval's offline Punkt
+    sys.path.insert(0, repo)
+    from evaluators.sentence_splitting import load_ifeval_utils
+    load_ifeval_utils()
+
+def prediction(resps):
+    first = resps[0]
+    if isinstance(first, str):
+        return first
+    if isinstance(first, list) and first and isinstance(first[0], str):
+        return first[0]  # generation: the first of `repeats` draws
+    return max(range(len(resps)), key=lambda i: resps[i][0][0])  # multiple choice: the likeliest choice
+
 if __name__ == "__main__":
     began = time.perf_counter()
     lm = get_model("vllm").create_from_arg_string(model_args, {"batch_size": "auto"})
@@ -57,7 +70,11 @@ if __name__ == "__main__":
     results = simple_evaluate(model=lm, tasks=tasks.split(","), task_manager=TaskManager(include_path=include),
                               limit=int(limit), log_samples=True)
     eval_s = time.perf_counter() - began
-    outputs = [s["resps"][0][0] for s in results["samples"]["gsm8k_local"] if s["filter"] == "strict-match"]
+    outputs = {}
+    for task, samples in results["samples"].items():
+        first_filter = samples[0]["filter"] if samples else None
+        by_doc = {s["doc_id"]: prediction(s["resps"]) for s in samples if s["filter"] == first_filter}
+        outputs[task] = [by_doc[d] for d in sorted(by_doc)]
     json.dump({"engine_load_s": load_s, "evaluate_s": eval_s, "import_s": import_s, "outputs": outputs,
                "results": results["results"]}, open(out, "w"), default=str)
 """
@@ -71,23 +88,28 @@ def run_lm_eval(
     work: Path,
     timeout: float,
     max_num_seqs: int = MAX_NUM_SEQS,
+    tasks: tuple[str, ...] = LOCAL_TASKS,
+    engine_args: str = "",
 ) -> dict:
-    args = f"pretrained={model},max_model_len={MAX_MODEL_LEN},max_num_seqs={max_num_seqs}"
+    """`lm_eval --model vllm` as its CLI runs it, in its own process; `outputs`: per task, each document's
+    prediction (generated text, or the index of the likeliest choice)."""
+    args = f"pretrained={model},max_model_len={MAX_MODEL_LEN},max_num_seqs={max_num_seqs}{engine_args}"
     name = f"lm-eval vllm dp={dp}" + ("" if max_num_seqs == MAX_NUM_SEQS else f" max_num_seqs={max_num_seqs}")
     if dp > 1:
         args += f",data_parallel_size={dp}"
     out = work / f"lm_eval_dp{dp}_seqs{max_num_seqs}.json"
+    out.unlink(missing_ok=True)
     driver = work / "driver.py"
     driver.write_text(DRIVER)
     command = [
         sys.executable,
         str(driver),
         args,
-        ",".join(LOCAL_TASKS),
+        ",".join(tasks),
         str(tasks_dir),
         str(limit),
-        str(dp),
         str(out),
+        str(REPO),
     ]
     began = time.perf_counter()
     # Its own process group, so a timeout also ends the Ray cluster and engines the driver started.
@@ -98,62 +120,56 @@ def run_lm_eval(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         _, stderr = proc.communicate()
-        return {
-            "config": name,
-            "error": f"no result within {timeout:g} s",
-            "log_tail": stderr[-1500:],
-        }
-    done = subprocess.CompletedProcess(command, proc.returncode, "", stderr)
+        return {"config": name, "error": f"no result within {timeout:g} s", "log_tail": stderr[-1500:]}
     wall = time.perf_counter() - began
     # vLLM's teardown at interpreter exit sometimes aborts (exit -6) after everything was written; the
     # driver writes its result file last, so its presence is what says the run completed.
     if not out.exists():
-        return {
-            "config": name,
-            "error": f"exit {done.returncode}",
-            "log_tail": done.stderr[-2000:],
-        }
+        return {"config": name, "error": f"exit {proc.returncode}", "log_tail": stderr[-2000:]}
     data = json.loads(out.read_text())
-    return {
-        "config": name,
-        "exit_code": done.returncode,
-        "wall_s": wall,
-        "engine_load_s": data["engine_load_s"],
-        "evaluate_s": data["evaluate_s"],
-        "outputs": data["outputs"],
-        "results": data["results"],
-    }
+    return {"config": name, "exit_code": proc.returncode, "wall_s": wall, "engine_load_s": data["engine_load_s"],
+            "evaluate_s": data["evaluate_s"], "outputs": data["outputs"], "results": data["results"]}  # fmt: skip
 
 
-def run_rayeval(tasks_dir: Path, limit: int, replicas: int, work: Path) -> dict:
+def rayeval_predictions(run_dir: Path, tasks: tuple[str, ...]) -> dict[str, list]:
+    """Per task, each document's prediction from rayeval's sample records, as the lm-eval driver gives it."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    outputs = {}
+    for task in tasks:
+        path = run_dir / "samples" / summary["run"]["model"] / f"{task}.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        first = {r["doc_id"]: r["output"] for r in sorted(records, key=lambda r: -r.get("sample_index", 0))}
+        texts = [first[d] for d in sorted(first)]
+        if texts and texts[0].startswith(
+            "[["
+        ):  # log-likelihood answers: [[logprob, is_greedy], ...] per choice
+            texts = [max(range(len(c)), key=lambda i, c=c: c[i][0]) for c in map(json.loads, texts)]
+        outputs[task] = texts
+    return outputs
+
+
+def run_rayeval(
+    tasks_dir: Path, limit: int, replicas: int, work: Path, tasks: tuple[str, ...] = LOCAL_TASKS, extra=()
+) -> dict:
+    run_id = f"r{replicas}-{time.time_ns()}"
     command = [
-        sys.executable, "-m", "cluster.cli", "run", "--tasks", ",".join(LOCAL_TASKS), "--include-path", str(tasks_dir),
+        sys.executable, "-m", "cluster.cli", "run", "--tasks", ",".join(tasks), "--include-path", str(tasks_dir),
         "--limit", str(limit), "--replicas", str(replicas), "--max-model-len", str(MAX_MODEL_LEN),
-        "--max-num-seqs", str(MAX_NUM_SEQS), "--output-dir", str(work / "runs"), "--run-id", f"r{replicas}",
-        "--no-progress",
+        "--max-num-seqs", str(MAX_NUM_SEQS), "--output-dir", str(work / "runs"), "--run-id", run_id,
+        "--no-progress", *extra,
     ]  # fmt: skip
     began = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
     wall = time.perf_counter() - began
+    name = f"rayeval {replicas} replica(s)"
     if done.returncode != 0:
-        return {
-            "config": f"rayeval {replicas} replica(s)",
-            "error": f"exit {done.returncode}",
-            "log_tail": done.stderr[-2000:],
-        }
-    run_dir = work / "runs" / f"r{replicas}"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    samples = run_dir / "samples" / summary["run"]["model"] / "gsm8k_local.jsonl"
-    outputs = [json.loads(line)["output"] for line in samples.read_text().splitlines()]
-    return {
-        "config": f"rayeval {replicas} replica(s)",
-        "wall_s": wall,
-        "engine_load_s": max(e["start_s"] for e in summary["run"]["engines"]),
-        "evaluate_s": wall - max(e["start_s"] for e in summary["run"]["engines"]),
-        "generation_s": summary["run"]["generation_s"],
-        "outputs": outputs,
-        "results": json.loads((run_dir / "results.json").read_text())["results"],
-    }
+        return {"config": name, "error": f"exit {done.returncode}", "log_tail": done.stderr[-2000:]}
+    run_dir = work / "runs" / run_id
+    run = json.loads((run_dir / "summary.json").read_text())["run"]
+    engine_load = max(e["start_s"] for e in run["engines"])
+    return {"config": name, "wall_s": wall, "engine_load_s": engine_load, "evaluate_s": wall - engine_load,
+            "generation_s": run["generation_s"], "outputs": rayeval_predictions(run_dir, tasks),
+            "results": json.loads((run_dir / "results.json").read_text())["results"]}  # fmt: skip
 
 
 def count_tokens(model: str, texts: list[str]) -> int:
@@ -195,15 +211,16 @@ def main() -> None:
     if not args.skip_dp2:
         rows.append(run_lm_eval(model, tasks_dir, args.limit, 2, work, timeout=args.dp2_timeout))
     reference = rows[0]
+    reference_outputs = reference.get("outputs", {}).get("gsm8k_local")
     for row in rows:
         if "outputs" in row:
-            row["generated_tokens"] = count_tokens(model, row["outputs"])
+            outputs = row.pop("outputs")["gsm8k_local"]
+            row["generated_tokens"] = count_tokens(model, outputs)
             row["tokens_per_s"] = row["generated_tokens"] / row["evaluate_s"]
-            row["same_outputs_as_lm_eval"] = row["outputs"] == reference.get("outputs")
+            row["same_outputs_as_lm_eval"] = outputs == reference_outputs
             row["ratio_to_lm_eval_wall"] = (
                 row["wall_s"] / reference["wall_s"] if "wall_s" in reference else None
             )
-            del row["outputs"]
     OUT.mkdir(parents=True, exist_ok=True)
     record = {"limit": args.limit, "tasks": LOCAL_TASKS, "cpus": os.cpu_count(), "rows": rows}
     (OUT / "lm_eval_speed.json").write_text(json.dumps(record, indent=2, default=str))

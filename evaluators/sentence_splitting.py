@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 import threading
 from concurrent.futures import Future
 from types import ModuleType
@@ -77,6 +78,13 @@ def preload_ifeval_utils() -> Future[ModuleType]:
 
     threading.Thread(target=load, name="ifeval-checkers-import", daemon=True).start()
     return future
+
+
+def offline_loaded_checkers() -> None:
+    """Where lm-eval's IFEval checkers were imported by lm-eval itself (its ifeval task, or a task built on
+    them, loaded from YAML), give them the offline sentence splitter as `load_ifeval_utils` does."""
+    if "lm_eval.tasks.ifeval.instructions_util" in sys.modules:
+        load_ifeval_utils()
 
 
 _loading = threading.Lock()  # the import swaps nltk.data.find for a moment: one loader at a time

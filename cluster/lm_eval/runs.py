@@ -31,6 +31,7 @@ from evaluators.lm_eval_tasks import (
 )
 from evaluators.records import SampleRecord
 from evaluators.report import TaskSummary, unavailable_task
+from evaluators.sentence_splitting import offline_loaded_checkers
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ def run_lm_eval_tasks(
         except LmEvalTaskUnavailable as exc:
             log.error("%s", exc)
             output.summaries.append(unavailable_task(plan.name, "lm-eval", str(exc)))
+    offline_loaded_checkers()  # a loaded task scored by lm-eval's IFEval checkers gets the offline Punkt
     n = config.num_samples
     results: dict[str, LmEvalTaskResult] = {}
     for round_index in range(n):

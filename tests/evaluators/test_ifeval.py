@@ -195,3 +195,23 @@ def test_seeded_block_restores_checker_random_and_langdetect_seed():
         assert instructions.random is not random
     assert langdetect.DetectorFactory.seed is None
     assert instructions.random is random
+
+
+def test_checkers_lm_eval_imported_itself_count_sentences_offline():
+    # lm-eval's own ifeval task (or one built on its checkers) imports them from its YAML, without rayeval's
+    # loader; a run of such a task makes them offline before evaluating (cluster/lm_eval/runs.py). A fresh
+    # process, so that lm-eval's import comes first.
+    script = (
+        "import contextlib, io\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "    from lm_eval.tasks.ifeval import utils  # lm-eval's download attempt fails offline\n"
+        "from evaluators.sentence_splitting import offline_loaded_checkers\n"
+        "offline_loaded_checkers()\n"
+        "doc = {'key': 1, 'prompt': 'p', 'instruction_id_list': ['length_constraints:number_sentences'],\n"
+        "       'kwargs': [{'relation': 'less than', 'num_sentences': 3}]}\n"
+        "print(utils.process_results(doc, ['One. Two.'])['prompt_level_strict_acc'],\n"
+        "      utils.process_results(doc, ['One. Two. Three. Four.'])['prompt_level_strict_acc'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False"]
