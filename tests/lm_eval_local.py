@@ -45,20 +45,8 @@ def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Pa
     data_path = directory / "gsm8k_test.jsonl"
     data_path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
-    lm_eval_gsm8k = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
-    (directory / "gsm8k_local.yaml").write_text(
-        f"include: {lm_eval_gsm8k}\n"
-        "task: gsm8k_local\n"
-        "tag: []\n"
-        "dataset_path: json\n"
-        "dataset_name: null\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data_path}\n"
-        "training_split: null\n"
-        "fewshot_split: test\n"
-        "test_split: test\n"
-        "num_fewshot: 0\n",
-        encoding="utf-8",
-    )
+    _write_on_local_data(directory, "gsm8k", "gsm8k_local", data_path,
+                         "tag: []\ntraining_split: null\nfewshot_split: test\nnum_fewshot: 0\n")  # fmt: skip
     (directory / "gsm8k_repeats_local.yaml").write_text(  # self-consistency style: 2 draws per question
         "include: gsm8k_local.yaml\ntask: gsm8k_repeats_local\nrepeats: 2\n", encoding="utf-8"
     )
@@ -103,22 +91,24 @@ def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Pa
     return directory
 
 
+def _write_on_local_data(directory: Path, lm_eval_task: str, name: str, data: Path, extra: str) -> None:
+    """`name`: lm-eval's own `lm_eval_task` YAML (`include:`) with its data swapped for a local JSONL file."""
+    included = Path(lm_eval.__file__).parent / "tasks" / lm_eval_task / f"{lm_eval_task}.yaml"
+    (directory / f"{name}.yaml").write_text(
+        f"include: {included}\ntask: {name}\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n{extra}",
+        encoding="utf-8",
+    )
+
+
 def _write_ifeval_local(directory: Path) -> None:
     from evaluators.data import package_data_file
     from evaluators.tasks.ifeval import PACKAGED
 
-    data = package_data_file(*PACKAGED)
-    lm_eval_ifeval = Path(lm_eval.__file__).parent / "tasks" / "ifeval" / "ifeval.yaml"
-    (directory / "ifeval_local.yaml").write_text(
-        f"include: {lm_eval_ifeval}\n"
-        "task: ifeval_local\n"
-        "dataset_path: json\n"
-        "dataset_name: null\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
-        "test_split: test\n"
-        "generation_kwargs:\n  until: []\n  do_sample: false\n  temperature: 0.0\n  max_gen_toks: 256\n",
-        encoding="utf-8",
+    greedy_256 = (
+        "generation_kwargs:\n  until: []\n  do_sample: false\n  temperature: 0.0\n  max_gen_toks: 256\n"
     )
+    _write_on_local_data(directory, "ifeval", "ifeval_local", package_data_file(*PACKAGED), greedy_256)
 
 
 def lm_eval_vllm_env(directory: Path) -> dict[str, str]:

@@ -212,6 +212,8 @@ def test_checkers_lm_eval_imported_itself_count_sentences_offline():
         "print(utils.process_results(doc, ['One. Two.'])['prompt_level_strict_acc'],\n"
         "      utils.process_results(doc, ['One. Two. Three. Four.'])['prompt_level_strict_acc'])\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "False"]
