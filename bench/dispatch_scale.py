@@ -2,6 +2,7 @@
 
     python bench/dispatch_scale.py --out bench/results/dispatch-scale.jsonl
     python bench/dispatch_scale.py --sizes 10000 --modes dispatcher+store --keep-store
+    python bench/dispatch_scale.py --out bench/results/dispatch-scale.jsonl --modes real-run   # ~21k requests
 
 What rayeval's own machinery costs per request once engines are out of the picture: each size runs in its
 own process (so peak memory is that size's), builds its requests with `make_request` (real request ids) and
@@ -10,7 +11,11 @@ at once (a benchmark device, not a stand-in for a product part: nothing here cla
 - `dispatcher`: completions are counted and dropped;
 - `dispatcher+store`: each finished group's completions are appended to a `ResultStore` (the resume file),
   as a run does.
-Each row: the time to build the requests, the dispatch time and microseconds per request, the process's
+- `real-run`: a real `rayeval run` on this machine's CPU engines with many short requests: GSM8K's 1,319
+  questions 0-shot, 16 samples each at temperature 0.7, 8 new tokens (21,104 requests); the row gives the
+  driver's (the `rayeval` process's) peak resident memory, its wall time and the run's timeline (start to
+  first result).
+Each other row: the time to build the requests, the dispatch time and microseconds per request, the process's
 resident memory after building (the input) and its growth while dispatching, sampled at each quarter of the
 requests done (growth that follows what is done, not what is in flight, shows as a rising curve), and the
 peak resident memory of the process.
@@ -35,7 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-MODES = ("dispatcher", "dispatcher+store")
+MODES = ("dispatcher", "dispatcher+store", "real-run")
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"  # the hub is out of reach here
+REAL_RUN = ["--tasks", "gsm8k", "--data-path", str(GSM8K), "--num-fewshot", "0", "--num-samples", "16", "--temperature", "0.7",
+            "--max-tokens", "8", "--no-progress", "--profile-startup"]  # fmt: skip
 
 
 def rss_mib() -> float:
@@ -102,6 +110,23 @@ def measure(size: int, mode: str, replicas: int, window: int, samples: int, stor
             "groups_failed": stats.groups_failed}  # fmt: skip
 
 
+def real_run() -> dict:
+    with tempfile.TemporaryDirectory(prefix="dispatch-real-") as folder:
+        command = ["/usr/bin/time", "-f", "MAXRSS_KIB %M", sys.executable, "-m", "cluster.cli", "run", *REAL_RUN,
+                   "--output-dir", folder, "--run-id", "real"]  # fmt: skip
+        began = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=False)
+        wall = time.perf_counter() - began
+        if done.returncode != 0:
+            raise SystemExit(f"the real run failed:\n{done.stderr[-3000:]}")
+        run = json.loads((Path(folder) / "real" / "summary.json").read_text())["run"]
+    peak_kib = int(
+        next(line for line in done.stderr.splitlines() if line.startswith("MAXRSS_KIB")).split()[1]
+    )
+    return {"requests": run["requests"], "wall_s": round(wall, 1), "generation_s": run["generation_s"], "driver_peak_rss_mib": round(peak_kib / 1024, 1),
+            "timeline": run.get("timeline")}  # fmt: skip
+
+
 def child(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="dispatch-scale-") as folder:
         store_dir = Path(args.keep_store) if args.keep_store else Path(folder)
@@ -132,17 +157,24 @@ def main() -> None:
         return
     common = ["--replicas", str(args.replicas), "--window", str(args.window), "--samples", str(args.samples)]
     for mode in args.modes.split(","):
+        if mode == "real-run":
+            emit({"mode": mode, "command": "rayeval run " + " ".join(REAL_RUN).replace(str(REPO.parent), ".."),
+                  **real_run()}, args.out)  # fmt: skip
+            continue
         for size in (int(s) for s in args.sizes.split(",")):
             command = [sys.executable, __file__, "--size", str(size), "--mode", mode, *common]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
-            row = {"benchmark": "dispatch-scale", "mode": mode, "replicas": args.replicas,
-                   "window": args.window, "samples": args.samples, **json.loads(done.stdout),
-                   "machine": f"{platform.node()} ({os.cpu_count()} cores)",
-                   "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
-            print(json.dumps(row), flush=True)
-            if args.out:
-                with args.out.open("a") as out:
-                    out.write(json.dumps(row) + "\n")
+            emit({"mode": mode, "replicas": args.replicas, "window": args.window, "samples": args.samples,
+                  **json.loads(done.stdout)}, args.out)  # fmt: skip
+
+
+def emit(row: dict, out: Path | None) -> None:
+    row = {"benchmark": "dispatch-scale", **row, "machine": f"{platform.node()} ({os.cpu_count()} cores)",
+           "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    if out:
+        with out.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -145,55 +145,85 @@ CLIENT = """
 import json, sys
 from concurrent.futures import ThreadPoolExecutor
 import openai
-url, name, max_tokens, threads, conversations = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+url, name, max_tokens, threads, conversations, score_with = sys.argv[1:7]
 client = openai.OpenAI(base_url=url, api_key="unused", max_retries=3, timeout=3600)
 def ask(messages):
-    answer = client.chat.completions.create(model=name, messages=messages, max_tokens=max_tokens, temperature=0)
-    return answer.usage.completion_tokens
-with ThreadPoolExecutor(threads) as pool:
-    print("TOKENS", sum(pool.map(ask, json.load(open(conversations)))))
+    answer = client.chat.completions.create(model=name, messages=messages, max_tokens=int(max_tokens), temperature=0)
+    return answer.choices[0].message.content or "", answer.usage.completion_tokens
+with ThreadPoolExecutor(int(threads)) as pool:
+    answers = list(pool.map(ask, json.load(open(conversations))))
+print("TOKENS", sum(tokens for _, tokens in answers))
+if score_with:  # scored with rayeval's own IFEval scorer, so that only the generation differs
+    sys.path.insert(0, score_with)
+    from evaluators.tasks.registry import get_task
+    task = get_task("ifeval")
+    samples = task.load_samples(None)[: len(answers)]
+    strict = [task.score(s, text)["prompt_level_strict_acc,none"].value for s, (text, _) in zip(samples, answers)]
+    print("STRICT", sum(strict) / len(strict))
 """
 
 
-def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
-    """`vllm serve` and the seed tools' client: a process of 64 threads of the `openai` client, timed from
-    its start to its exit (no scoring, no files)."""
+def write_row(out: Path, row: dict) -> None:
+    """Print the row and append it to `out` (JSON lines), with the machine and the time."""
+    row = row | {"host": platform.node(), "cores": len(os.sched_getaffinity(0)),
+                 "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    with out.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def cpu_engine_env() -> dict[str, str]:
+    """The environment rayeval gives a CPU engine: 1 GiB of KV cache, its threads bound to this process's cores."""
     from cluster.engines import cpu_thread_binding
+
+    cores = sorted(os.sched_getaffinity(0))
+    return {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(0, 1, 1, cores)}
+
+
+def printed(stdout: str, key: str) -> str:
+    """The value a client printed as `KEY value` (vLLM logs to stdout too)."""
+    return next(line for line in stdout.splitlines() if line.startswith(f"{key} ")).split()[1]
+
+
+def vllm_serve_side(
+    work: Path, limit: int, max_tokens: int, model: str | None = None, dtype: str = "bfloat16",
+    device: str = "cpu", score: bool = False,
+) -> dict:  # fmt: skip
+    """`vllm serve` and the seed tools' client: a process of 64 threads of the `openai` client over IFEval's
+    first `limit` chat prompts (scored by rayeval's IFEval scorer in that process when `score`). `client_s`:
+    the client's process from start to exit; `wall_s`: the server's start plus that."""
     from cluster.models import resolve_model
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    model = resolve_model(args.model).path
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--served-model-name", NAME, "--port", str(port), "--dtype", args.dtype,
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model(model).path,
+               "--served-model-name", NAME, "--port", str(port), "--dtype", dtype,
                "--max-model-len", "2048", "--max-num-seqs", "64"]  # fmt: skip
     env = {}
-    if args.device == "cpu":  # the settings rayeval gives a CPU engine (cluster.engines.settings)
+    if device == "cpu":  # the settings rayeval gives a CPU engine (cluster.engines.settings)
         command += ["--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048"]
-        cores = sorted(os.sched_getaffinity(0))
-        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(0, 1, 1, cores)}
+        env = cpu_engine_env()
     conversations = work / "conversations.json"
-    conversations.write_text(json.dumps(chat_messages(args.limit)))
+    conversations.write_text(json.dumps(chat_messages(limit)))
     server, start_s = start_server(command, url, env)
     try:
-        client = [
-            sys.executable,
-            "-c",
-            CLIENT,
-            url,
-            NAME,
-            str(args.max_tokens),
-            str(THREADS),
-            str(conversations),
-        ]
+        client = [sys.executable, "-c", CLIENT, url, NAME, str(max_tokens), str(THREADS), str(conversations),
+                  str(REPO) if score else ""]  # fmt: skip
         began = time.perf_counter()
         done = subprocess.run(client, capture_output=True, text=True, check=True)
-        wall = time.perf_counter() - began
+        client_s = round(time.perf_counter() - began, 2)
     finally:
         stop_server(server)
-    tokens = int(next(line for line in done.stdout.splitlines() if line.startswith("TOKENS ")).split()[1])
-    return {"server_start_s": start_s, "wall_s": round(wall, 2), "output_tokens": tokens,
-            "tokens_per_s": round(tokens / wall, 1)}  # fmt: skip
+    row = {"server_start_s": start_s, "client_s": client_s, "wall_s": round(start_s + client_s, 2),
+           "output_tokens": int(printed(done.stdout, "TOKENS"))}  # fmt: skip
+    return row | ({"prompt_level_strict_acc": float(printed(done.stdout, "STRICT"))} if score else {})
+
+
+def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
+    """The client's wall time (the server's start apart), as the other sides' rows give theirs."""
+    row = vllm_serve_side(work, args.limit, args.max_tokens, args.model, args.dtype, args.device)
+    client_s = row.pop("client_s")
+    return row | {"wall_s": client_s, "tokens_per_s": round(row["output_tokens"] / client_s, 1)}
 
 
 SIDES = {"local": side_local, "serve": side_serve, "vllm-serve": side_vllm_serve}
@@ -215,12 +245,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="serve-speed-") as folder:
         for side in args.sides.split(","):
             row = {"side": side, **SIDES[side](args, Path(folder))}
-            row |= {"limit": args.limit, "max_tokens": args.max_tokens, "dtype": args.dtype,
-                    "device": args.device, "host": platform.node(), "cores": len(os.sched_getaffinity(0)),
-                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
-            print(json.dumps(row), flush=True)
-            with args.out.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(row) + "\n")
+            row |= {
+                "limit": args.limit,
+                "max_tokens": args.max_tokens,
+                "dtype": args.dtype,
+                "device": args.device,
+            }
+            write_row(args.out, row)
 
 
 if __name__ == "__main__":

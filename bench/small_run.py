@@ -23,18 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import CLIENT, NAME, THREADS, chat_messages, free_port, start_server, stop_server  # noqa: E402
+from bench.serve_speed import chat_messages, cpu_engine_env, printed, vllm_serve_side, write_row  # noqa: E402
 
 LLM_CHAT = """
 import json, sys
@@ -47,18 +45,6 @@ if __name__ == "__main__":
                        use_tqdm=False)
     print("TOKENS", sum(len(o.outputs[0].token_ids) for o in outputs))
 """
-
-
-def tokens_printed(stdout: str) -> int:
-    """The count a client printed as `TOKENS n` (vLLM logs to stdout too)."""
-    return int(next(line for line in stdout.splitlines() if line.startswith("TOKENS ")).split()[1])
-
-
-def engine_env() -> dict[str, str]:
-    from cluster.engines import cpu_thread_binding
-
-    cores = sorted(os.sched_getaffinity(0))
-    return {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(0, 1, 1, cores)}
 
 
 def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
@@ -77,39 +63,13 @@ def side_llm_chat(args: argparse.Namespace, work: Path) -> dict:
     conversations.write_text(json.dumps(chat_messages(args.limit)))
     model = resolve_model(None).path
     wall, done = timed(
-        [sys.executable, "-c", LLM_CHAT, model, str(conversations), str(args.max_tokens)], engine_env()
+        [sys.executable, "-c", LLM_CHAT, model, str(conversations), str(args.max_tokens)], cpu_engine_env()
     )
-    return {"wall_s": wall, "output_tokens": tokens_printed(done.stdout)}
+    return {"wall_s": wall, "output_tokens": int(printed(done.stdout, "TOKENS"))}
 
 
 def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
-    from cluster.models import resolve_model
-
-    conversations = work / "conversations.json"
-    conversations.write_text(json.dumps(chat_messages(args.limit)))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1"
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model(None).path,
-               "--served-model-name", NAME, "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048",
-               "--max-num-seqs", "64", "--enforce-eager", "--no-enable-chunked-prefill",
-               "--max-num-batched-tokens", "2048"]  # fmt: skip
-    server, start_s = start_server(command, url, engine_env())
-    try:
-        client = [
-            sys.executable,
-            "-c",
-            CLIENT,
-            url,
-            NAME,
-            str(args.max_tokens),
-            str(THREADS),
-            str(conversations),
-        ]
-        wall, done = timed(client)
-    finally:
-        stop_server(server)
-    return {"wall_s": round(start_s + wall, 2), "server_start_s": start_s, "client_s": wall,
-            "output_tokens": tokens_printed(done.stdout)}  # fmt: skip
+    return vllm_serve_side(work, args.limit, args.max_tokens)
 
 
 def side_rayeval(args: argparse.Namespace, work: Path) -> dict:
@@ -177,12 +137,8 @@ def main() -> None:
         for side in order:
             with tempfile.TemporaryDirectory(prefix="small-run-") as folder:
                 row = {"side": side, "turn": turn, **SIDES[side](args, Path(folder))}
-            row |= {"limit": args.limit, "max_tokens": args.max_tokens, "host": platform.node(),
-                    "cores": len(os.sched_getaffinity(0)), "commit": commit.stdout.strip(),
-                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
-            print(json.dumps(row), flush=True)
-            with args.out.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(row) + "\n")
+            row |= {"limit": args.limit, "max_tokens": args.max_tokens, "commit": commit.stdout.strip()}
+            write_row(args.out, row)
 
 
 if __name__ == "__main__":

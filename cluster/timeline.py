@@ -33,10 +33,16 @@ _moments: dict[str, float] = {}
 _lock = threading.Lock()
 
 
-def mark(name: str, at: float | None = None) -> None:
-    """Record moment `name` now, or at wall-clock time `at`, unless it was recorded before."""
+def mark(name: str, at: float | None = None, *, latest: bool = False) -> None:
+    """Record moment `name` now, or at wall-clock time `at`, unless it was recorded before; with `latest`,
+    over what was recorded (the last result of a run that dispatches several batches, as lm-eval's
+    request types)."""
     with _lock:
-        _moments.setdefault(name, (time.time() if at is None else at) - _STARTED_AT)
+        moment = (time.time() if at is None else at) - _STARTED_AT
+        if latest:
+            _moments[name] = moment
+        else:
+            _moments.setdefault(name, moment)
 
 
 def moments() -> dict[str, float]:

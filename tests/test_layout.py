@@ -25,6 +25,7 @@ RUNS_HEAVY = {
     "cluster.endpoints.client": {"ray", "openai"},
     "cluster.endpoints.rate_limiter": {"ray"},
     "cluster.serve.app": {"ray"},
+    "cluster.serve.lora": {"ray"},
     "cluster.lm_eval.backend": {"lm_eval"},
 }
 MAX_FUNCTION_LINES = 60

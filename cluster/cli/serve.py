@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 EPILOG = """examples:
   rayeval serve                                    # the embedded SmolLM2 on this machine, until Ctrl-C
   rayeval serve --model Qwen/Qwen2.5-7B-Instruct --replicas 2 --address auto    # onto a running cluster
+  rayeval serve --lora tuned=./out/adapter         # the base model and a LoRA adapter named `tuned`
   rayeval serve --status --address auto            # the application's replicas and their state
   rayeval serve --shutdown --address auto
   rayeval run --model openai:SmolLM2-135M-Instruct --base-url http://127.0.0.1:8000/v1 --tasks ifeval
@@ -23,12 +24,11 @@ EPILOG = """examples:
 Without --address (or RAY_ADDRESS) the command starts a local Ray cluster and serves until it is stopped;
 with one, it deploys onto that cluster and returns: the application lives on until --shutdown."""
 
-# Settings of `rayeval run` that mean nothing to a served model (adapters are per request, prompts come
+# Settings of `rayeval run` that mean nothing to a served model (adapters are served by name, prompts come
 # rendered by the API's own chat template, replicas are restarted by Serve).
 NOT_SERVE_SETTINGS = frozenset(
     {
         "model.lora",
-        "model.max_lora_rank",
         "model.chat_template",
         "model.pin_engine_core",
         "model.custom_all_reduce",
@@ -100,3 +100,5 @@ def _print_served(served: ServedModel, lifetime: str) -> None:
         flush=True,
     )
     print(f"OPENAI_BASE_URL={served.url} OPENAI_MODEL={served.name}", flush=True)
+    for adapter in served.adapters:
+        print(f"LoRA adapter {adapter}: OPENAI_MODEL={adapter}", flush=True)

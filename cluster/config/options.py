@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -649,6 +650,37 @@ class ServeConfig(Strict):
         description="the Serve application's name, for --status and --shutdown",
         json_schema_extra=cli("--app-name", "NAME", group="serve"),
     )
+    adapters: list[str] = Field(
+        default_factory=list,
+        description="a LoRA adapter folder (peft's save_pretrained, at the same path on every node) served "
+        "beside the base model under NAME (`model` of a request); repeat for more",
+        json_schema_extra=cli("--lora", "NAME=PATH", group="serve"),
+    )
+
+    @property
+    def lora_modules(self) -> dict[str, str]:
+        """The adapters by name: {NAME: PATH}."""
+        return dict(entry.split("=", 1) for entry in self.adapters)
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_entries(cls, entries: list[str]) -> list[str]:
+        names = []
+        for entry in entries:
+            name, _, path = entry.partition("=")
+            if not name or not path or ":" in name:
+                raise ValueError(
+                    f"'{entry}' is not NAME=PATH: give each adapter as --lora NAME=PATH, NAME without ':' "
+                    "(Ray Serve reads 'base:suffix' as its own cloud adapters)"
+                )
+            if not Path(path).expanduser().is_dir():
+                raise ValueError(
+                    f"adapter '{name}': {path} is not a folder; give the folder peft saved it to"
+                )
+            names.append(name)
+        if len(set(names)) < len(names):
+            raise ValueError(f"adapter names repeat ({', '.join(names)}): give each adapter its own NAME")
+        return entries
 
     @model_validator(mode="after")
     def _engine_model(self) -> ServeConfig:

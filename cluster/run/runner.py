@@ -185,7 +185,7 @@ class RequestRunner:
         with bar:
             self._loop.run_until_complete(dispatcher.run(groups, on_group_done=done))
         if self.stats.last_completion_at is not None:
-            timeline.mark("last result", self.stats.last_completion_at)
+            timeline.mark("last result", self.stats.last_completion_at, latest=True)
         self.stats.generation_s += time.perf_counter() - began
         if self.write_error is not None:
             raise self.write_error

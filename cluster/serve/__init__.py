@@ -1,5 +1,6 @@
 """Serving: the model under test (or a judge) behind an OpenAI-compatible API on Ray Serve, with Ray
-Serve's own LLM support (`app`): deploy, status and shutdown of the application."""
+Serve's own LLM support (`app`): deploy, status and shutdown of the application; local LoRA adapters served
+under their own names through Ray's OpenAI ingress, extended (`lora`)."""
 
 from cluster._lazy import lazy_exports
 
@@ -15,5 +16,6 @@ _EXPORTS = {
         "serve_status",
         "shutdown_app",
     ),
+    "lora": ("LoraIngress",),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -48,6 +49,7 @@ class ServedModel:
     app_name: str
     device: str
     start_s: float
+    adapters: tuple[str, ...] = ()  # LoRA adapters served by name beside the base model
 
 
 def deploy(config: ServeConfig, verbose: bool = False) -> ServedModel:
@@ -96,11 +98,13 @@ def serve_model(config: ServeConfig, *, local: bool) -> ServedModel:
     model = resolve_model(config.model.path)
     name = config.served_name or model.name
     device = resolve_device(_run_config(config), ray.cluster_resources().get("GPU", 0) > 0)
+    adapters = checked_adapters(config, model.path, name)
     app = build_openai_app(
         {
             "llm_configs": [llm_config(config, model.path, name, device)],
             # the ingress only forwards HTTP: it must not take a CPU an engine replica is sized for
             "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
+            **({"ingress_cls_config": lora_ingress({a: name for a in adapters})} if adapters else {}),
         }
     )
     serve.start(http_options={"host": "0.0.0.0", "port": config.port})
@@ -120,7 +124,30 @@ def serve_model(config: ServeConfig, *, local: bool) -> ServedModel:
         app_name=config.app_name,
         device=device,
         start_s=time.perf_counter() - began,
+        adapters=tuple(adapters),
     )
+
+
+def checked_adapters(config: ServeConfig, model_path: str, served_name: str) -> list[str]:
+    """The adapters' names, each checked against the base model before any replica starts."""
+    from cluster.models import adapter_problem
+
+    for adapter, path in config.lora_modules.items():
+        if adapter == served_name:
+            raise ClusterError(
+                f"--lora {adapter}={path}: the base model is served as '{adapter}'; name it otherwise"
+            )
+        problem = adapter_problem(Path(path).expanduser(), Path(model_path), config.model.max_lora_rank)
+        if problem:
+            raise ClusterError(f"--lora {adapter}={path}: {problem}")
+    return list(config.lora_modules)
+
+
+def lora_ingress(adapters: dict[str, str]) -> dict[str, Any]:
+    """Ray's OpenAI ingress, extended to route each adapter's name (to its base model's id) and list it."""
+    from cluster.serve.lora import LoraIngress
+
+    return {"ingress_cls": LoraIngress, "ingress_extra_kwargs": {"adapters": adapters}}
 
 
 def llm_config(config: ServeConfig, model_path: str, name: str, device: str) -> Any:
@@ -140,6 +167,16 @@ def llm_config(config: ServeConfig, model_path: str, name: str, device: str) -> 
     }
     if settings.revision:
         engine["revision"] = settings.revision
+    if config.lora_modules:  # every replica loads every adapter from its own disk when it starts
+        modules = [
+            {"name": n, "path": str(Path(p).expanduser().resolve())} for n, p in config.lora_modules.items()
+        ]
+        engine |= {
+            "enable_lora": True,
+            "max_lora_rank": config.model.max_lora_rank,
+            "max_loras": len(modules),
+        }
+        engine["lora_modules"] = modules
     chunked = engine_chunked_prefill(settings)
     if chunked is not None:
         engine["enable_chunked_prefill"] = chunked

@@ -17,6 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.cluster.run.test_lora import make_adapter
 from tests.lm_eval_local import write_local_tasks
 from tests.ray_head import HeadNode, free_port, start_head
 from tests.runs import MODEL_DIR, rayeval, records, start_in_background, wait_for_records
@@ -24,6 +25,7 @@ from tests.runs import MODEL_DIR, rayeval, records, start_in_background, wait_fo
 pytestmark = pytest.mark.slow
 
 SERVED_NAME = "smol"
+ADAPTER = "tuned"  # a LoRA adapter served beside the base model under its own name
 ENGINE = ["--dtype", "float32", "--max-model-len", "1024"]  # float32: outputs equal to the local replicas'
 RUN = ["--tasks", "ifeval", "--max-tokens", "48", "--no-progress", "--enforce-eager"]
 GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -41,18 +43,21 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
+def served(tmp_path_factory) -> Iterator[Served]:
+    # a randomly initialised adapter: it answers differently from the base model
+    adapter = make_adapter(tmp_path_factory.mktemp("lora") / ADAPTER, random_init=True)
     head = start_head(num_cpus=2)
     address = f"127.0.0.1:{head.gcs_port}"
     port = free_port()
     try:
         done = rayeval(
             "serve", "--address", address, *ENGINE, "--port", str(port), "--served-model-name", SERVED_NAME,
-            env=head.client_env(), timeout=600,
+            "--lora", f"{ADAPTER}={adapter}", env=head.client_env(), timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         url = f"http://127.0.0.1:{port}/v1"
         assert f"serving {SERVED_NAME} " in done.stdout and f"at {url} " in done.stdout, done.stdout
+        assert f"LoRA adapter {ADAPTER}: OPENAI_MODEL={ADAPTER}" in done.stdout
         yield Served(head, address, url)
     finally:
         rayeval("serve", "--shutdown", "--address", address, env=head.client_env(), timeout=120)
@@ -65,7 +70,7 @@ def client(served: Served) -> openai.OpenAI:
 
 def test_the_openai_client_lists_chats_streams_and_gets_openai_errors(served: Served) -> None:
     api = client(served)
-    assert [m.id for m in api.models.list().data] == [SERVED_NAME]
+    assert [m.id for m in api.models.list().data] == [SERVED_NAME, ADAPTER]
     messages = [{"role": "user", "content": "Name three colours."}]
     whole = api.chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=24, temperature=0)
     text = whole.choices[0].message.content
@@ -84,6 +89,20 @@ def test_the_openai_client_lists_chats_streams_and_gets_openai_errors(served: Se
         )
     assert too_long.value.status_code == 400
     assert "maximum context length" in json.dumps(too_long.value.body)
+
+
+def test_a_lora_adapter_answers_under_its_own_name_streamed_too(served: Served) -> None:
+    api = client(served)
+    messages = [{"role": "user", "content": "Name three colours."}]
+    base = api.chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=24, temperature=0)
+    tuned = api.chat.completions.create(model=ADAPTER, messages=messages, max_tokens=24, temperature=0)
+    text = tuned.choices[0].message.content
+    assert text and tuned.model == ADAPTER
+    assert text != base.choices[0].message.content  # the adapter's weights took part
+    stream = api.chat.completions.create(
+        model=ADAPTER, messages=messages, max_tokens=24, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
 
 
 def test_status_names_the_application_and_its_running_replica(served: Served) -> None:
