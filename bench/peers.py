@@ -1,7 +1,8 @@
 """rayeval against its peers: same model, prompts, engine settings and machine, in paired turns.
 
     python bench/peers.py --out bench/results/peers.jsonl                      # CPU: every comparison
-    python bench/peers.py --out $OUT/peers.jsonl --device gpu --model PATH --replicas 2 --limit 500
+    python bench/peers.py --out $OUT/peers.jsonl --device gpu --model PATH --replicas 2 --comparisons lm-eval \
+        --lm-eval-tasks gsm8k_mean4_local,gsm8k_mc_local --gsm8k data/gsm8k.jsonl --limit 200 --pairs 1
 
 Each comparison alternates a peer and rayeval (ABBA order, `--pairs` pairs); every turn is its own processes,
 timed from the first one's start to scored results (or, for peers that do not score, to their outputs), and
@@ -36,9 +37,10 @@ sys.path.insert(0, str(REPO))
 
 from bench.lm_eval_speed import run_lm_eval, run_rayeval  # noqa: E402
 from bench.paired import abba, pair_ratios  # noqa: E402
-from bench.serve_speed import chat_messages, cpu_engine_env, printed, vllm_serve_side, write_row  # noqa: E402
+from bench.serve_speed import IFEVAL_DATA, chat_messages, cpu_engine_env, printed, vllm_serve_side, write_row  # noqa: E402
 
 LM_EVAL_TASKS = ("gsm8k_mean4_local", "gsm8k_mc_local", "ifeval_local")
+SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 RAY_DATA = """
 import json, os, sys, time
@@ -54,6 +56,8 @@ if __name__ == "__main__":
                        distributed_executor_backend="mp")
         extra = dict(placement_group_config={"bundle_per_worker": {"CPU": 1}},
                      chat_template_stage={"num_cpus": 0.25}, tokenize_stage={"num_cpus": 0.25})
+    else:  # vLLM's Ray metrics need packages the GPU upload lacks (prometheus); rayeval's engines log none either
+        extra = dict(log_engine_metrics=False)
     ray.init(num_cpus=2 * os.cpu_count() if device == "cpu" else None, log_to_driver=False)
     config = vLLMEngineProcessorConfig(model_source=model, engine_kwargs=engine, concurrency=replicas,
                                        batch_size=16, runtime_env={"env_vars": env}, detokenize_stage=False,
@@ -88,7 +92,8 @@ def rayeval_ifeval(args: argparse.Namespace, work: Path) -> dict:
     command = [sys.executable, "-m", "cluster.cli", "run", "--tasks", "ifeval", "--limit", str(args.limit),
                "--max-tokens", str(args.max_tokens), "--replicas", str(args.replicas), "--no-progress",
                "--output-dir", str(work), "--run-id", run_id, "--max-model-len", "2048", "--max-num-seqs", "64",
-               *(["--model", args.model] if args.model else [])]  # fmt: skip
+               *(["--model", args.model] if args.model else []),
+               *(["--data-path", IFEVAL_DATA] if IFEVAL_DATA else [])]  # fmt: skip
     wall, _ = timed(command)
     run_dir = work / run_id
     run = json.loads((run_dir / "summary.json").read_text())["run"]
@@ -126,13 +131,15 @@ def lm_eval_peer(args: argparse.Namespace, work: Path) -> dict:
         engine += ",enforce_eager=True,enable_chunked_prefill=False,max_num_batched_tokens=2048"
         os.environ.update(cpu_engine_env())
     row = run_lm_eval(resolve_model(args.model).path, args.tasks_dir, args.limit, args.replicas, work,
-                      timeout=3600, tasks=LM_EVAL_TASKS, engine_args=engine)  # fmt: skip
+                      timeout=3600, tasks=args.lm_eval_tasks, engine_args=engine)  # fmt: skip
     return _lm_eval_row(row)
 
 
 def rayeval_lm_eval(args: argparse.Namespace, work: Path) -> dict:
     extra = ["--model", args.model] if args.model else []
-    return _lm_eval_row(run_rayeval(args.tasks_dir, args.limit, args.replicas, work, LM_EVAL_TASKS, extra))
+    return _lm_eval_row(
+        run_rayeval(args.tasks_dir, args.limit, args.replicas, work, args.lm_eval_tasks, extra)
+    )
 
 
 def _lm_eval_row(row: dict) -> dict:
@@ -169,7 +176,7 @@ def compare(name: str, args: argparse.Namespace, work: Path) -> dict:
     peer_side, our_side = COMPARISONS[name]
     turns: dict[str, list[dict]] = {"peer": [], "rayeval": []}
     for k, order in enumerate(abba(args.pairs)):
-        for who in order:
+        for who in order if args.first == "peer" else order[::-1]:
             side = "peer" if who == "a" else "rayeval"
             folder = work / f"{name}-{side}-{k}"
             folder.mkdir(parents=True)
@@ -191,6 +198,9 @@ def main() -> None:
     )
     parser.add_argument("--comparisons", default=",".join(COMPARISONS), help=f"of {', '.join(COMPARISONS)}")
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument(
+        "--first", default="peer", choices=("peer", "rayeval"), help="the side of the first turn"
+    )
     parser.add_argument("--limit", type=int, default=100, help="documents per task")
     parser.add_argument(
         "--max-tokens", type=int, default=256, help="IFEval's new tokens (seed-tools, ray-data)"
@@ -200,16 +210,18 @@ def main() -> None:
     )
     parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    parser.add_argument(
+        "--lm-eval-tasks", default=",".join(LM_EVAL_TASKS), help="the lm-eval comparison's tasks"
+    )
+    parser.add_argument("--gsm8k", type=Path, default=SHARED_GSM8K, help="GSM8K's test split (JSONL)")
     args = parser.parse_args()
-    from tests.conftest import SHARED
+    args.lm_eval_tasks = tuple(args.lm_eval_tasks.split(","))
     from tests.lm_eval_local import write_local_tasks
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="peers-") as folder:
         work = Path(folder)
-        args.tasks_dir = write_local_tasks(
-            work / "tasks", SHARED / "data" / "gsm8k" / "test.jsonl", args.limit
-        )
+        args.tasks_dir = write_local_tasks(work / "tasks", args.gsm8k, args.limit)
         for name in args.comparisons.split(","):
             row = compare(name, args, work)
             row |= {"limit": args.limit, "max_tokens": args.max_tokens, "replicas": args.replicas,

