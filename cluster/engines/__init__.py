@@ -14,6 +14,7 @@ _EXPORTS = {
         "eager_by_default",
         "engine_dtype",
         "engine_chunked_prefill",
+        "engine_lora_args",
         "cpu_has_native_bf16",
     ),
     "pool": ("ReplicaPool", "check_feasible", "cpu_thread_binding", "replica_call", "remote_message"),

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -27,6 +27,7 @@ from cluster.engines import (
     cpu_thread_binding,
     engine_chunked_prefill,
     engine_dtype,
+    engine_lora_args,
     engine_settings,
     remote_message,
 )
@@ -171,11 +172,8 @@ def llm_config(config: ServeConfig, model_path: str, name: str, device: str) -> 
         modules = [
             {"name": n, "path": str(Path(p).expanduser().resolve())} for n, p in config.lora_modules.items()
         ]
-        engine |= {
-            "enable_lora": True,
-            "max_lora_rank": config.model.max_lora_rank,
-            "max_loras": len(modules),
-        }
+        lora = replace(settings, max_lora_rank=config.model.max_lora_rank, max_loras=len(modules))
+        engine |= engine_lora_args(lora)
         engine["lora_modules"] = modules
     chunked = engine_chunked_prefill(settings)
     if chunked is not None:
