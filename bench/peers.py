@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,15 @@ sys.path.insert(0, str(REPO))
 
 from bench.lm_eval_speed import run_lm_eval, run_rayeval  # noqa: E402
 from bench.paired import abba, pair_ratios  # noqa: E402
-from bench.serve_speed import IFEVAL_DATA, chat_messages, cpu_engine_env, printed, vllm_serve_side, write_row  # noqa: E402
+from bench.serve_speed import (  # noqa: E402
+    IFEVAL_DATA,
+    chat_messages,
+    cpu_engine_env,
+    printed,
+    timed,
+    vllm_serve_side,
+    write_row,
+)
 
 LM_EVAL_TASKS = ("gsm8k_mean4_local", "gsm8k_mc_local", "ifeval_local")
 SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -74,17 +81,6 @@ if __name__ == "__main__":
     print("TOKENS", sum(int(r["tokens"]) for r in rows))
     print("ROWS", len(rows))
 """
-
-
-def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
-    began = time.perf_counter()
-    done = subprocess.run(
-        command, capture_output=True, text=True, cwd=REPO, env={**os.environ, **(env or {})}
-    )
-    wall = round(time.perf_counter() - began, 2)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:6])} ... failed:\n{done.stderr[-3000:]}")
-    return wall, done
 
 
 def rayeval_ifeval(args: argparse.Namespace, work: Path) -> dict:

@@ -66,14 +66,10 @@ def output_tokens(run_dir: Path) -> int:
 
 
 def timed_run(command: list[str], run_dir: Path) -> dict:
-    began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - began
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    wall, _ = timed(command)
     tokens = output_tokens(run_dir)
     run = json.loads((run_dir / "summary.json").read_text())["run"]
-    return {"wall_s": round(wall, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
+    return {"wall_s": wall, "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
             "generation_s": run["generation_s"], "timeline": run.get("timeline")}  # fmt: skip
 
 
@@ -164,6 +160,18 @@ if score_with:  # scored with rayeval's own IFEval scorer, so that only the gene
     strict = [task.score(s, text)["prompt_level_strict_acc,none"].value for s, (text, _) in zip(samples, answers)]
     print("STRICT", sum(strict) / len(strict))
 """
+
+
+def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """Run a command from the project's root and time it; a failure ends the benchmark with its stderr."""
+    began = time.perf_counter()
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=REPO, env={**os.environ, **(env or {})}
+    )
+    wall = round(time.perf_counter() - began, 2)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:6])} ... failed:\n{done.stderr[-3000:]}")
+    return wall, done
 
 
 def write_row(out: Path, row: dict) -> None:

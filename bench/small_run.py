@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import chat_messages, cpu_engine_env, printed, vllm_serve_side, write_row  # noqa: E402
+from bench.serve_speed import chat_messages, cpu_engine_env, printed, timed, vllm_serve_side, write_row  # noqa: E402
 
 LLM_CHAT = """
 import json, sys
@@ -45,15 +44,6 @@ if __name__ == "__main__":
                        use_tqdm=False)
     print("TOKENS", sum(len(o.outputs[0].token_ids) for o in outputs))
 """
-
-
-def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
-    began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    wall = time.perf_counter() - began
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:6])} ... failed:\n{done.stderr[-3000:]}")
-    return round(wall, 2), done
 
 
 def side_llm_chat(args: argparse.Namespace, work: Path) -> dict:
