@@ -40,6 +40,7 @@ from bench.serve_speed import (  # noqa: E402
     IFEVAL_DATA,
     chat_messages,
     cpu_engine_env,
+    output_tokens,
     printed,
     timed,
     vllm_serve_side,
@@ -93,8 +94,7 @@ def rayeval_ifeval(args: argparse.Namespace, work: Path) -> dict:
     wall, _ = timed(command)
     run_dir = work / run_id
     run = json.loads((run_dir / "summary.json").read_text())["run"]
-    samples = next(run_dir.glob("samples/*/ifeval.jsonl")).read_text().splitlines()
-    tokens = sum(json.loads(line)["output_tokens"] for line in samples if line.strip())
+    tokens = output_tokens(run_dir)
     results = json.loads((run_dir / "results.json").read_text())["results"]["ifeval"]
     return {"wall_s": wall, "generation_s": run["generation_s"], "output_tokens": tokens,
             "prompt_level_strict_acc": results.get("prompt_level_strict_acc,none")}  # fmt: skip

@@ -31,7 +31,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import chat_messages, cpu_engine_env, printed, timed, vllm_serve_side, write_row  # noqa: E402
+from bench.serve_speed import (  # noqa: E402
+    chat_messages,
+    cpu_engine_env,
+    output_tokens,
+    printed,
+    timed,
+    vllm_serve_side,
+    write_row,
+)
 
 LLM_CHAT = """
 import json, sys
@@ -69,9 +77,7 @@ def side_rayeval(args: argparse.Namespace, work: Path) -> dict:
                "--output-dir", str(work), "--run-id", run_id]  # fmt: skip
     wall, _ = timed(command)
     run = json.loads((work / run_id / "summary.json").read_text())["run"]
-    samples = next((work / run_id).glob("samples/*/ifeval.jsonl")).read_text().splitlines()
-    tokens = sum(json.loads(line)["output_tokens"] for line in samples if line.strip())
-    return {"wall_s": wall, "output_tokens": tokens, "timeline": run["timeline"]}
+    return {"wall_s": wall, "output_tokens": output_tokens(work / run_id), "timeline": run["timeline"]}
 
 
 def side_demo(args: argparse.Namespace, work: Path) -> dict:
