@@ -149,6 +149,17 @@ class RunPlan:
     def num_requests(self) -> int:
         return sum(len(t.samples) for t in self.tasks) * self.config.num_samples
 
+    @property
+    def tokenizer_path(self) -> str | None:
+        """Where lm-eval tasks tokenise their prompts from: the model's own tokenizer; for a model behind an
+        endpoint, --tokenizer, else the served name where it names a folder here (None: neither)."""
+        if not self.model.endpoint:
+            return self.model.path
+        if self.config.endpoint.tokenizer:
+            return self.config.endpoint.tokenizer
+        served = Path(self.config.model.endpoint_model).expanduser()
+        return str(served) if served.is_dir() else None
+
     def _describe_replicas(self) -> list[str]:
         c = self.config
         where = f"cluster: {c.cluster.address or 'local (started by rayeval)'}"

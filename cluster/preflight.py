@@ -16,6 +16,7 @@ from cluster.config import RunMode
 from cluster.models import check_context_length, resolve_model
 from cluster.plan import RunPlan, check_judge, judged_task_names, local_judge_replicas
 from evaluators.errors import EvalInputError
+from evaluators.lm_eval_tasks import LOGLIKELIHOOD_OUTPUT_TYPES
 
 GIB = 1 << 30
 
@@ -24,6 +25,7 @@ def preflight(plan: RunPlan) -> None:
     """Every check of this module; the cluster address last, since it touches the network."""
     check_context_length(plan.model, plan.config.model.max_model_len)
     check_endpoint(plan)
+    check_lora_loglikelihoods(plan)
     check_adaptive(plan)
     check_judge_inputs(plan)
     check_output_dir(Path(plan.config.output_dir).expanduser())
@@ -34,19 +36,80 @@ def preflight(plan: RunPlan) -> None:
 
 
 def check_endpoint(plan: RunPlan) -> None:
-    """A model behind an endpoint: its API key at hand, and no task that needs what a chat API lacks."""
+    """A model behind an endpoint: its API key at hand; for lm-eval tasks, a tokenizer here (their prompts are
+    tokenised before they are sent) and, where a task scores log-likelihoods, a server that returns prompt
+    logprobs (one probe request)."""
     if not plan.model.endpoint:
         return
     from cluster.endpoints import ApiSettings, read_api_key
 
-    read_api_key(ApiSettings.from_endpoint_options(plan.config.model, plan.config.endpoint))
-    if plan.lm_eval_tasks:
-        names = ", ".join(t.name for t in plan.lm_eval_tasks)
+    settings = ApiSettings.from_endpoint_options(plan.config.model, plan.config.endpoint)
+    api_key = read_api_key(settings)
+    if not plan.lm_eval_tasks:
+        return
+    names = ", ".join(t.name for t in plan.lm_eval_tasks)
+    token_ids = endpoint_tokenizer_ids(plan, names)
+    scored = loglikelihood_task_names(plan)
+    if scored:
+        from cluster.endpoints import prompt_logprobs_problem
+
+        problem = prompt_logprobs_problem(settings, api_key, token_ids)
+        if problem:
+            raise EvalInputError(
+                f"lm-eval task(s) {', '.join(scored)} score answers by log-likelihood, which needs the endpoint "
+                f"to return prompt logprobs (vLLM's server and `rayeval serve` do), but {settings.base_url} "
+                f"does not for '{settings.model}': {problem}. Run only generate_until tasks against it, or run "
+                "the model on rayeval's own engines (--model PATH)."
+            )
+
+
+def loglikelihood_task_names(plan: RunPlan) -> list[str]:
+    """The run's lm-eval tasks that score answers by log-likelihood (any member that does, for a group), by
+    lm-eval's index; a task of no known type counts as one."""
+    catalog = plan.lm_eval_catalog
+    return [
+        t.name
+        for t in plan.lm_eval_tasks
+        if catalog is None or catalog.output_types(t.name) & (LOGLIKELIHOOD_OUTPUT_TYPES | {"unknown"})
+    ]
+
+
+def check_lora_loglikelihoods(plan: RunPlan) -> None:
+    """vLLM cannot compute prompt log-probabilities on an engine with LoRA enabled: its LoRA logits layer
+    fails on prompt positions and the engine dies (vllm-project/vllm#29955)."""
+    if plan.adapter is None or not plan.lm_eval_tasks:
+        return
+    scored = loglikelihood_task_names(plan)
+    if scored:
         raise EvalInputError(
-            f"lm-eval task(s) {names} run through rayeval's engines (token ids, log-likelihoods), which a model "
-            f"behind an endpoint ({plan.model.path}) does not have. Run rayeval's own tasks against the endpoint "
-            "(`rayeval tasks` lists them), or run lm-eval's own `local-chat-completions` model against it."
+            f"lm-eval task(s) {', '.join(scored)} score answers by log-likelihood, which vLLM cannot compute on "
+            f"an engine with a LoRA adapter (--lora {plan.config.model.lora}): its LoRA logits layer fails on "
+            "prompt positions and the engine dies. Merge the adapter into a full checkpoint (peft's "
+            "merge_and_unload, or `rayeval sweep --lora-merge`) and evaluate that, or run only generate_until "
+            "tasks with --lora."
         )
+
+
+def endpoint_tokenizer_ids(plan: RunPlan, names: str) -> list[int]:
+    """Load the tokenizer lm-eval tasks use for a model behind an endpoint; a few token ids of it to probe with."""
+    path = plan.tokenizer_path
+    if path is None:
+        raise EvalInputError(
+            f"lm-eval task(s) {names} tokenise their prompts here before sending them to the endpoint, and "
+            f"'{plan.config.model.endpoint_model}' names no model folder here: pass --tokenizer with the served "
+            "model's folder or hub id."
+        )
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - OSError, ValueError, hub errors: all mean "not a tokenizer"
+        first = next((x.strip() for x in str(exc).splitlines() if x.strip()), type(exc).__name__)
+        raise EvalInputError(
+            f"--tokenizer {path}: no tokenizer could be loaded from it ({first[:300]}). Give the served model's "
+            "folder (its tokenizer files) or hub id."
+        ) from None
+    return list(tokenizer("The capital of France is Paris.").input_ids)
 
 
 def check_adaptive(plan: RunPlan) -> None:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # the report module loads pyarrow and scipy: planning a run (
 log = logging.getLogger(__name__)
 
 FORCE_PREFIX = "lm_eval:"
+# lm-eval output types answered by log-likelihoods of given text (prompt logprobs), not by generated text
+LOGLIKELIHOOD_OUTPUT_TYPES = frozenset({"loglikelihood", "multiple_choice", "loglikelihood_rolling"})
 
 
 class LmEvalTaskUnavailable(Exception):
@@ -71,6 +73,29 @@ class LmEvalCatalog:
         if not path:
             return "its dataset"
         return f"dataset {path}" + (f" (subset {subset})" if subset else "")
+
+    def output_types(self, name: str) -> set[str]:
+        """The output types of every task a name stands for (a task, or a group's or tag's members), read from
+        the index without loading any data; "unknown" for a name the index holds no type for."""
+        index = self.manager.task_index
+        found: set[str] = set()
+        pending, seen = [name], set()
+        while pending:
+            entry = index.get(current := pending.pop())
+            if current in seen:
+                continue
+            seen.add(current)
+            kind = getattr(getattr(entry, "kind", None), "name", "")
+            cfg = (entry.cfg or {}) if entry is not None else {}
+            if kind == "GROUP":
+                pending += [
+                    m if isinstance(m, str) else str(m.get("task", "")) for m in cfg.get("task") or []
+                ]
+            elif kind == "TAG":
+                pending += sorted(entry.tags or ())
+            else:
+                found.add(str(cfg.get("output_type") or "unknown"))
+        return found
 
     def load(self, name: str) -> LoadedLmEvalTask:
         """The task's (or group's) lm-eval objects; raises LmEvalTaskUnavailable with what to do about it."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -112,6 +112,24 @@ class Completion:
     @classmethod
     def from_json(cls, line: str) -> Completion:
         return cls(**json.loads(line))
+
+
+def continuation_logprob(
+    continuation: Sequence[int], candidates: Sequence[Mapping[int, float]]
+) -> tuple[float, bool]:
+    """Sum of the log-probabilities of a continuation's tokens, and whether each was the most likely token.
+
+    `candidates[i]` maps token id -> log-probability at the continuation's position i, holding its actual
+    token and the top-1 (an engine's or a server's prompt logprobs). The greedy check takes the first maximum
+    in the map's order, as lm-eval's vLLM backend does, so ties resolve identically.
+    """
+    total = 0.0
+    greedy = True
+    for token, at in zip(continuation, candidates, strict=True):
+        total += at[token]
+        if greedy and max(at, key=at.__getitem__) != token:
+            greedy = False
+    return total, greedy
 
 
 @dataclass(frozen=True)

@@ -387,6 +387,14 @@ class EndpointOptions(Strict):
         json_schema_extra=cli("--endpoint-timeout", "S"),
     )
 
+    tokenizer: str | None = Field(
+        None,
+        min_length=1,
+        description="the served model's tokenizer (a model folder or hub id), for lm-eval tasks, whose prompts "
+        "are tokenised here (default: NAME itself where it names a model folder)",
+        json_schema_extra=cli("--tokenizer", "PATH_OR_HF_ID"),
+    )
+
     _base_url = field_validator("base_url")(_check_http_url)
     _key_env = field_validator("api_key_env")(_check_env_name)
 
@@ -613,6 +621,11 @@ class RunConfig(Strict):
                     "model.lora (--lora) loads an adapter into rayeval's own engines, but the model is an endpoint "
                     "(openai:NAME): serve the adapter there (rayeval serve --lora NAME=PATH) and pass its name"
                 )
+        elif self.endpoint.tokenizer is not None:
+            raise ValueError(
+                f"endpoint.tokenizer (--tokenizer {self.endpoint.tokenizer}) is for a model behind an endpoint, but "
+                "model.path names no such model: rayeval's engines use the model's own tokenizer"
+            )
         elif self.endpoint.base_url is not None:
             raise ValueError(
                 f"endpoint.base_url (--base-url {self.endpoint.base_url}) is for a model behind an endpoint, but "

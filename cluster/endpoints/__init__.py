@@ -1,7 +1,7 @@
 """OpenAI-compatible API clients, for API judges and for a model under test behind an endpoint: Ray actors
 that call the API under one cluster-wide rate limiter (`rate_limiter.RateLimiter`), with bounded retries,
 failure reasons and API keys that never leave the driver unredacted. `settings` is plain Python; `client`
-runs the actors.
+runs the actors; `logprobs` reads log-likelihoods from a vLLM server's prompt logprobs and probes for them.
 """
 
 from cluster._lazy import lazy_exports
@@ -28,9 +28,17 @@ _EXPORTS = {
         "parse_messages",
         "chat_arguments",
         "completion_arguments",
+        "scored_continuation",
         "AttemptFailure",
         "BadResponse",
     ),
     "rate_limiter": ("RateLimiter", "LimiterCore", "LimiterStats"),
+    "logprobs": (
+        "prompt_logprobs_problem",
+        "loglikelihood_arguments",
+        "read_prompt_logprobs",
+        "continuation_from_choice",
+        "NoPromptLogprobs",
+    ),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

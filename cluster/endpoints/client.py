@@ -2,7 +2,8 @@
 serve API judges and a model under test behind an endpoint (`--model openai:M --base-url URL`) alike.
 
 A `chat` request's prompt is a JSON list of {role, content} messages and goes to /chat/completions; a
-`generate` request's prompt (its text, or its token ids where it has them) goes to /completions. Every
+`generate` request's prompt (its text, or its token ids where it has them) goes to /completions, and so
+does a tokenised `loglikelihood` request (lm-eval's), asking for prompt logprobs (`logprobs.py`). Every
 attempt holds a lease of the cluster-wide `RateLimiter` for the length of its HTTP call, so however many
 client actors run on however
 many nodes, the API sees one request rate and one concurrency. Failures the API may get over (429, 5xx,
@@ -34,6 +35,7 @@ import openai
 import ray
 from ray.actor import ActorHandle
 
+from cluster.endpoints.logprobs import NoPromptLogprobs, continuation_from_choice, loglikelihood_arguments
 from cluster.endpoints.rate_limiter import LimiterStats, RateLimiter
 from cluster.endpoints.settings import ApiSettings, FailureReason, read_api_key, redact
 from cluster.engines import remote_message, replica_call
@@ -129,9 +131,13 @@ def chat_arguments(model: str, messages: list[dict[str, str]], request: Generati
 
 def completion_arguments(model: str, request: GenerationRequest) -> dict[str, Any]:
     """The completions.create arguments of one request: its token ids where it has them (a tokenised
-    lm-eval prompt), else its text."""
+    lm-eval prompt), else its text. Its `engine_options` (lm-eval's generation kwargs beyond the standard
+    ones, such as vLLM's skip_special_tokens) go in the body as lm-eval's own API models send them."""
     prompt: str | list[int] = list(request.prompt_token_ids) if request.prompt_token_ids else request.prompt
-    return {**sampling_arguments(model, request), "prompt": prompt}
+    arguments = {**sampling_arguments(model, request), "prompt": prompt}
+    if request.sampling.engine_options:
+        arguments["extra_body"] = dict(request.sampling.engine_options)
+    return arguments
 
 
 def sampling_arguments(model: str, request: GenerationRequest) -> dict[str, Any]:
@@ -147,6 +153,20 @@ def sampling_arguments(model: str, request: GenerationRequest) -> dict[str, Any]
     if spec.stop:
         arguments["stop"] = list(spec.stop)
     return arguments
+
+
+def scored_continuation(request: GenerationRequest, response: Any) -> tuple[float, bool] | None:
+    """A log-likelihood request's answer read from the response's prompt logprobs (None for other kinds);
+    BadResponse when the server returned none, which asking again will not change."""
+    if request.kind != "loglikelihood":
+        return None
+    try:
+        return continuation_from_choice(response.choices[0], request)
+    except NoPromptLogprobs as exc:
+        raise BadResponse(
+            FailureReason.NO_PROMPT_LOGPROBS,
+            f"{exc}: log-likelihoods need a server that returns prompt_logprobs (vllm serve, rayeval serve)",
+        ) from None
 
 
 def check_response(response: Any) -> Any:
@@ -289,13 +309,14 @@ class ApiClientActor:
             try:
                 async with self._lease():
                     response = check_response(await call())
+                scored = scored_continuation(request, response)
             except Exception as exc:  # noqa: BLE001 - every failure ends as this request's Completion
                 failure = classify(exc, self.settings)
                 if not failure.retry or attempt >= self.settings.max_attempts:
                     return self._failed(request, failure, attempt, began)
                 await self._back_off(attempt, failure)
                 continue
-            return self._completion(request, response, began)
+            return self._completion(request, response, began, scored)
 
     def _call(self, request: GenerationRequest) -> Callable[[], Awaitable[Any]]:
         """One attempt's HTTP call for the request; ValueError when no OpenAI API answers such a request."""
@@ -305,8 +326,12 @@ class ApiClientActor:
         if request.kind == "generate":
             completion = completion_arguments(self.settings.model, request)
             return lambda: self._client.completions.create(**completion)
+        if request.kind == "loglikelihood" and request.prompt_token_ids:
+            scoring = loglikelihood_arguments(self.settings.model, request.prompt_token_ids)
+            return lambda: self._client.completions.create(**scoring)
         raise ValueError(
-            f"an OpenAI-compatible API answers chat and completion requests, not '{request.kind}' ones"
+            f"an OpenAI-compatible API answers chat, completion and tokenised log-likelihood requests, not "
+            f"this '{request.kind}' one"
         )
 
     async def _back_off(self, attempt: int, failure: AttemptFailure) -> None:
@@ -340,16 +365,25 @@ class ApiClientActor:
             return
         self._limiter.release.remote()
 
-    def _completion(self, request: GenerationRequest, response: Any, began: float) -> Completion:
+    def _completion(
+        self, request: GenerationRequest, response: Any, began: float, scored: tuple[float, bool] | None
+    ) -> Completion:
         # Limiter waits and retries included, as an engine's queueing is.
         latency = time.perf_counter() - began
         choice = response.choices[0]  # check_response saw at least one
         usage = response.usage
+        prompt_tokens = usage.prompt_tokens if usage is not None else 0
+        if scored is not None:  # a log-likelihood: the generated token is no part of the answer
+            logprob, greedy = scored
+            return Completion(
+                request.request_id, prompt_tokens=prompt_tokens, latency_s=latency, replica=self.name,
+                logprob=logprob, is_greedy=greedy,
+            )  # fmt: skip
         text = choice.message.content if request.kind == "chat" else choice.text
         return Completion(
             request_id=request.request_id,
             text=text or "",
-            prompt_tokens=usage.prompt_tokens if usage is not None else 0,
+            prompt_tokens=prompt_tokens,
             output_tokens=usage.completion_tokens if usage is not None else 0,
             finish_reason=choice.finish_reason,
             latency_s=latency,

@@ -96,6 +96,7 @@ class FailureReason(StrEnum):
     REJECTED_KEY = "rejected_key"  # 401 / 403
     BAD_REQUEST = "bad_request"  # any other 4xx: the request itself is wrong, asking again changes nothing
     INVALID_PROMPT = "invalid_prompt"  # the request's prompt is not a list of chat messages
+    NO_PROMPT_LOGPROBS = "no_prompt_logprobs"  # a 200 without the prompt logprobs a log-likelihood needs
     OTHER = "other"  # an exception of no known kind
 
     @property

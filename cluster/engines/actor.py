@@ -23,7 +23,7 @@ from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype, engine_lora_args
 from cluster.plan import ExecutorKind
 from evaluators.failures import FailureKind
-from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup
+from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup, continuation_logprob
 
 log = logging.getLogger(__name__)
 
@@ -276,9 +276,7 @@ class EngineActor:
         latency = time.perf_counter() - began
         prompt_tokens = len(final.prompt_token_ids or [])
         if request.kind == "loglikelihood":
-            logprob, is_greedy = continuation_logprob(
-                request.prompt_token_ids or (), final.prompt_logprobs, request.continuation_start
-            )
+            logprob, is_greedy = scored_prompt(request, final.prompt_logprobs)
             return Completion(
                 request_id=request.request_id,
                 prompt_tokens=prompt_tokens,
@@ -310,6 +308,17 @@ class EngineActor:
         if self.engine is not None:
             self.engine.shutdown(timeout=ENGINE_STOP_GRACE_S)
             self.engine = None
+
+
+def scored_prompt(request: GenerationRequest, prompt_logprobs: Any) -> tuple[float, bool]:
+    """A log-likelihood request's continuation read from vLLM's prompt logprobs (per position, token id ->
+    Logprob, the actual token and the top-1)."""
+    tokens = request.prompt_token_ids or ()
+    positions = range(request.continuation_start, len(tokens))
+    return continuation_logprob(
+        tokens[request.continuation_start :],
+        [{token: entry.logprob for token, entry in prompt_logprobs[p].items()} for p in positions],
+    )
 
 
 def sampling_params(request: GenerationRequest) -> Any:
@@ -348,20 +357,3 @@ def defer_detokenization(stop: tuple[str, ...]) -> bool:
     the finished tokens gives the same text for less work in the engine actor's process.
     """
     return not stop
-
-
-def continuation_logprob(tokens: tuple[int, ...], prompt_logprobs: Any, start: int) -> tuple[float, bool]:
-    """Sum of the log-probabilities of tokens[start:], and whether each was the most likely token.
-
-    `prompt_logprobs[i]` maps token id -> Logprob for position i (None at position 0), holding the actual
-    token and the top-1. The greedy check takes the first maximum in the map's order, as lm-eval's vLLM
-    backend does, so ties resolve identically.
-    """
-    total = 0.0
-    greedy = True
-    for position in range(start, len(tokens)):
-        candidates = {token: entry.logprob for token, entry in prompt_logprobs[position].items()}
-        total += candidates[tokens[position]]
-        if greedy and max(candidates, key=candidates.__getitem__) != tokens[position]:
-            greedy = False
-    return total, greedy

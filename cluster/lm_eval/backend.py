@@ -121,7 +121,9 @@ class RayEvalLM(TemplateLM):
         self.num_samples = num_samples
         self.sample_index = sample_index
         self.outcomes: dict[DocKey, DocOutcome] = {}
-        self.tokenizer = _load_tokenizer(self.model_path, config.model.revision, add_bos_token)
+        self.tokenizer = _load_tokenizer(
+            self._plan.tokenizer_path or self.model_path, config.model.revision, add_bos_token
+        )
 
     # --- the session (standalone use only) ---------------------------------------------------------------
 

@@ -11,13 +11,38 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Request, Response
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIHTTPException,
+)
 from ray.serve.llm.ingress import OpenAiIngress
+
+NO_PROMPT_LOGPROBS = (
+    "prompt_logprobs cannot be computed here: this server's engines run with LoRA adapters enabled, and vLLM's "
+    "LoRA logits layer fails on prompt positions, which would kill the engine. Ask without prompt_logprobs, or "
+    "serve the model without --lora for log-likelihoods."
+)
+
+
+def refuse_prompt_logprobs(body: Any) -> None:
+    if getattr(body, "prompt_logprobs", None):
+        raise OpenAIHTTPException(status_code=400, message=NO_PROMPT_LOGPROBS, type="BadRequestError")
 
 
 class LoraIngress(OpenAiIngress):
     def __init__(self, *args: Any, adapters: dict[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._adapters = dict(adapters or {})  # adapter name -> the id of the base model it runs on
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        refuse_prompt_logprobs(body)
+        return await super().completions(body, request)
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        refuse_prompt_logprobs(body)
+        return await super().chat(body, request)
 
     async def _get_model_id(self, model: str | None) -> str:
         if model in self._adapters:

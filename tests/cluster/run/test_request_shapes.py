@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from cluster.engines.actor import continuation_logprob
-from sharding.requests import SamplingSpec, group_prompts, make_request
-
-
-@dataclass
-class _Logprob:  # the shape of vLLM's Logprob entries in prompt_logprobs
-    logprob: float
+from sharding.requests import SamplingSpec, continuation_logprob, group_prompts, make_request
 
 
 def test_continuation_logprob_sums_the_continuation_and_checks_greedy_like_lm_eval():
-    tokens = (1, 7, 8, 9)
-    prompt_logprobs = [
-        None,
-        {7: _Logprob(-0.5)},  # context token: not counted
-        {8: _Logprob(-1.0)},  # the actual token is the top-1
-        {9: _Logprob(-2.0), 4: _Logprob(-0.25)},  # another token was more likely
+    candidates = [
+        {8: -1.0},  # the actual token is the top-1
+        {9: -2.0, 4: -0.25},  # another token was more likely
     ]
-    total, greedy = continuation_logprob(tokens, prompt_logprobs, start=2)
-    assert total == -3.0
-    assert greedy is False
-    assert continuation_logprob(tokens, prompt_logprobs, start=2)[0] == -1.0 + -2.0
+    assert continuation_logprob((8, 9), candidates) == (-3.0, False)
+    assert continuation_logprob((8,), candidates[:1]) == (-1.0, True)
 
 
 def test_a_tie_resolves_to_the_first_entry_as_in_lm_eval():
-    tokens = (1, 5)
-    prompt_logprobs = [None, {5: _Logprob(-0.7), 6: _Logprob(-0.7)}]
-    assert continuation_logprob(tokens, prompt_logprobs, start=1) == (-0.7, True)
+    assert continuation_logprob((5,), [{5: -0.7, 6: -0.7}]) == (-0.7, True)
+    assert continuation_logprob((6,), [{5: -0.7, 6: -0.7}]) == (-0.7, False)
 
 
 def test_choices_of_one_question_and_samples_of_one_prompt_are_grouped():

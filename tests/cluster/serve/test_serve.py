@@ -17,6 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from cluster.models import default_model_dir
 from tests.cluster.run.test_lora import make_adapter
 from tests.lm_eval_local import write_local_tasks
 from tests.ray_head import HeadNode, free_port, start_head
@@ -103,6 +104,32 @@ def test_a_lora_adapter_answers_under_its_own_name_streamed_too(served: Served) 
         model=ADAPTER, messages=messages, max_tokens=24, temperature=0, stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+
+
+def test_a_lora_server_refuses_prompt_logprobs_and_so_do_log_likelihood_runs_against_it(
+    served: Served, tmp_path: Path
+) -> None:
+    """vLLM's LoRA logits layer fails on prompt positions and kills the engine: the LoRA-enabled server
+    answers such a request with a 400 instead, and a run's probe turns that into a refusal before it starts."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(served).completions.create(
+            model=SERVED_NAME,
+            prompt="The capital of France is",
+            max_tokens=1,
+            extra_body={"prompt_logprobs": 1},
+        )
+    assert refused.value.status_code == 400 and "LoRA adapters enabled" in str(refused.value.body)
+    tasks = write_local_tasks(tmp_path / "tasks", GSM8K, rows=4)
+    done = rayeval(
+        "run", "--model", f"openai:{SERVED_NAME}", "--base-url", served.url, "--tokenizer", str(default_model_dir()),
+        "--tasks", "gsm8k_mc_local", "--include-path", str(tasks), "--dry-run", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "gsm8k_mc_local score answers by log-likelihood" in done.stderr
+    assert "HTTP 400 (prompt_logprobs cannot be computed here" in done.stderr
+    # the engine lived through both: the served model still answers
+    answer = client(served).completions.create(model=SERVED_NAME, prompt="Hello", max_tokens=2, temperature=0)
+    assert answer.usage.completion_tokens == 2
 
 
 def test_status_names_the_application_and_its_running_replica(served: Served) -> None:
