@@ -24,3 +24,12 @@ python3 -m pip wheel -q --no-deps -w "$stage/gpu-extras/wheels" langdetect  # pu
 ifeval=$(python3 -c "from evaluators.data import package_data_file as f; print(f('eval_framework.tasks.ifeval', 'data/input_data.jsonl'))")
 cp "$ifeval" "$stage/gpu-extras/ifeval.jsonl"
 ../shared/gpu/pack.sh "$stage/gpu-extras"
+# Beyond the chunks, carried with the last one as .gpu/extra: lm-eval's vLLM backend imports more-itertools, and
+# `vllm serve` needs its HTTP stack (uvicorn, watchfiles, the metrics instrumentator, SageMaker's routes).
+serve_extras="more-itertools uvicorn watchfiles prometheus-fastapi-instrumentator model-hosting-container-standards jmespath"
+pins=$(python3 -c "import importlib.metadata as m, sys; print(' '.join(f'{n}=={m.version(n)}' for n in sys.argv[1:]))" $serve_extras)
+rm -rf .gpu/extra && mkdir -p .gpu/extra
+# shellcheck disable=SC2086
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform any -d .gpu/extra $pins

@@ -7,7 +7,8 @@ Sides, one engine replica each, greedy, the model's chat template:
 - `local`: `rayeval run` on its own replica (engine started by the run);
 - `serve`: `rayeval run --model openai:NAME` against `rayeval serve` (Ray Serve's LLM app) started first;
 - `vllm-serve`: plain `vllm serve` with the seed tools' client, 64 threads of the `openai` client sending the
-  same chat messages (no scoring, no store).
+  same chat messages (no scoring, no store);
+- `rayeval-on-vllm-serve`: `rayeval run --model openai:NAME` against that same plain `vllm serve`.
 Each row: the server's start (served sides), the client's wall time from its process's start to its exit
 (the run's scored files and Ray's start and stop included; the 64-thread client's imports and threads),
 output tokens and tokens/s over that wall time; for rayeval's runs also the time from the first request
@@ -57,7 +58,8 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
 
 def run_flags(args: argparse.Namespace, out: Path, run_id: str) -> list[str]:
     return ["--tasks", "ifeval", "--limit", str(args.limit), "--max-tokens", str(args.max_tokens),
-            "--no-progress", "--output-dir", str(out), "--run-id", run_id]  # fmt: skip
+            "--no-progress", "--output-dir", str(out), "--run-id", run_id,
+            *(["--data-path", IFEVAL_DATA] if IFEVAL_DATA else [])]  # fmt: skip
 
 
 def output_tokens(run_dir: Path) -> int:
@@ -196,17 +198,12 @@ def printed(stdout: str, key: str) -> str:
     return next(line for line in stdout.splitlines() if line.startswith(f"{key} ")).split()[1]
 
 
-def vllm_serve_side(
-    work: Path, limit: int, max_tokens: int, model: str | None = None, dtype: str = "bfloat16",
-    device: str = "cpu", score: bool = False,
-) -> dict:  # fmt: skip
-    """`vllm serve` and the seed tools' client: a process of 64 threads of the `openai` client over IFEval's
-    first `limit` chat prompts (scored by rayeval's IFEval scorer in that process when `score`). `client_s`:
-    the client's process from start to exit; `wall_s`: the server's start plus that."""
+def vllm_serve_command(model: str | None, dtype: str, device: str) -> tuple[str, list[str], dict[str, str]]:
+    """A `vllm serve` of the model on a free port with the engine settings rayeval's replicas get: its URL,
+    command and environment."""
     from cluster.models import resolve_model
 
     port = free_port()
-    url = f"http://127.0.0.1:{port}/v1"
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model(model).path,
                "--served-model-name", NAME, "--port", str(port), "--dtype", dtype,
                "--max-model-len", "2048", "--max-num-seqs", "64"]  # fmt: skip
@@ -214,6 +211,17 @@ def vllm_serve_side(
     if device == "cpu":  # the settings rayeval gives a CPU engine (cluster.engines.settings)
         command += ["--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048"]
         env = cpu_engine_env()
+    return f"http://127.0.0.1:{port}/v1", command, env
+
+
+def vllm_serve_side(
+    work: Path, limit: int, max_tokens: int, model: str | None = None, dtype: str = "bfloat16",
+    device: str = "cpu", score: bool = False,
+) -> dict:  # fmt: skip
+    """`vllm serve` and the seed tools' client: a process of 64 threads of the `openai` client over IFEval's
+    first `limit` chat prompts (scored by rayeval's IFEval scorer in that process when `score`). `client_s`:
+    the client's process from start to exit; `wall_s`: the server's start plus that."""
+    url, command, env = vllm_serve_command(model, dtype, device)
     conversations = work / "conversations.json"
     conversations.write_text(json.dumps(chat_messages(limit)))
     server, start_s = start_server(command, url, env)
@@ -237,7 +245,20 @@ def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
     return row | {"wall_s": client_s, "tokens_per_s": round(row["output_tokens"] / client_s, 1)}
 
 
-SIDES = {"local": side_local, "serve": side_serve, "vllm-serve": side_vllm_serve}
+def side_rayeval_on_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
+    """`rayeval run --model openai:NAME` against plain `vllm serve`: rayeval's endpoint client on the seed
+    tools' server, where Ray Serve cannot run (the GPU machine lacks its HTTP stack)."""
+    url, command, env = vllm_serve_command(args.model, args.dtype, args.device)
+    server, start_s = start_server(command, url, env)
+    try:
+        run = ["run", "--model", f"openai:{NAME}", "--base-url", url, *run_flags(args, work, "on-vllm-serve")]
+        return {"server_start_s": start_s, **timed_run(rayeval_cmd(*run), work / "on-vllm-serve")}
+    finally:
+        stop_server(server)
+
+
+SIDES = {"local": side_local, "serve": side_serve, "vllm-serve": side_vllm_serve,
+         "rayeval-on-vllm-serve": side_rayeval_on_vllm_serve}  # fmt: skip
 
 
 def main() -> None:
@@ -253,8 +274,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="serve-speed-") as folder:
-        for side in args.sides.split(","):
+    for side in args.sides.split(","):
+        with tempfile.TemporaryDirectory(prefix="serve-speed-") as folder:  # a side named twice runs anew
             row = {"side": side, **SIDES[side](args, Path(folder))}
             row |= {
                 "limit": args.limit,
