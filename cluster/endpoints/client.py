@@ -37,7 +37,14 @@ from ray.actor import ActorHandle
 
 from cluster.endpoints.logprobs import NoPromptLogprobs, continuation_from_choice, loglikelihood_arguments
 from cluster.endpoints.rate_limiter import LimiterStats, RateLimiter
-from cluster.endpoints.settings import ApiSettings, FailureReason, read_api_key, redact
+from cluster.endpoints.settings import (
+    ApiSettings,
+    FailureReason,
+    api_message,
+    read_api_key,
+    redact,
+    shortened,
+)
 from cluster.engines import remote_message, replica_call
 from cluster.errors import ClusterError
 from sharding.dispatcher import Replica
@@ -196,7 +203,7 @@ def classify(exc: BaseException, settings: ApiSettings) -> AttemptFailure:
         return AttemptFailure(FailureReason.CONNECTION, f"connection error{cause}")
     if isinstance(exc, openai.APIStatusError):
         return _status_failure(exc, settings)
-    return AttemptFailure(FailureReason.OTHER, f"{type(exc).__name__}: {_short(str(exc))}")
+    return AttemptFailure(FailureReason.OTHER, f"{type(exc).__name__}: {shortened(str(exc))}")
 
 
 def _status_failure(exc: openai.APIStatusError, settings: ApiSettings) -> AttemptFailure:
@@ -213,14 +220,7 @@ def _status_failure(exc: openai.APIStatusError, settings: ApiSettings) -> Attemp
             FailureReason.REJECTED_KEY, f"HTTP {status}: the API rejected the key from {settings.api_key_env}"
         )
     # Quoted, since it says what is wrong with the request (a model name, a parameter); redacted later.
-    return AttemptFailure(FailureReason.BAD_REQUEST, f"HTTP {status}: {_short(_api_message(exc))}")
-
-
-def _api_message(exc: openai.APIStatusError) -> str:
-    """The API's own words from an OpenAI-style error body, else the client's message."""
-    if isinstance(exc.body, dict) and isinstance(exc.body.get("message"), str):
-        return exc.body["message"]
-    return exc.message
+    return AttemptFailure(FailureReason.BAD_REQUEST, f"HTTP {status}: {shortened(api_message(exc))}")
 
 
 def retry_after_s(headers: Mapping[str, str]) -> float | None:
@@ -251,11 +251,6 @@ def backoff_s(attempt: int, failure: AttemptFailure, settings: ApiSettings, rng:
         return min(failure.retry_after_s, settings.backoff_max_s)
     ceiling = min(settings.backoff_max_s, settings.backoff_base_s * 2.0 ** min(attempt - 1, 60))
     return rng.uniform(0.0, ceiling)
-
-
-def _short(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @ray.remote(num_cpus=0, max_restarts=0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cluster.endpoints.settings import ApiSettings
+from cluster.endpoints.settings import ApiSettings, api_message, shortened
 from sharding.requests import GenerationRequest, continuation_logprob
 
 PROBE_TIMEOUT_S = 60.0  # the first request to a served CPU replica may wait for its engine's first step
@@ -71,7 +71,7 @@ def prompt_logprobs_problem(settings: ApiSettings, api_key: str, token_ids: Sequ
     try:
         response = client.completions.create(**arguments)
     except openai.APIStatusError as exc:
-        return f"it answered HTTP {exc.status_code} ({_api_words(exc)})"
+        return f"it answered HTTP {exc.status_code} ({shortened(api_message(exc), 400)})"
     except openai.APIConnectionError as exc:
         return f"it could not be reached ({exc.__cause__ or exc})"
     finally:
@@ -84,13 +84,3 @@ def prompt_logprobs_problem(settings: ApiSettings, api_key: str, token_ids: Sequ
     except NoPromptLogprobs as exc:
         return str(exc)
     return None
-
-
-def _api_words(exc: Any) -> str:
-    """The server's own words from an OpenAI-style error; Ray Serve LLM's ("Message: M, Internal exception: M,
-    original exception: M") shortened to its first part."""
-    body = exc.body.get("message") if isinstance(exc.body, dict) else None
-    text = " ".join(str(body or exc.message).split())
-    if text.startswith("Message: ") and ", Internal exception: " in text:
-        text = text.removeprefix("Message: ").split(", Internal exception: ")[0]
-    return text[:400]

@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from cluster.config import EndpointOptions, JudgeOptions, ModelOptions
 from evaluators.errors import EvalInputError
@@ -153,3 +154,19 @@ def redact(text: str, secret: str) -> str:
     """`text` without the key, or any bearer token a server quoted back (a proxy may echo the headers)."""
     text = text.replace(secret, "***") if secret else text
     return _BEARER.sub(r"\1***", text)
+
+
+def api_message(exc: Any) -> str:
+    """The API's own words from an OpenAI-style error (an `openai.APIStatusError`): its body's message, else the
+    client's; Ray Serve LLM's "Message: M, Internal exception: M, original exception: M" becomes M."""
+    body = exc.body
+    text = body["message"] if isinstance(body, dict) and isinstance(body.get("message"), str) else exc.message
+    if text.startswith("Message: ") and ", Internal exception: " in text:
+        text = text.removeprefix("Message: ").split(", Internal exception: ")[0]
+    return text
+
+
+def shortened(text: str, limit: int = 300) -> str:
+    """`text` on one line, cut to `limit` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

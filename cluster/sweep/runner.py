@@ -84,9 +84,8 @@ def run_sweep(
     began = time.perf_counter()
     first = plan.steps[0].plan
     preflight(first)
-    for step in plan.steps[
-        1:
-    ]:  # a LoRA step's engines cannot score log-likelihoods, whatever the first step is
+    # a LoRA step's engines cannot score log-likelihoods, whatever the first step is
+    for step in plan.steps[1:]:
         check_lora_loglikelihoods(step.plan)
     outcomes = [
         StepOutcome(s.step, "lora", str(s.path), StepStatus.SKIPPED, reason=s.reason) for s in plan.skipped
