@@ -53,8 +53,26 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
     try:
         yield
     finally:
+        if not address:
+            _stop_autoscaler_monitor()
         ray.shutdown()
         timeline.mark("ray stopped")
+
+
+def _stop_autoscaler_monitor() -> None:
+    """Stop the local cluster's autoscaler monitor before `ray.shutdown()`. Ray stops it after the GCS, and
+    its SIGTERM handler then reports to the stopped GCS until Ray's one-second grace ends: one second of
+    every local run's end. A fixed local cluster has nothing for it to scale or save, so it is killed."""
+    import signal
+
+    import psutil
+
+    for child in psutil.Process().children():
+        try:
+            if any(part.endswith("autoscaler/_private/monitor.py") for part in child.cmdline()):
+                child.send_signal(signal.SIGKILL)
+        except psutil.Error:  # it exited meanwhile
+            continue
 
 
 @contextmanager

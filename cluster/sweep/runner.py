@@ -150,8 +150,8 @@ def _run_steps(
     """LoRA steps at once (their requests meet in the same engines), full checkpoints one after another."""
     workers = len(steps) if kind is CheckpointKind.LORA else 1
     # Steps in threads import transformers' lazy modules at once, which can fail ("cannot import name
-    # 'AutoTokenizer'"): load what rendering needs here first.
-    from transformers import AutoTokenizer  # noqa: F401
+    # 'AutoTokenizer'"): load what rendering needs here first (cluster.models.prompts.chat_tokenizer).
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
 
     with ThreadPoolExecutor(workers, thread_name_prefix="sweep-step") as threads:
         futures = [threads.submit(_run_step, s, shared, retry_failed) for s in steps]

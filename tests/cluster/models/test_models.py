@@ -17,7 +17,7 @@ from cluster.models import (
     resolve_model,
 )
 from evaluators.errors import EvalInputError
-from evaluators.tasks.base import Prompt
+from evaluators.tasks.base import ChatMessage, Prompt
 
 
 def test_no_model_means_the_embedded_default():
@@ -63,3 +63,32 @@ def test_prompts_render_with_the_models_chat_template_or_as_plain_text():
         and chat.endswith("<|im_start|>assistant\n")
     )
     assert PromptRenderer(model, chat_template=False).render(prompt) == "What is 2+2?"
+
+
+def test_the_light_tokenizer_renders_what_autotokenizer_renders(tmp_path):
+    """Rendering loads the plain fast tokenizer (no torch) where the folder has tokenizer.json: the text must
+    equal AutoTokenizer's, here for the default model and for a copy whose template uses the special tokens
+    and a system turn."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    default = ensure_default_model()
+    variant = tmp_path / "variant"
+    shutil.copytree(default, variant)
+    (variant / "chat_template.jinja").write_text(
+        "{{ bos_token }}{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] | trim }}{{ eos_token }}"
+        "{% endfor %}{% if add_generation_prompt %}[ASSISTANT]{% endif %}"
+    )
+    prompt = Prompt(
+        messages=(ChatMessage("system", "Be brief."), ChatMessage("user", " What is 2+2? ")),
+        text="What is 2+2?",
+    )
+    messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
+    for folder in (default, variant):
+        rendered = PromptRenderer(resolve_model(str(folder)), chat_template=None).render(prompt)
+        reference = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        assert rendered == reference
+    assert rendered == "<|im_start|>[SYSTEM] Be brief.<|im_end|>[USER] What is 2+2?<|im_end|>[ASSISTANT]"
