@@ -10,7 +10,7 @@ import psutil
 import ray
 
 from cluster.plan import ReplicaPlan
-from cluster.session import ray_session
+from cluster.session import _stop_autoscaler_monitor, ray_session
 
 
 def _ray_children() -> list[str]:
@@ -23,10 +23,29 @@ def _ray_children() -> list[str]:
     return [c for c in found if "ray" in c]
 
 
+def _running_monitors() -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and any(
+                part.endswith("autoscaler/_private/monitor.py") for part in child.cmdline()
+            ):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
 def test_a_local_session_stops_its_cluster_monitor_first_and_leaves_no_process():
     with ray_session(None, ReplicaPlan({"CPU": 1}, 1), 1, verbose=False):
         assert ray.is_initialized()
-        assert any("autoscaler/_private/monitor.py" in c for c in _ray_children())
+        assert len(_running_monitors()) == 1
+        _stop_autoscaler_monitor()  # what the session's end does before ray.shutdown()
+        deadline = time.time() + 5
+        while _running_monitors() and time.time() < deadline:
+            time.sleep(0.05)
+        assert _running_monitors() == []
+        assert ray.cluster_resources()["CPU"] >= 1  # the cluster itself goes on without it
         began = time.perf_counter()
     stop_s = time.perf_counter() - began
     assert not ray.is_initialized()
