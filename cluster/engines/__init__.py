@@ -17,7 +17,14 @@ _EXPORTS = {
         "engine_lora_args",
         "cpu_has_native_bf16",
     ),
-    "pool": ("ReplicaPool", "check_feasible", "cpu_thread_binding", "replica_call", "remote_message"),
+    "pool": (
+        "ReplicaPool",
+        "check_feasible",
+        "cpu_thread_binding",
+        "replica_call",
+        "remote_message",
+        "single_worker_omp_env",
+    ),
     "logs": ("LogPlace", "describe_failure", "first_exception", "mark"),
     "affinity": ("engine_core_cpus", "pin_descendants", "descendants"),
 }

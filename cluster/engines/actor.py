@@ -190,6 +190,13 @@ class EngineActor:
         # An evaluation is offline batch work: take vllm.LLM's scheduler defaults, not the engine-context
         # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill, docs/BENCHMARKS.md).
         config = args.create_engine_config(UsageContext.LLM_CLASS)
+        if s.executor is ExecutorKind.SINGLE and s.device == "cpu":
+            # vLLM's CPU platform puts even a single worker in a process of its own (its mp executor), to give
+            # that process its OpenMP environment. The pool sets the same variables for this actor, which the
+            # engine core inherits, so the worker runs inside the engine core as on GPUs: one process fewer to
+            # spawn and import vLLM and torch into (8 of an engine start's 21 s on two cores), at the same
+            # generation speed and with the same outputs (docs/BENCHMARKS.md).
+            config.parallel_config.distributed_executor_backend = "uni"
         if s.executor is ExecutorKind.RAY:
             self._hand_over_placement_group(config)
         return config

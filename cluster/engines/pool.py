@@ -76,6 +76,15 @@ def cpu_thread_binding(local_index: int, local_count: int, workers: int, cores: 
     return "|".join(",".join(str(c) for c in group) for group in groups)
 
 
+def single_worker_omp_env(binding: str) -> dict[str, str]:
+    """The OpenMP environment of a one-worker CPU replica's engine core, where its worker runs (the actor's
+    `_engine_config`): what vLLM's multiprocessing executor sets for a worker process of its own (thread count,
+    the cores as one place, threads bound to it), set here because the engine core inherits the actor's
+    environment. Without it a Ray worker's OMP_NUM_THREADS (Ray sets it from the actor's CPUs) would hold."""
+    cores = binding.split(",")
+    return {"OMP_NUM_THREADS": str(len(cores)), "OMP_PLACES": "{" + binding + "}", "OMP_PROC_BIND": "true"}
+
+
 class ReplicaPool:
     """Starts `count` engine replicas, each in its own placement group, and hands them to the dispatcher."""
 
@@ -240,10 +249,13 @@ class ReplicaPool:
             ENGINE_CORE_SLOT_ENV: f"{local_index}/{local_count}",
         }
         if self.settings.device == "cpu":
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
-            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(
+            binding = cpu_thread_binding(
                 local_index, local_count, self.plan.workers, sorted(os.sched_getaffinity(0))
             )
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = binding
+            if self.plan.workers == 1:
+                env |= single_worker_omp_env(binding)
         return env
 
     def replicas(self) -> list[Replica]:

@@ -103,6 +103,23 @@ def test_decoding_once_gives_the_text_of_incremental_detokenization(engine):
         assert decoded_once[0].text == streamed[0].text
 
 
+@pytest.mark.slow
+def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_replicas_cores(engine):  # noqa: ARG001
+    import os
+
+    import psutil
+
+    from tests.runs import engine_actor_pids
+
+    (actor_pid,) = engine_actor_pids()  # the fixture's one engine actor
+    processes = psutil.Process(actor_pid).children(recursive=True)
+    names = [" ".join(p.cmdline()) or p.name() for p in processes]
+    assert not any("Worker" in name for name in names), names  # no worker process beside the engine core
+    (core,) = [p for p, name in zip(processes, names, strict=True) if "EngineCore" in name]
+    threads = str(len(os.sched_getaffinity(0)))
+    assert core.environ()["OMP_NUM_THREADS"] == threads and core.environ()["OMP_PROC_BIND"] == "true"
+
+
 def test_cpu_engines_run_eagerly_and_without_chunked_prefill_unless_asked():
     from cluster.config import ModelOptions
     from cluster.engines import engine_chunked_prefill, engine_settings

@@ -6,13 +6,24 @@ from __future__ import annotations
 import os
 import subprocess
 
-from cluster.engines import cpu_thread_binding, engine_core_cpus, pin_descendants
+from cluster.engines import cpu_thread_binding, engine_core_cpus, pin_descendants, single_worker_omp_env
 
 
 def test_replicas_sharing_a_node_get_disjoint_cores():
     assert cpu_thread_binding(0, 1, 1, 2) == "0,1"
     assert [cpu_thread_binding(i, 2, 1, 2) for i in range(2)] == ["0", "1"]
     assert cpu_thread_binding(0, 1, 3, 2) == "0|1|0"  # a TP=3 replica on two cores shares them round-robin
+
+
+def test_a_one_worker_replicas_engine_core_gets_the_openmp_environment_of_its_cores():
+    # the worker runs inside the engine core, which inherits these from the actor (vLLM's mp executor would
+    # set the same for a worker process of its own)
+    assert single_worker_omp_env("0,1") == {
+        "OMP_NUM_THREADS": "2",
+        "OMP_PLACES": "{0,1}",
+        "OMP_PROC_BIND": "true",
+    }
+    assert single_worker_omp_env("6")["OMP_NUM_THREADS"] == "1"
 
 
 def test_the_cores_this_process_may_use_are_respected():
