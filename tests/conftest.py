@@ -15,3 +15,19 @@ def shared_gsm8k() -> Path:
         f"the tests need ../shared/data/gsm8k/test.jsonl beside the checkout (looked at {path})"
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def base_ifeval_records(tmp_path_factory) -> list[dict]:
+    """The embedded model's greedy IFEval records (the first BASE_IFEVAL_LIMIT questions) from one real local
+    run, shared by the tests that compare adapters, sweeps and endpoints against the base model: one engine
+    start for all of them."""
+    from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, MODEL_DIR, rayeval, records
+
+    out = tmp_path_factory.mktemp("base-ifeval")
+    done = rayeval("run", *BASE_IFEVAL_ARGS, "--limit", str(BASE_IFEVAL_LIMIT), "--output-dir", str(out),
+                   "--run-id", "base")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = records(out / "base" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert [r["doc_id"] for r in rows] == list(range(BASE_IFEVAL_LIMIT))
+    return rows

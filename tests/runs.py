@@ -13,6 +13,11 @@ from pathlib import Path
 
 MODEL_DIR = "SmolLM2-135M-Instruct"
 ENGINE_FLAGS = ["--enforce-eager", "--max-tokens", "48", "--max-model-len", "1024", "--no-progress"]
+# The base model's greedy IFEval answers that adapter, sweep and endpoint tests compare against (the
+# `base_ifeval_records` fixture): one replica, float32, whose CPU kernels are batch-invariant, so a prompt's
+# answer does not depend on what it was batched with.
+BASE_IFEVAL_ARGS = ["--tasks", "ifeval", "--dtype", "float32", *ENGINE_FLAGS]
+BASE_IFEVAL_LIMIT = 6
 
 
 def rayeval(

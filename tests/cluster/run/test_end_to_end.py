@@ -170,28 +170,35 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
     assert len(store.read_text().splitlines()) == 10
 
 
-def test_tensor_parallel_replica_from_one_placement_group(tmp_path):
-    """SmolLM2 has 9 attention heads and 3 KV heads, so TP=3 divides it; its 3 workers share 2 cores."""
-    result = rayeval("run", "--tensor-parallel-size", "3", "--limit", "2", "--output-dir", str(tmp_path),
-                     "--run-id", "tp3", *ENGINE_FLAGS)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "{3 CPU} for 3 engine worker(s)" in result.stderr
-    run = json.loads((tmp_path / "tp3" / "summary.json").read_text())["run"]
-    assert run["tensor_parallel_size"] == 3 and run["replica_resources"] == {"CPU": 3.0}
-    rows = records(tmp_path / "tp3" / "samples" / MODEL_DIR / "ifeval.jsonl")
-    assert len(rows) == 2 and all(r["error"] is None and r["output_tokens"] > 0 for r in rows)
-
-
-def test_verbose_shows_each_engines_vllm_stats_and_the_dispatch_timeline(tmp_path):
+@pytest.fixture(scope="module")
+def tensor_parallel_verbose_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One replica of three tensor-parallel workers (SmolLM2 has 9 attention heads and 3 KV heads, so TP=3
+    divides it; the workers share 2 cores), run with --verbose and vLLM's stats every half second."""
+    out = tmp_path_factory.mktemp("tp3")
     env = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "0.5"}  # the engines inherit it from the Ray cluster
-    argv = ["run", "--limit", "2", "--verbose", "--output-dir", str(tmp_path), "--run-id", "v", *ENGINE_FLAGS]
+    argv = ["run", "--tensor-parallel-size", "3", "--limit", "2", "--verbose", "--output-dir", str(out),
+            "--run-id", "tp3", *ENGINE_FLAGS]  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "cluster.cli", *argv], capture_output=True, text=True,
                             timeout=900, env=env, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    return out / "tp3", result
+
+
+def test_tensor_parallel_replica_from_one_placement_group(tensor_parallel_verbose_run):
+    run_dir, result = tensor_parallel_verbose_run
+    assert "{3 CPU} for 3 engine worker(s)" in result.stderr
+    run = json.loads((run_dir / "summary.json").read_text())["run"]
+    assert run["tensor_parallel_size"] == 3 and run["replica_resources"] == {"CPU": 3.0}
+    rows = records(run_dir / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert len(rows) == 2 and all(r["error"] is None and r["output_tokens"] > 0 for r in rows)
+
+
+def test_verbose_shows_each_engines_vllm_stats_and_the_dispatch_timeline(tensor_parallel_verbose_run):
+    run_dir, result = tensor_parallel_verbose_run
     logged = result.stdout + result.stderr
     assert "Running: " in logged and "Waiting: " in logged  # vLLM's periodic engine stats
     assert "after the last request was handed out (the tail)" in logged
-    run = json.loads((tmp_path / "v" / "summary.json").read_text())["run"]
+    run = json.loads((run_dir / "summary.json").read_text())["run"]
     dispatch = run["dispatch"]
     assert dispatch["first_handout_at"] <= dispatch["last_handout_at"] <= dispatch["last_finish_at"]
     assert dispatch["per_replica"]["replica-0"]["last_finish_at"] == dispatch["last_finish_at"]

