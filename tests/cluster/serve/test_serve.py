@@ -219,3 +219,14 @@ def _kill_served_replica() -> list[int]:
         os.kill(int(pid), signal.SIGKILL)
     time.sleep(1)
     return [int(pid) for pid in found]
+
+
+def test_shutdown_deletes_the_application_and_the_endpoint_stops_answering(served: Served) -> None:
+    # the module's last test: it takes down what the others used (the fixture's own shutdown then finds nothing)
+    done = rayeval("serve", "--shutdown", "--address", served.address, env=served.env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the Serve application 'rayeval' is shut down" in done.stdout
+    with pytest.raises(openai.APIConnectionError):
+        client(served).models.list()
+    again = rayeval("serve", "--shutdown", "--address", served.address, env=served.env, timeout=120)
+    assert again.returncode == 1 and "no Serve application 'rayeval' to shut down" in again.stdout
