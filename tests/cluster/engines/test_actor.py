@@ -104,7 +104,8 @@ def test_decoding_once_gives_the_text_of_incremental_detokenization(engine):
 
 
 @pytest.mark.slow
-def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_replicas_cores(engine):  # noqa: ARG001
+@pytest.mark.usefixtures("engine")
+def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_replicas_cores():
     import os
 
     import psutil

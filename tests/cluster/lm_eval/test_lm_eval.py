@@ -40,9 +40,7 @@ def local_tasks(tmp_path_factory, shared_gsm8k) -> Path:
     return write_local_tasks(tmp_path_factory.mktemp("lm_eval_tasks"), shared_gsm8k)
 
 
-# lm-eval's CLI flags of the chat-template comparison, and the same as simple_evaluate's arguments
-CHAT_OPTIONS = ["--num_fewshot", "2", "--apply_chat_template", "--fewshot_as_multiturn",
-                "--system_instruction", "You are a careful math tutor."]  # fmt: skip
+# The chat-template comparison's settings, as simple_evaluate's arguments (`our_flags` spells them for rayeval)
 CHAT_ARGUMENTS = {"num_fewshot": 2, "apply_chat_template": True, "fewshot_as_multiturn": True,
                   "system_instruction": "You are a careful math tutor."}  # fmt: skip
 CHAT_GROUP = ("gsm8k_group_local",)  # its two subtasks, and their aggregate accuracy as lm-eval computes it
@@ -82,13 +80,22 @@ def read_reference(results_dir: Path, leaves: tuple[str, ...]) -> dict:
     return {"results": json.loads(results_file.read_text())["results"], "samples": samples}
 
 
+def our_flags(arguments: dict) -> list[str]:
+    """simple_evaluate's arguments as `rayeval run` flags: `--num-fewshot 2`, `--apply-chat-template`, ..."""
+    flags = []
+    for name, value in arguments.items():
+        flag = "--" + name.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
+
 def run_ours(
-    out: Path, tasks_dir: Path, tasks: tuple[str, ...], limit: str, options: list[str], replicas: int
+    out: Path, tasks_dir: Path, tasks: tuple[str, ...], limit: str, arguments: dict, replicas: int
 ) -> Path:
-    """The same tasks through `rayeval run`; lm_eval's flags in our spelling."""
-    ours_options = [o.replace("_", "-") if o.startswith("--") else o for o in options]
+    """The same tasks through `rayeval run`, with lm-eval's `arguments` as our flags."""
     done = rayeval(
-        "run", "--tasks", ",".join(tasks), "--include-path", str(tasks_dir), "--limit", limit, *ours_options,
+        "run", "--tasks", ",".join(tasks), "--include-path", str(tasks_dir), "--limit", limit,
+        *our_flags(arguments),
         "--replicas", str(replicas), "--output-dir", str(out), "--run-id", "lm", *OUR_ENGINE_FLAGS,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
@@ -123,7 +130,7 @@ def reference(references) -> dict:
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory, local_tasks) -> Path:
     # two replicas: the tasks' requests sharded over both (test_same_predictions... checks both did work)
-    return run_ours(tmp_path_factory.mktemp("runs"), local_tasks, LOCAL_TASKS, LIMIT, [], replicas=2)
+    return run_ours(tmp_path_factory.mktemp("runs"), local_tasks, LOCAL_TASKS, LIMIT, {}, replicas=2)
 
 
 def our_records(run_dir: Path, task: str) -> dict[int, dict]:
@@ -179,7 +186,7 @@ def test_same_as_lm_eval_with_chat_template_fewshot_turns_and_system_instruction
     references, tmp_path, local_tasks
 ):
     expected = references["chat"]
-    run_dir = run_ours(tmp_path / "ours", local_tasks, CHAT_GROUP, CHAT_LIMIT, CHAT_OPTIONS, replicas=1)
+    run_dir = run_ours(tmp_path / "ours", local_tasks, CHAT_GROUP, CHAT_LIMIT, CHAT_ARGUMENTS, replicas=1)
     assert "acc,none" in expected["results"]["gsm8k_group_local"]
     prompt = our_records(run_dir, "gsm8k_mc_local")[0]["prompt"]
     assert (
