@@ -13,5 +13,6 @@ _EXPORTS = {
     "api": ("evaluate", "evaluate_plan", "attach"),
     "config": ("RunConfig", "RunMode", "build_config"),
     "run": ("RunResult",),
+    "session": ("connect",),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

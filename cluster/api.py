@@ -4,7 +4,7 @@
     result = cluster.evaluate({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "tasks": ["ifeval"], "limit": 50})
     print(result.table)
 
-Inside an existing Ray session (`ray.init("ray://head:10001")` first) the session is reused; otherwise a
+Inside an existing Ray session (`cluster.connect("ray://head:10001")` or `ray.init` first) the session is reused; otherwise a
 local cluster is started, or `cluster.address` is joined.
 """
 
@@ -30,7 +30,7 @@ def evaluate(
 ) -> RunResult:
     """Run the evaluation the config describes (its `mode` says full, inference only or judge only).
 
-    Through a Ray client (`ray.init("ray://...")` first, or `cluster.address: ray://...`) the run is
+    Through a Ray client (`cluster.connect("ray://...")` first, or `cluster.address: ray://...`) the run is
     coordinated inside the cluster and followed from here (`evaluate_in_cluster`). `records=True` adds each
     task's per-sample records to the result as a pandas DataFrame."""
     run_config = config if isinstance(config, RunConfig) else build_config(config, {}, "the config")
@@ -84,7 +84,7 @@ def attach(
     run_id: str, address: str | None = None, *, progress: bool = True, records: bool = False
 ) -> RunResult:
     """Follow a run coordinated inside the cluster (started through a Ray client) to its end and return its
-    result, from any client session: `ray.init("ray://head:10001")` first, or give `address`."""
+    result, from any client session: `cluster.connect("ray://head:10001")` first, or give `address`."""
     from cluster.run.remote import attach_remote
 
     with joined_session(address):

@@ -75,19 +75,29 @@ def _stop_autoscaler_monitor() -> None:
             continue
 
 
-@contextmanager
-def joined_session(address: str | None, verbose: bool = False) -> Iterator[None]:
-    """An open Ray session, or one joined at `address` (else $RAY_ADDRESS) for the block and left after."""
+def connect(address: str | None = None, *, verbose: bool = False) -> bool:
+    """Join an existing cluster at `address` (else $RAY_ADDRESS) and leave the session open, as
+    `ray.init(address)` would, done the way rayeval's own commands connect: Ray's auth token is taken from
+    where Ray keeps it (no RAY_AUTH_MODE to export) and a Ray client session whose start fails is tried
+    again. Returns whether a session was opened (False: one was already open, and it is kept)."""
     if ray.is_initialized():
-        yield
-        return
+        return False
     target = address or os.environ.get("RAY_ADDRESS")
     if not target:
         raise ClusterError(
-            "No Ray cluster to reach: call ray.init('ray://HEAD:10001') first, or give the address "
+            "No Ray cluster to reach: call cluster.connect('ray://HEAD:10001') first, or give the address "
             "(--address ray://HEAD:10001)."
         )
     _connect(target, verbose)
+    return True
+
+
+@contextmanager
+def joined_session(address: str | None, verbose: bool = False) -> Iterator[None]:
+    """An open Ray session, or one joined at `address` (else $RAY_ADDRESS) for the block and left after."""
+    if not connect(address, verbose=verbose):
+        yield
+        return
     try:
         yield
     finally:
@@ -97,7 +107,8 @@ def joined_session(address: str | None, verbose: bool = False) -> Iterator[None]
 def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.0) -> None:
     """Join an existing cluster, with Ray's token when one is at hand. A Ray client connection is tried up
     to three times, seconds apart: the head's client server at times fails to start the session's own
-    server ("Initialization failure from server") and succeeds on a later try."""
+    server ("Initialization failure from server": that server dies as it is forked, a race in Ray's client
+    proxy, ray-project/ray#63202) and succeeds on a later try."""
     token = enable_token_auth()
     if token:
         log.info("using the Ray auth token from %s", token)

@@ -1,14 +1,18 @@
 """The local Ray cluster a run starts: it is stopped at the end with nothing left behind, its autoscaler
 monitor (which has nothing to scale on a fixed local cluster) stopped first so that Ray's shutdown does not
-wait out the monitor's grace period. A real local cluster, no engine."""
+wait out the monitor's grace period. A real local cluster, no engine. Joining a cluster (`cluster.connect`):
+the address it needs, and a Ray client session start that fails and is tried again."""
 
 from __future__ import annotations
 
 import time
 
 import psutil
+import pytest
 import ray
 
+import cluster
+from cluster.errors import ClusterError
 from cluster.plan import ReplicaPlan
 from cluster.session import _stop_autoscaler_monitor, ray_session
 
@@ -54,3 +58,38 @@ def test_a_local_session_stops_its_cluster_monitor_first_and_leaves_no_process()
         time.sleep(0.2)
     assert _ray_children() == []
     print(f"local Ray cluster stopped in {stop_s:.2f} s")  # Ray waits 1 s more when the monitor is left to it
+
+
+def test_connect_without_an_address_names_both_ways_to_give_one(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(
+        ClusterError, match=r"cluster.connect\('ray://HEAD:10001'\).*--address ray://HEAD:10001"
+    ):
+        cluster.connect()
+
+
+def test_connect_tries_a_ray_client_session_again_when_its_server_fails_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Ray's client proxy at times loses the session's server as it forks it (ray-project/ray#63202), which
+    cannot be caused on demand: a stand-in for `ray.init` raises Ray's message for it a set number of times."""
+    calls: list[str] = []
+    failures = {"left": 2}
+
+    def flaky_init(address: str, **_: object) -> None:
+        calls.append(address)
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionAbortedError("Initialization failure from server:\npsutil.ZombieProcess ...")
+
+    monkeypatch.setattr("cluster.session.ray.init", flaky_init)
+    monkeypatch.setattr("cluster.session.ray.is_initialized", lambda: False)
+    monkeypatch.setattr("cluster.session.time.sleep", lambda _s: None)
+    assert cluster.connect("ray://head:10001") is True
+    assert calls == ["ray://head:10001"] * 3  # two failed starts, then the session
+
+    calls.clear()
+    failures["left"] = 3
+    with pytest.raises(ClusterError, match="Could not connect to the Ray cluster at ray://head:10001"):
+        cluster.connect("ray://head:10001")
+    assert len(calls) == 3  # three tries, then the error names the address and what to check
