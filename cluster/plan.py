@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.config import DEMO_LIMIT, DEMO_MAX_TOKENS, RunConfig, RunMode, TaskOptions
-from cluster.models import ResolvedModel, load_adapter, resolve_model
+from cluster.models import ResolvedModel, cache_root, load_adapter, resolve_model
 from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
 from evaluators.tasks.base import Sample, Task
@@ -337,13 +337,18 @@ def build_model_plan(config: RunConfig, device: str | None = None) -> RunPlan:
     return RunPlan(config, model, chosen, replica_plan(config, chosen), [], adapter=_adapter(config, model))
 
 
+def lm_eval_catalog(include_paths: list[str]) -> LmEvalCatalog:
+    """lm-eval's task index over its tasks and `include_paths`, kept under rayeval's cache between runs."""
+    return LmEvalCatalog(include_paths, index_cache=cache_root() / "lm_eval")
+
+
 def build_plan(config: RunConfig, materialise_model: bool = True, device: str | None = None) -> RunPlan:
     model = resolve_model(config.model.path, materialise=materialise_model)
     tasks = config.enabled_tasks()
     if not tasks:
         raise EvalInputError("No task is enabled. Pass --tasks NAME[,NAME] or enable one in the config file.")
     default_limit, demo_max_tokens = _demo_defaults(config, model, tasks)
-    catalog = LmEvalCatalog(config.lm_eval.include_path)
+    catalog = lm_eval_catalog(config.lm_eval.include_path)
     plans = []
     lm_eval_plans = []
     resolved_names = [resolve_task_name(options.name, TASKS, catalog) for options in tasks]

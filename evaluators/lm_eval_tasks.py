@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from evaluators.data import offline_if_hub_unreachable
 from evaluators.errors import EvalInputError
+from evaluators.lm_eval_index import task_manager
 from evaluators.records import SampleRecord
 
 if TYPE_CHECKING:  # the report module loads pyarrow and scipy: planning a run (and --dry-run) needs neither
@@ -49,16 +50,18 @@ class ExecutionInfo:
 
 
 class LmEvalCatalog:
-    """lm-eval's task index (its bundled tasks plus `--include-path` folders), built on first use (~8 s)."""
+    """lm-eval's task index (its bundled tasks plus `--include-path` folders), built on first use (~7 s) or
+    read from `index_cache` (a folder) where an earlier process stored it for the same files."""
 
-    def __init__(self, include_paths: Sequence[str] = ()) -> None:
+    def __init__(self, include_paths: Sequence[str] = (), index_cache: Path | None = None) -> None:
         for folder in include_paths:
             check_include_path(folder)
         self.include_paths = list(include_paths)
+        self.index_cache = index_cache
 
     @property
     def manager(self) -> Any:
-        return _task_manager(tuple(self.include_paths))
+        return _task_manager(tuple(self.include_paths), self.index_cache)
 
     def knows(self, name: str) -> bool:
         return name in self.manager.task_index
@@ -142,11 +145,9 @@ def check_include_path(folder: str) -> None:
 
 
 @lru_cache(maxsize=4)
-def _task_manager(include_paths: tuple[str, ...]) -> Any:
+def _task_manager(include_paths: tuple[str, ...], index_cache: Path | None) -> Any:
     """One index per set of task folders and process: building it reads every task YAML (seconds)."""
-    from lm_eval.tasks import TaskManager
-
-    return TaskManager(include_path=list(include_paths) or None)
+    return task_manager(include_paths, index_cache)
 
 
 @dataclass(frozen=True)

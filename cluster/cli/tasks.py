@@ -25,9 +25,9 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from evaluators.tasks.registry import all_tasks
 
     if args.lm_eval is not None:
-        from evaluators.lm_eval_tasks import LmEvalCatalog
+        from cluster.plan import lm_eval_catalog
 
-        names = [n for n in LmEvalCatalog(args.include_path or []).manager.all_tasks if args.lm_eval in n]
+        names = [n for n in lm_eval_catalog(args.include_path or []).manager.all_tasks if args.lm_eval in n]
         print("\n".join(names))
         print(f"({len(names)} lm-eval tasks, groups and tags; run any with --tasks NAME)", file=sys.stderr)
         return 0

@@ -18,12 +18,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     judge model, and that local data paths and task folders exist."""
     from cluster.config import build_config, load_config_file
     from cluster.models import resolve_model
+    from cluster.plan import lm_eval_catalog
     from evaluators.data import check_source
-    from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
+    from evaluators.lm_eval_tasks import resolve_task_name
     from evaluators.tasks.registry import TASKS
 
     config = build_config(load_config_file(args.config), {}, args.config)
-    catalog = LmEvalCatalog(config.lm_eval.include_path)
+    catalog = lm_eval_catalog(config.lm_eval.include_path)
     for task in config.tasks:
         resolved = resolve_task_name(task.name, TASKS, catalog)
         for path in (task.data_path, task.fewshot_path):
