@@ -227,12 +227,13 @@ class RayEvalLM(TemplateLM):
         contexts = [r.args[0] for r in requests]
         encodings = self.tok_encode(contexts)
         per_instance: list[tuple[list[GenerationRequest], list[str]]] = []
-        # lm-eval repeats an instance K times for tasks with `repeats: K` (self-consistency): each copy is
-        # its own draw, so the j-th copy of the same prompt takes samples j*N .. j*N+N-1, never a cached twin.
+        # lm-eval repeats an instance K times for tasks with `repeats: K` (self-consistency): each sampled
+        # copy is its own draw, so the j-th copy of the same prompt takes samples j*N .. j*N+N-1, never a
+        # cached twin. Greedy copies are one draw: they share the first copy's requests, generated once.
         copies: Counter[tuple[tuple[int, ...], SamplingSpec]] = Counter()
         for context, tokens, instance in zip(contexts, encodings, requests, strict=True):
             sampling, until, tokens = self._sampling_for(instance.args[1], eos, tokens)
-            copy = copies[(tuple(tokens), sampling)]
+            copy = copies[(tuple(tokens), sampling)] if sampling.temperature > 0 else 0
             copies[(tuple(tokens), sampling)] += 1
             first = copy * self.num_samples
             samples = [

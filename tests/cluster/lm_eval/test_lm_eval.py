@@ -46,6 +46,10 @@ CHAT_ARGUMENTS = {"num_fewshot": 2, "apply_chat_template": True, "fewshot_as_mul
 CHAT_GROUP = ("gsm8k_group_local",)  # its two subtasks, and their aggregate accuracy as lm-eval computes it
 CHAT_TASKS = ("gsm8k_local", "gsm8k_mc_local")
 CHAT_LIMIT = "8"
+# The plain comparison: every output type, and a greedy `repeats: 2` task (lm-eval generates each copy; rayeval
+# generates a greedy instance once and hands both copies the same draw)
+PLAIN_TASKS = (*LOCAL_TASKS, "gsm8k_repeats_local")
+GENERATIVE = ("gsm8k_local", "gsm8k_repeats_local")
 
 
 def run_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> None:
@@ -109,7 +113,7 @@ def references(tmp_path_factory, local_tasks) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("lm_eval_reference")
     runs = {
         "plain": {
-            "tasks": list(LOCAL_TASKS),
+            "tasks": list(PLAIN_TASKS),
             "limit": int(LIMIT),
             "options": {"fewshot_as_multiturn": False},
         },
@@ -117,7 +121,7 @@ def references(tmp_path_factory, local_tasks) -> dict[str, dict]:
     }
     run_references(out, local_tasks, runs)
     return {
-        "plain": read_reference(out / "plain", LOCAL_TASKS),
+        "plain": read_reference(out / "plain", PLAIN_TASKS),
         "chat": read_reference(out / "chat", CHAT_TASKS),
     }
 
@@ -130,7 +134,7 @@ def reference(references) -> dict:
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory, local_tasks) -> Path:
     # two replicas: the tasks' requests sharded over both (test_same_predictions... checks both did work)
-    return run_ours(tmp_path_factory.mktemp("runs"), local_tasks, LOCAL_TASKS, LIMIT, {}, replicas=2)
+    return run_ours(tmp_path_factory.mktemp("runs"), local_tasks, PLAIN_TASKS, LIMIT, {}, replicas=2)
 
 
 def our_records(run_dir: Path, task: str) -> dict[int, dict]:
@@ -151,8 +155,10 @@ def assert_same_as_reference(reference: dict, ours: Path, tasks: tuple[str, ...]
             their_prompt = entries[0]["arguments"]["gen_args_0"]["arg_0"]  # lm_eval's saved-samples layout
             assert record["prompt"] == their_prompt, f"{task} doc {doc_id}: prompts differ"
             answers = [r[0] for r in entries[0]["resps"]]
-            if task == "gsm8k_local":
-                assert record["output"] == answers[0], f"doc {doc_id}: generations differ"
+            if task in GENERATIVE:  # lm-eval's every copy of the instance, and ours
+                texts = {text for copies in entries[0]["resps"] for text in copies}
+                assert texts == {record["output"]}, f"{task} doc {doc_id}: generations differ"
+                assert "," not in record["request_id"]  # greedy copies: one request
             else:
                 ours_answers = json.loads(record["output"])
                 for their, our in zip(answers, ours_answers, strict=True):
@@ -179,7 +185,10 @@ def test_same_predictions_loglikelihoods_and_metrics_as_lm_eval_vllm(reference, 
     summary = json.loads((ours / "summary.json").read_text())
     assert {e["name"] for e in summary["run"]["engines"]} == {"replica-0", "replica-1"}
     assert all(s["sequences"] > 0 for s in summary["run"]["dispatch"]["per_replica"].values())
-    assert_same_as_reference(reference, ours, LOCAL_TASKS, LIMIT)
+    assert_same_as_reference(reference, ours, PLAIN_TASKS, LIMIT)
+    repeated, single = our_records(ours, "gsm8k_repeats_local"), our_records(ours, "gsm8k_local")
+    # both greedy copies of a document are the one request gsm8k_local asks too (same prompt, same decoding)
+    assert all(repeated[d]["request_id"] == single[d]["request_id"] for d in single)
 
 
 def test_same_as_lm_eval_with_chat_template_fewshot_turns_and_system_instruction(
