@@ -5,7 +5,8 @@ ships, seconds of a run's start), although those files change only when lm-eval 
 an `--include-path` folder. The index is pickled under a key made of lm-eval's version and, for every YAML
 file of every folder indexed, its path, size and modification time: an upgrade, an edited, added or removed
 task file, or another set of folders builds and stores it again. A cache that cannot be read or written is
-skipped (the index is then built as lm-eval builds it), never an error.
+skipped (the index is then built as lm-eval builds it), never an error. The cache keeps the `KEEP` indexes
+used last, one per set of folders.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _PREFIX = "task-index-"
+KEEP = 8  # indexes kept (about 16 MB each): one per set of folders, the least recently used dropped first
 
 
 def task_manager(include_paths: Sequence[str], cache_dir: Path | None) -> Any:
@@ -37,6 +39,7 @@ def task_manager(include_paths: Sequence[str], cache_dir: Path | None) -> Any:
     path = cache_dir / f"{_PREFIX}{folders_key}-{_files_key(roots, lm_eval.__version__)}.pkl"
     stored = _read(path)
     if isinstance(stored, TaskManager):
+        _touch(path)
         return stored
     manager = TaskManager(include_path=list(include_paths) or None)
     _write(path, manager, stale=f"{_PREFIX}{folders_key}-*.pkl")
@@ -82,5 +85,16 @@ def _write(path: Path, manager: Any, stale: str) -> None:
         for old in path.parent.glob(stale):
             if old != path:
                 old.unlink(missing_ok=True)
+        by_use = sorted(path.parent.glob(f"{_PREFIX}*.pkl"), key=lambda f: f.stat().st_mtime, reverse=True)
+        for unused in by_use[KEEP:]:
+            unused.unlink(missing_ok=True)
     except Exception as exc:  # noqa: BLE001 - a read-only cache or an index that does not pickle: go on
         log.info("lm-eval task index not stored in %s (%s)", path.parent, exc)
+
+
+def _touch(path: Path) -> None:
+    """Mark an index as used now, so that the cache drops others first."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass

@@ -8,6 +8,9 @@ import pickle
 import time
 from pathlib import Path
 
+import pytest
+
+from evaluators import lm_eval_index
 from evaluators.lm_eval_index import task_manager
 
 TASK = "task: {name}\ndataset_path: json\noutput_type: generate_until\ntest_split: test\ndoc_to_text: q\ndoc_to_target: a\n"
@@ -19,7 +22,9 @@ def _timed(include: Path, cache: Path | None) -> tuple[object, float]:
     return manager, time.perf_counter() - began
 
 
-def test_the_index_is_stored_read_back_and_rebuilt_when_a_task_file_or_the_cache_changes(tmp_path: Path):
+def test_the_index_is_stored_read_back_and_rebuilt_when_a_task_file_or_the_cache_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     include, cache = tmp_path / "tasks", tmp_path / "cache"
     include.mkdir()
     (include / "mine.yaml").write_text(TASK.format(name="my_task"))
@@ -42,6 +47,14 @@ def test_the_index_is_stored_read_back_and_rebuilt_when_a_task_file_or_the_cache
     assert "my_renamed_task" in rebuilt.all_tasks and "my_task" not in rebuilt.all_tasks
     (now,) = cache.glob("task-index-*.pkl")  # the same folders' older index is dropped
     assert now != stored
+
+    monkeypatch.setattr(lm_eval_index, "KEEP", 1)  # another set of folders: the least recently used goes
+    other = tmp_path / "other-tasks"
+    other.mkdir()
+    (other / "theirs.yaml").write_text(TASK.format(name="their_task"))
+    assert "their_task" in task_manager([str(other)], cache).all_tasks
+    (kept,) = cache.glob("task-index-*.pkl")
+    assert kept != now and "their_task" in pickle.loads(kept.read_bytes()).all_tasks
 
     blocked = tmp_path / "a-file"
     blocked.write_text("")
