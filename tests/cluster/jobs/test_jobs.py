@@ -93,16 +93,6 @@ def test_a_missing_token_or_job_is_named_with_the_fix(head: HeadNode, tmp_path: 
     assert "has no job 'no-such-job'" in unknown.stderr
 
 
-def test_run_over_ray_client_with_the_token_from_a_file(head: HeadNode, tmp_path: Path):
-    done = rayeval(
-        "run", *SMALL_RUN, "--address", head.client_address, "--output-dir", str(tmp_path), "--run-id", "client",
-        env=head.client_env(),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "client" / "summary.json").read_text())
-    assert summary["run"]["requests"] == 4 and summary["run"]["samples_failed"] == 0
-
-
 NOTEBOOK = """
 import json, sys, cluster
 cluster.connect(sys.argv[1])
@@ -129,6 +119,8 @@ def test_a_notebook_on_ray_client_runs_the_coordinator_inside_the_cluster(head: 
 
 
 def test_a_client_killed_mid_run_leaves_the_run_going_and_attach_gets_it(head: HeadNode, tmp_path: Path):
+    """`rayeval run --address ray://...` and `rayeval attach` with the head's token in a file and no
+    RAY_AUTH_MODE (rayeval turns it on), as the notebook test does through `cluster.connect`."""
     argv = ["run", "--address", head.client_address, "--limit", "24", *ENGINE_FLAGS, "--max-num-seqs", "2",
             "--output-dir", str(tmp_path), "--run-id", "detached"]  # fmt: skip
     env = head.client_env()
