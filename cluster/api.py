@@ -4,8 +4,8 @@
     result = cluster.evaluate({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "tasks": ["ifeval"], "limit": 50})
     print(result.table)
 
-Inside an existing Ray session (`cluster.connect("ray://head:10001")` or `ray.init` first) the session is reused; otherwise a
-local cluster is started, or `cluster.address` is joined.
+Inside an existing Ray session (`cluster.connect("ray://head:10001")` or `ray.init` first) the session is
+reused; otherwise a local cluster is started, or `cluster.address` is joined.
 """
 
 from __future__ import annotations

@@ -50,8 +50,11 @@ def _files_key(roots: Sequence[Path], version: str) -> str:
     parts = [version]
     for root in roots:
         for yaml_path in sorted(root.rglob("*.yaml")):
-            stat = yaml_path.stat()
-            parts.append(f"{yaml_path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}")
+            try:
+                stat = yaml_path.stat()
+                parts.append(f"{yaml_path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}")
+            except OSError:  # a dangling link: lm-eval skips it too
+                parts.append(f"{yaml_path.relative_to(root)}\0missing")
         parts.append("\n")  # a file moved from one folder to the next changes the key
     return _digest(parts)
 

@@ -28,6 +28,7 @@ def test_the_index_is_stored_read_back_and_rebuilt_when_a_task_file_or_the_cache
     include, cache = tmp_path / "tasks", tmp_path / "cache"
     include.mkdir()
     (include / "mine.yaml").write_text(TASK.format(name="my_task"))
+    (include / "gone.yaml").symlink_to(tmp_path / "deleted.yaml")  # a dangling link, skipped as lm-eval does
 
     built, build_s = _timed(include, cache)
     (stored,) = cache.glob("task-index-*.pkl")
