@@ -32,17 +32,19 @@ def task_manager(include_paths: Sequence[str], cache_dir: Path | None) -> Any:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    if cache_dir is None:
-        return TaskManager(include_path=list(include_paths) or None)
     roots = [Path(lm_eval.tasks.__file__).parent, *(Path(p).expanduser().resolve() for p in include_paths)]
-    folders_key = _digest([str(root) for root in roots])
-    path = cache_dir / f"{_PREFIX}{folders_key}-{_files_key(roots, lm_eval.__version__)}.pkl"
-    stored = _read(path)
-    if isinstance(stored, TaskManager):
-        _touch(path)
-        return stored
-    manager = TaskManager(include_path=list(include_paths) or None)
-    _write(path, manager, stale=f"{_PREFIX}{folders_key}-*.pkl")
+    folders = [str(root) for root in roots[1:]]  # absolute: a stored index's task paths hold in any folder
+    path = None
+    if cache_dir is not None:
+        folders_key = _digest([str(root) for root in roots])
+        path = cache_dir / f"{_PREFIX}{folders_key}-{_files_key(roots, lm_eval.__version__)}.pkl"
+        stored = _read(path)
+        if isinstance(stored, TaskManager):
+            _touch(path)
+            return stored
+    manager = TaskManager(include_path=folders or None)
+    if path is not None:
+        _write(path, manager)
     return manager
 
 
@@ -74,8 +76,9 @@ def _read(path: Path) -> object | None:
         return None
 
 
-def _write(path: Path, manager: Any, stale: str) -> None:
-    """Store atomically (runs may start at once), then drop the same folders' older indexes."""
+def _write(path: Path, manager: Any) -> None:
+    """Store atomically (runs may start at once), then drop the same folders' older indexes (the names
+    that share `path`'s folders key) and all but the `KEEP` indexes used last."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -85,7 +88,8 @@ def _write(path: Path, manager: Any, stale: str) -> None:
             os.replace(tmp, path)
         finally:
             Path(tmp).unlink(missing_ok=True)
-        for old in path.parent.glob(stale):
+        same_folders = path.name.rsplit("-", 1)[0] + "-*.pkl"
+        for old in path.parent.glob(same_folders):
             if old != path:
                 old.unlink(missing_ok=True)
         by_use = sorted(path.parent.glob(f"{_PREFIX}*.pkl"), key=lambda f: f.stat().st_mtime, reverse=True)

@@ -16,9 +16,9 @@ from evaluators.lm_eval_index import task_manager
 TASK = "task: {name}\ndataset_path: json\noutput_type: generate_until\ntest_split: test\ndoc_to_text: q\ndoc_to_target: a\n"
 
 
-def _timed(include: Path, cache: Path | None) -> tuple[object, float]:
+def _timed(include: str, cache: Path | None) -> tuple[object, float]:
     began = time.perf_counter()
-    manager = task_manager([str(include)], cache)
+    manager = task_manager([include], cache)
     return manager, time.perf_counter() - began
 
 
@@ -30,11 +30,13 @@ def test_the_index_is_stored_read_back_and_rebuilt_when_a_task_file_or_the_cache
     (include / "mine.yaml").write_text(TASK.format(name="my_task"))
     (include / "gone.yaml").symlink_to(tmp_path / "deleted.yaml")  # a dangling link, skipped as lm-eval does
 
-    built, build_s = _timed(include, cache)
+    monkeypatch.chdir(tmp_path)  # stored from a relative --include-path, read from another folder
+    built, build_s = _timed("tasks", cache)
     (stored,) = cache.glob("task-index-*.pkl")
     assert "my_task" in built.all_tasks and "gsm8k" in built.all_tasks
 
-    read, read_s = _timed(include, cache)
+    monkeypatch.chdir(cache)
+    read, read_s = _timed(str(include), cache)
     assert read.all_tasks == built.all_tasks and read.task_index["my_task"].yaml_path == include / "mine.yaml"
     assert read_s < build_s / 3, (read_s, build_s)  # read back, not parsed again
     print(f"index built in {build_s:.2f} s, read back in {read_s:.2f} s")
