@@ -50,7 +50,7 @@ class ExecutionInfo:
 
 
 class LmEvalCatalog:
-    """lm-eval's task index (its bundled tasks plus `--include-path` folders), built on first use (~7 s) or
+    """lm-eval's task index (its bundled tasks plus `--include-path` folders), built on first use (seconds) or
     read from `index_cache` (a folder) where an earlier process stored it for the same files."""
 
     def __init__(self, include_paths: Sequence[str] = (), index_cache: Path | None = None) -> None:
