@@ -8,6 +8,7 @@ vLLM's continuous batching and prefix cache see all N samples of a prompt togeth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -19,6 +20,7 @@ from typing import Any
 import ray
 
 from cluster.engines.affinity import engine_core_cpus, pin_descendants
+from cluster.engines.forkserver import engine_core_forked, start_engine_core_server
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype, engine_lora_args
 from cluster.plan import ExecutorKind
@@ -87,6 +89,13 @@ class EngineActor:
         self.since_start: list[LogPlace] = []  # the logs from the engine's first request on
         self.death_cause: str | None = None
         self.lora_ids: dict[str, int] = {}  # adapter identity -> the engine's LoRA id (1, 2, ...)
+        # A one-worker CPU engine's core is forked from a server that imports it while this actor imports vLLM
+        # (cluster.engines.forkserver): the two imports at once instead of one after the other.
+        self.core_server = (
+            settings.executor is ExecutorKind.SINGLE
+            and settings.device == "cpu"
+            and start_engine_core_server()
+        )
 
     async def start(self) -> EngineInfo:
         """Build the engine; a failure raises EngineStartFailed with the root error from the engine's log."""
@@ -131,9 +140,10 @@ class EngineActor:
         began = time.perf_counter()
         s = self.settings
         config = self._engine_config()
-        self.engine = AsyncLLM.from_vllm_config(
-            config, usage_context=UsageContext.LLM_CLASS, disable_log_stats=not s.log_stats
-        )
+        with engine_core_forked() if self.core_server else contextlib.nullcontext():
+            self.engine = AsyncLLM.from_vllm_config(
+                config, usage_context=UsageContext.LLM_CLASS, disable_log_stats=not s.log_stats
+            )
         tokenizer = self.engine.get_tokenizer()  # a coroutine in older vLLM releases
         self.tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         pinned_to = self._pin_engine_core()

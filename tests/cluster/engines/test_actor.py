@@ -106,6 +106,8 @@ def test_decoding_once_gives_the_text_of_incremental_detokenization(engine):
 @pytest.mark.slow
 @pytest.mark.usefixtures("engine")
 def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_replicas_cores():
+    """...and that engine core was forked from the actor's forkserver (cluster.engines.forkserver), under
+    vLLM's process title, with the OpenMP environment the pool gave the actor."""
     import os
 
     import psutil
@@ -117,6 +119,12 @@ def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_r
     names = [" ".join(p.cmdline()) or p.name() for p in processes]
     assert not any("Worker" in name for name in names), names  # no worker process beside the engine core
     (core,) = [p for p, name in zip(processes, names, strict=True) if "EngineCore" in name]
+    from pathlib import Path
+
+    comm = Path(f"/proc/{core.pid}/comm").read_text().strip()
+    assert comm == "VLLM::EngineCor"  # the kernel's 15 characters: what the GPU pinning looks for
+    server = psutil.Process(core.ppid())
+    assert server.ppid() == actor_pid and "multiprocessing.forkserver" in " ".join(server.cmdline())
     threads = str(len(os.sched_getaffinity(0)))
     assert core.environ()["OMP_NUM_THREADS"] == threads and core.environ()["OMP_PROC_BIND"] == "true"
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -218,6 +219,13 @@ def test_losing_every_replica_fails_clearly_and_loses_nothing(tmp_path):
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
     assert "Every engine replica died (replica-0:" in err and "Traceback" not in err
+    # its engine core (forked from the actor's forkserver, so not the actor's child) ended with it
+    cores = [
+        p
+        for p in psutil.process_iter(["name", "status"])
+        if (p.info["name"] or "").startswith("VLLM::Engine")
+    ]
+    assert all(p.info["status"] == psutil.STATUS_ZOMBIE for p in cores), cores  # a zombie has ended
     kept = records(store)
     assert kept and all(r["error"] is None for r in kept)  # deaths are not cached as results
     resumed = rayeval(*argv)

@@ -1,0 +1,134 @@
+"""vLLM's engine core forked from a server that imported it while the actor imported vLLM itself.
+
+Inside a Ray actor vLLM starts its engine core with multiprocessing's `spawn`: a fresh interpreter that imports
+vLLM, torch and transformers again after the actor has done the same, one import after the other (each 7 to
+10 s on two cores, the largest part of a CPU engine's start). A forkserver started when the actor is created
+imports the engine core's modules at the same time as the actor imports vLLM; the engine core is then forked
+from it, already imported. The engine core still runs in a clean process: the server is a fresh interpreter
+that never touched Ray, CUDA or threads, as `spawn`'s child.
+
+Two things `spawn` gives that a forkserver child lacks, and this module gives back:
+- the parent's environment at the moment the process starts (vLLM sets variables for its engine core just
+  before starting it; a forkserver child would have the server's environment from when it started);
+- an end when the actor dies: the child is the server's, not the actor's, so Ray's clean-up of an actor's
+  children does not reach it; it watches the actor's process and stops itself when that is gone.
+
+The server lives as long as the actor (vLLM reads its engine core's exit through it): about 450 MB more
+memory per replica (proportional set sizes of the server and the engine core, on the embedded model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.context
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# What the engine core imports before it runs: the server imports it once, every engine core is forked from it.
+# "__main__" too: a child re-imports its parent's main module unless the server already did (a Ray worker's
+# is Ray's default_worker.py, which imports Ray).
+ENGINE_CORE_PRELOAD = ("__main__", "vllm.v1.engine.core")
+
+
+def start_engine_core_server(preload: tuple[str, ...] = ENGINE_CORE_PRELOAD) -> bool:
+    """Start the forkserver and its imports in the background; call it once the actor's environment is set
+    (the server keeps the environment it starts with for what its imports read, OpenMP's settings among
+    them). False where it cannot start (the engine core is then spawned as vLLM would)."""
+    try:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(preload))
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+        return True
+    except (OSError, ValueError) as error:
+        log.warning("engine core server not started, vLLM spawns its engine core: %s", error)
+        return False
+
+
+class _EngineCoreProcess(multiprocessing.context.ForkServerProcess):
+    """A forkserver process that runs with its parent's environment as it was at `start()`, and ends itself
+    when its parent (the engine actor, not the server it was forked from) is gone."""
+
+    def start(self) -> None:
+        self._parent_env = dict(os.environ)
+        self._parent_pid = os.getpid()
+        super().start()
+
+    def run(self) -> None:
+        _claim_title_space()
+        os.environ.clear()
+        os.environ.update(self._parent_env)
+        _end_with(self._parent_pid)
+        super().run()
+
+
+def _claim_title_space() -> None:
+    """setproctitle finds the space for a process title in the memory of argv and the environment as the
+    process started; replacing the environment first would leave it none (vLLM's engine core would keep the
+    server's title, and `ps` or the GPU pinning could not find it by name). Asking for the title claims it."""
+    with contextlib.suppress(ImportError):
+        import setproctitle
+
+        setproctitle.getproctitle()
+
+
+def _end_with(pid: int) -> None:
+    """SIGTERM this process (vLLM's engine core shuts down on it) once process `pid` has exited."""
+    threading.Thread(target=_wait_then_stop, args=(pid,), name="rayeval-parent-watch", daemon=True).start()
+
+
+def _wait_then_stop(pid: int) -> None:
+    import select
+
+    try:
+        handle = os.pidfd_open(pid)  # Linux: readable once the process has exited
+    except (AttributeError, OSError):  # another OS, or the parent already gone: ask every second
+        while _alive(pid):
+            time.sleep(1.0)
+    else:
+        select.select([handle], [], [])
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # gone (another user's process may have its number now)
+        return False
+    return True
+
+
+class EngineCoreContext(multiprocessing.context.ForkServerContext):
+    """multiprocessing's forkserver context whose processes are `_EngineCoreProcess`es."""
+
+    Process = _EngineCoreProcess  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def engine_core_forked() -> Iterator[None]:
+    """While inside, vLLM starts its engine core from the forkserver (`start_engine_core_server`)."""
+    from vllm.v1.engine import utils
+
+    spawning = getattr(utils, "get_mp_context", None)
+    if spawning is None:  # a vLLM that starts its engine core another way: it spawns it, as before
+        yield
+        return
+
+    def forked() -> Any:
+        spawning()  # what vLLM sets for its child on the way (RAY_ADDRESS in a Ray actor), which it inherits
+        return EngineCoreContext()
+
+    utils.get_mp_context = forked
+    try:
+        yield
+    finally:
+        utils.get_mp_context = spawning
