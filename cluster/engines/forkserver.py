@@ -64,21 +64,22 @@ class _EngineCoreProcess(multiprocessing.context.ForkServerProcess):
         super().start()
 
     def run(self) -> None:
-        _claim_title_space()
+        _take_title(f"{self._parent_env.get('VLLM_PROCESS_NAME_PREFIX', 'VLLM')}::{self.name}")
         os.environ.clear()
         os.environ.update(self._parent_env)
         _end_with(self._parent_pid)
         super().run()
 
 
-def _claim_title_space() -> None:
-    """setproctitle finds the space for a process title in the memory of argv and the environment as the
-    process started; replacing the environment first would leave it none (vLLM's engine core would keep the
-    server's title, and `ps` or the GPU pinning could not find it by name). Asking for the title claims it."""
+def _take_title(title: str) -> None:
+    """The process title vLLM gives its engine core (`VLLM::EngineCore`), set before the environment is
+    replaced: setproctitle finds the space for a title in the memory of argv and the environment as the
+    process started, and after the swap it may find none (the engine core would keep the server's command
+    line, and `ps` or the GPU pinning could not find it by name). vLLM sets the same title again later."""
     with contextlib.suppress(ImportError):
         import setproctitle
 
-        setproctitle.getproctitle()
+        setproctitle.setproctitle(title)
 
 
 def _end_with(pid: int) -> None:

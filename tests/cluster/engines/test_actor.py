@@ -109,6 +109,7 @@ def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_r
     """...and that engine core was forked from the actor's forkserver (cluster.engines.forkserver), under
     vLLM's process title, with the OpenMP environment the pool gave the actor."""
     import os
+    from pathlib import Path
 
     import psutil
 
@@ -116,15 +117,14 @@ def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_r
 
     (actor_pid,) = engine_actor_pids()  # the fixture's one engine actor
     processes = psutil.Process(actor_pid).children(recursive=True)
-    names = [" ".join(p.cmdline()) or p.name() for p in processes]
-    assert not any("Worker" in name for name in names), names  # no worker process beside the engine core
-    (core,) = [p for p, name in zip(processes, names, strict=True) if "EngineCore" in name]
-    from pathlib import Path
-
+    tree = [(p.pid, p.ppid(), " ".join(p.cmdline())[:100]) for p in processes]
+    assert not any("Worker" in line for *_, line in tree), tree  # no worker process beside the engine core
+    servers = [p for p in processes if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    assert len(servers) == 1 and servers[0].ppid() == actor_pid, tree
+    server = servers[0]
+    (core,) = server.children()
     comm = Path(f"/proc/{core.pid}/comm").read_text().strip()
-    assert comm == "VLLM::EngineCor"  # the kernel's 15 characters: what the GPU pinning looks for
-    server = psutil.Process(core.ppid())
-    assert server.ppid() == actor_pid and "multiprocessing.forkserver" in " ".join(server.cmdline())
+    assert comm == "VLLM::EngineCor", tree  # the kernel's 15 characters: what `ps` and the GPU pinning see
     threads = str(len(os.sched_getaffinity(0)))
     assert core.environ()["OMP_NUM_THREADS"] == threads and core.environ()["OMP_PROC_BIND"] == "true"
 

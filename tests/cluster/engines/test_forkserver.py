@@ -19,9 +19,6 @@ from cluster.engines.forkserver import EngineCoreContext, start_engine_core_serv
 
 def report(path: str) -> None:
     """The child's view, written where the test reads it: its environment's two variables and its title."""
-    import setproctitle
-
-    setproctitle.setproctitle("VLLM::EngineCore")
     comm = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
     Path(path).write_text(f"{os.environ.get('RAYEVAL_T_KEPT')},{os.environ.get('RAYEVAL_T_LATER')},{comm}")
 
@@ -39,7 +36,7 @@ def wait_for_sigterm(path: str) -> None:
         time.sleep(0.1)
 
 
-def test_a_forked_child_has_the_environment_at_its_start_and_its_own_title(tmp_path, monkeypatch):
+def test_a_forked_child_has_the_environment_at_its_start_and_vllms_title(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYEVAL_T_KEPT", "server")
     assert start_engine_core_server(preload=())
     monkeypatch.setenv(
@@ -47,7 +44,7 @@ def test_a_forked_child_has_the_environment_at_its_start_and_its_own_title(tmp_p
     )  # after the server started: a plain forkserver misses both
     monkeypatch.setenv("RAYEVAL_T_LATER", "set")
     out = tmp_path / "child.txt"
-    child = EngineCoreContext().Process(target=report, args=(str(out),))
+    child = EngineCoreContext().Process(target=report, args=(str(out),), name="EngineCore")
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 0
