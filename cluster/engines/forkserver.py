@@ -7,9 +7,10 @@ imports the engine core's modules at the same time as the actor imports vLLM; th
 from it, already imported. The engine core still runs in a clean process: the server is a fresh interpreter
 that never touched Ray, CUDA or threads, as `spawn`'s child.
 
-Two things `spawn` gives that a forkserver child lacks, and this module gives back:
+What `spawn` gives that a forkserver child lacks, and this module gives back:
 - the parent's environment at the moment the process starts (vLLM sets variables for its engine core just
   before starting it; a forkserver child would have the server's environment from when it started);
+- vLLM's process title, which setproctitle could find no room for once that environment is swapped in;
 - an end when the actor dies: the child is the server's, not the actor's, so Ray's clean-up of an actor's
   children does not reach it; it watches the actor's process and stops itself when that is gone.
 

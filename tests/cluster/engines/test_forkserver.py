@@ -39,9 +39,8 @@ def wait_for_sigterm(path: str) -> None:
 def test_a_forked_child_has_the_environment_at_its_start_and_vllms_title(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYEVAL_T_KEPT", "server")
     assert start_engine_core_server(preload=())
-    monkeypatch.setenv(
-        "RAYEVAL_T_KEPT", "changed"
-    )  # after the server started: a plain forkserver misses both
+    # after the server started: a plain forkserver child would see neither
+    monkeypatch.setenv("RAYEVAL_T_KEPT", "changed")
     monkeypatch.setenv("RAYEVAL_T_LATER", "set")
     out = tmp_path / "child.txt"
     child = EngineCoreContext().Process(target=report, args=(str(out),), name="EngineCore")
@@ -76,18 +75,20 @@ def test_a_forked_child_is_stopped_when_its_parent_dies(tmp_path):
         cwd=Path(__file__).parents[3],
     )
     child_pid = int(parent.stdout.readline())
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:  # its SIGTERM handler is in place
-        time.sleep(0.1)
+    _wait_for_text(marker, "waiting", timeout_s=60)  # its SIGTERM handler is in place
     assert psutil.pid_exists(child_pid) and child_pid not in [
         c.pid for c in psutil.Process(parent.pid).children()
     ]
     parent.kill()
     parent.wait()
-    deadline = time.monotonic() + 20
-    while marker.read_text() != "sigterm" and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_for_text(marker, "sigterm", timeout_s=20)
     assert marker.read_text() == "sigterm"
+
+
+def _wait_for_text(path: Path, text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not (path.exists() and path.read_text() == text):
+        time.sleep(0.1)
 
 
 def test_the_watch_stops_a_child_whose_parent_is_already_gone():
