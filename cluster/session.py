@@ -47,6 +47,9 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
             include_dashboard=False,
             log_to_driver=verbose,
             logging_level=logging.WARNING,
+            # Ray would start one idle worker per logical CPU and hold ray.init until they run; the run's actors
+            # get theirs on demand, and on a small machine those idle interpreters slow the engines' start.
+            _system_config={"prestart_worker_first_driver": False},
         )
         log.info("started a local Ray cluster with %d logical CPUs", cpus)
     timeline.mark("ray started")

@@ -1,5 +1,5 @@
 """`python -m cluster.cli ...`: the same as the `rayeval` command."""
 
-from cluster.cli.app import main
+from cluster.cli.app import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

@@ -1,6 +1,6 @@
-"""The local Ray cluster a run starts: it is stopped at the end with nothing left behind, its autoscaler
-monitor (which has nothing to scale on a fixed local cluster) stopped first so that Ray's shutdown does not
-wait out the monitor's grace period. A real local cluster, no engine. Joining a cluster (`cluster.connect`):
+"""The local Ray cluster a run starts: it starts no idle workers (an actor gets its worker on demand), and it
+is stopped at the end with nothing left behind, its autoscaler monitor (which has nothing to scale on a fixed
+local cluster) stopped first so that Ray's shutdown does not wait out the monitor's grace period. A real local cluster, no engine. Joining a cluster (`cluster.connect`):
 the address it needs, and a Ray client session start that fails and is tried again."""
 
 from __future__ import annotations
@@ -58,6 +58,34 @@ def test_a_local_session_stops_its_cluster_monitor_first_and_leaves_no_process()
         time.sleep(0.2)
     assert _ray_children() == []
     print(f"local Ray cluster stopped in {stop_s:.2f} s")  # Ray waits 1 s more when the monitor is left to it
+
+
+def _idle_workers() -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.name().startswith("ray::IDLE") and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_local_session_starts_no_idle_workers_and_an_actor_gets_one_on_demand():
+    @ray.remote(num_cpus=1)
+    class Echo:
+        def pid(self) -> int:
+            import os
+
+            return os.getpid()
+
+    with ray_session(None, ReplicaPlan({"CPU": 1}, 1), 1, verbose=False):
+        time.sleep(2)  # Ray's prestart, were it on, would have one worker per logical CPU running by now
+        assert _idle_workers() == []
+        actor = Echo.remote()
+        worker_pid = ray.get(actor.pid.remote(), timeout=60)
+        assert psutil.pid_exists(worker_pid)
+        ray.kill(actor)
 
 
 def test_connect_without_an_address_names_both_ways_to_give_one(monkeypatch: pytest.MonkeyPatch):

@@ -205,6 +205,27 @@ def test_output_piped_into_a_reader_that_leaves_early_is_no_traceback():
     assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
 
 
+def test_the_command_returns_mains_exit_code_with_its_heap_frozen_for_the_exit():
+    # The console script and `python -m cluster.cli` run `entry`: main's exit code, and the heap frozen so
+    # the interpreter's last garbage collection does not walk it; `main` alone, as tests call it, freezes nothing.
+    script = (
+        "import gc, sys\n"
+        "from cluster.cli import entry, main\n"
+        "sys.argv = ['rayeval', 'tasks']\n"
+        "main(['tasks'])\n"
+        "print('after main', gc.get_freeze_count())\n"
+        "code = entry()\n"
+        "print('after entry', code, gc.get_freeze_count() > 1000)\n"
+        "sys.argv = ['rayeval', 'validate', 'no-such-file.yaml']\n"
+        "print('bad input', entry())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "after main 0" in done.stdout
+    assert "after entry 0 True" in done.stdout
+    assert "bad input 2" in done.stdout and "no-such-file.yaml" in done.stderr
+
+
 def test_help_and_dry_run_import_neither_ray_vllm_torch_nor_the_ifeval_checkers(tmp_path):
     # What makes `rayeval run --help` and `--dry-run` take a second, not ten: the heavy packages are imported
     # where they are used. torch is not needed to tell that a CPU build of it sees no GPU.
