@@ -1,11 +1,13 @@
 """The local Ray cluster a run starts: it starts no idle workers (an actor gets its worker on demand), and it
 is stopped at the end with nothing left behind, its autoscaler monitor (which has nothing to scale on a fixed
-local cluster) stopped first so that Ray's shutdown does not wait out the monitor's grace period. A real local cluster, no engine. Joining a cluster (`cluster.connect`):
-the address it needs, and a Ray client session start that fails and is tried again."""
+local cluster) stopped first so that Ray's shutdown does not wait out the monitor's grace period. A real local
+cluster, no engine. Joining a cluster (`cluster.connect`): the address it needs, and a Ray client session start
+that fails and is tried again."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -27,17 +29,27 @@ def _ray_children() -> list[str]:
     return [c for c in found if "ray" in c]
 
 
-def _running_monitors() -> list[psutil.Process]:
+def _live_children(matches: Callable[[psutil.Process], bool], recursive: bool) -> list[psutil.Process]:
+    """This process's children (all descendants where `recursive`) that are not zombies and that `matches`."""
     found = []
-    for child in psutil.Process().children():
+    for child in psutil.Process().children(recursive=recursive):
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and any(
-                part.endswith("autoscaler/_private/monitor.py") for part in child.cmdline()
-            ):
+            if child.status() != psutil.STATUS_ZOMBIE and matches(child):
                 found.append(child)
-        except psutil.Error:
+        except psutil.Error:  # it exited meanwhile
             continue
     return found
+
+
+def _running_monitors() -> list[psutil.Process]:
+    def is_monitor(child: psutil.Process) -> bool:
+        return any(part.endswith("autoscaler/_private/monitor.py") for part in child.cmdline())
+
+    return _live_children(is_monitor, recursive=False)
+
+
+def _idle_workers() -> list[psutil.Process]:
+    return _live_children(lambda child: child.name().startswith("ray::IDLE"), recursive=True)
 
 
 def test_a_local_session_stops_its_cluster_monitor_first_and_leaves_no_process():
@@ -58,17 +70,6 @@ def test_a_local_session_stops_its_cluster_monitor_first_and_leaves_no_process()
         time.sleep(0.2)
     assert _ray_children() == []
     print(f"local Ray cluster stopped in {stop_s:.2f} s")  # Ray waits 1 s more when the monitor is left to it
-
-
-def _idle_workers() -> list[psutil.Process]:
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.name().startswith("ray::IDLE") and child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
 
 
 def test_a_local_session_starts_no_idle_workers_and_an_actor_gets_one_on_demand():
