@@ -65,7 +65,8 @@ def evaluate_in_cluster(
     with joined_session(config.cluster.address):
         run = start_remote(config, retry_failed)
         print(  # a notebook has no logging set up; the run id is what a later attach needs
-            f"rayeval: run {run.run_id} is coordinated inside the cluster; if this session goes away, "
+            f"rayeval: run {run.run_id} is coordinated inside the cluster, on node {run.node_ip}, which writes "
+            f"its folder {config.output_dir}/{run.run_id}; if this session goes away, "
             f"cluster.attach('{run.run_id}') (or `rayeval attach {run.run_id}`) follows it again.",
             file=sys.stderr,
         )

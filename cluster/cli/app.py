@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(getattr(args, "verbose", False))
     try:
+        _open_sealed_environment()
         return int(args.handler(args))
     except EvalInputError as exc:
         print(f"rayeval: error: {exc}", file=sys.stderr)
@@ -54,6 +55,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rayeval: error: {exc}", file=sys.stderr)
             return 1
         raise
+
+
+def _open_sealed_environment() -> None:
+    """A Ray Job's `rayeval` (on the cluster) opens the variables `rayeval submit` sealed for it."""
+    from cluster.forwarded_env import SEALED_ENV, open_sealed_environment
+
+    if SEALED_ENV not in os.environ:
+        return
+    try:
+        names = open_sealed_environment()
+    except ValueError as exc:
+        raise EvalInputError(
+            f"The variables `rayeval submit` forwarded could not be opened: {exc}. Submit again with this "
+            "cluster's token, or keep the variables in the cluster nodes' own environment."
+        ) from None
+    logging.getLogger(__name__).info("variables forwarded by rayeval submit: %s", ", ".join(names))
 
 
 def entry() -> int:

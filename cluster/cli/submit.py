@@ -3,21 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+from pathlib import Path
 
 from evaluators.errors import EvalInputError
+
+log = logging.getLogger(__name__)
 
 COMMANDS = ("run", "tasks", "validate")
 
 EPILOG = """examples:
   rayeval submit --address http://HEAD:8265 -- run --model Qwen/Qwen2.5-7B-Instruct --tasks ifeval,gsm8k \\
                  --replicas 4 --output-dir /shared/runs --run-id qwen7b
-  rayeval submit --no-wait --env HF_HOME=/shared/hf -- run --tasks gsm8k --limit 200
-  rayeval submit --working-dir my_tasks/ -- run --tasks my_task --include-path .
+  rayeval submit --no-wait --env HF_HOME=/shared/hf -- run --tasks gsm8k --limit 200 --output-dir /shared/runs
+  rayeval submit --env WANDB_API_KEY -- run --tasks healthbench --judge openai:gpt-4.1 --output-dir /shared/runs
 The job's `rayeval run` joins the job's own cluster (Ray sets RAY_ADDRESS for it) and writes its run folder on
-the node that runs the job's driver (the head): give --output-dir on storage you can read back, and rerun the
-same submit with the same --run-id to resume. Ray's token authentication is handled: the token is read where
-Ray keeps it (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)."""
+the node that runs the job's driver (the head): give an absolute --output-dir on storage you can read back, and
+rerun the same submit with the same --run-id to resume. Ray's token authentication is handled: the token is
+read where Ray keeps it (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN).
+Keys: the judge's and the endpoint's key variables, HF_TOKEN and each --env NAME are taken from this machine
+and sealed with the cluster's token (the dashboard shows the job's runtime_env: it holds the sealed blob, never
+a value); where this machine lacks one, the job uses the cluster's own. --env NAME=VALUE is a plain variable
+that the dashboard shows, so it is refused for names that look like credentials."""
 
 
 def add_address_flag(parser: argparse.ArgumentParser) -> None:
@@ -44,8 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--env",
         action="append",
         default=[],
-        metavar="KEY=VALUE",
-        help="an environment variable for the job (runtime_env env_vars); repeat for more",
+        metavar="NAME[=VALUE]",
+        help="NAME: this machine's variable, forwarded sealed with the cluster's token; NAME=VALUE: a plain "
+        "variable for the job (runtime_env env_vars, shown by Ray's dashboard); repeat for more",
     )
     p.add_argument("--working-dir", metavar="DIR", help="a local folder Ray uploads and runs the job in")
     p.add_argument("--job-id", metavar="ID", help="the job's submission id (default: Ray makes one)")
@@ -58,13 +68,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_submit(args: argparse.Namespace) -> int:
     from cluster.jobs import JobsClient, JobSpec, exit_code
 
+    command, parsed = job_command(args.command)
+    plain, named = _env_entries(args.env)
+    jobs = JobsClient(args.address)
     spec = JobSpec(
-        command=job_command(args.command),
-        env=_env_vars(args.env),
+        command=command,
+        env=plain | sealed_variables(named, needed_variables(command[0], parsed)),
         working_dir=args.working_dir,
         job_id=args.job_id,
     )
-    jobs = JobsClient(args.address)
     job_id = jobs.submit(spec)
     print(f"submitted job {job_id} to {jobs.address}: {spec.entrypoint}", file=sys.stderr)
     if args.no_wait:
@@ -83,9 +95,62 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return exit_code(details)
 
 
-def job_command(given: list[str]) -> list[str]:
+def needed_variables(command: str, parsed: argparse.Namespace) -> list[str]:
+    """The variables a `run` needs from here (its config's key variables, HF_TOKEN); the output folder
+    checked on the way: the job writes it on the node that runs its driver."""
+    from cluster.forwarded_env import HF_TOKEN_NAMES, names_for
+
+    if command != "run":
+        return list(HF_TOKEN_NAMES)
+    from cluster.cli.run import run_config
+
+    try:
+        config = run_config(parsed)
+    except EvalInputError:  # e.g. --judge-only reads the run's config.yaml, which is on the cluster
+        return list(HF_TOKEN_NAMES)
+    if not Path(config.output_dir).is_absolute():
+        raise EvalInputError(
+            f"--output-dir {config.output_dir} is a relative path, but the job writes its run folder on the node "
+            "that runs the job's driver (the head), in a working folder of Ray's: give an absolute path there, "
+            f"on storage you can read back, e.g. --output-dir /shared/{config.output_dir}."
+        )
+    return names_for(config)
+
+
+def sealed_variables(named: list[str], needed: list[str]) -> dict[str, str]:
+    """The job's runtime_env entry with this machine's values of the named (--env NAME) and needed
+    variables, sealed with the cluster's token; nothing when there are none. A variable named with --env
+    must be here, and sealing needs the token; a needed one that is missing is the cluster's to give."""
+    from cluster.forwarded_env import SEALED_ENV, collect, seal
+    from cluster.jobs.auth import TOKEN_HELP, read_token
+
+    missing = [name for name in named if not os.environ.get(name, "").strip()]
+    if missing:
+        raise EvalInputError(
+            f"--env {missing[0]}: this machine has no {missing[0]} to forward; set it, or write --env NAME=VALUE "
+            "for a plain variable."
+        )
+    env = collect(dict.fromkeys([*named, *needed]))
+    if not env.values:
+        return {}
+    token = read_token()
+    if token is None:
+        if named:
+            raise EvalInputError(
+                f"--env {named[0]}: variables are forwarded sealed with the cluster's auth token, and this machine "
+                f"has none. {TOKEN_HELP} Or keep {named[0]} in the cluster nodes' own environment."
+            )
+        log.warning(
+            "not forwarded (no cluster token to seal them with): %s; the job uses the cluster's own", env
+        )
+        return {}
+    log.info("forwarding %s to the job, sealed with the cluster's token", env)
+    return {SEALED_ENV: seal(env, token)}
+
+
+def job_command(given: list[str]) -> tuple[list[str], argparse.Namespace]:
     """The rayeval command after `--`, checked here with rayeval's own parser so a wrong flag fails before
-    anything is submitted."""
+    anything is submitted, and what the parser read of it."""
     command = given[1:] if given[:1] == ["--"] else list(given)
     if command[:1] == ["rayeval"]:
         command = command[1:]
@@ -94,8 +159,8 @@ def job_command(given: list[str]) -> list[str]:
             f"rayeval submit needs the command to run after `--`, one of {', '.join(COMMANDS)} "
             f"(got {' '.join(given) or 'nothing'}), e.g. `rayeval submit -- run --tasks gsm8k --limit 50`."
         )
-    _command_parser().parse_args(command)  # a usage error exits 2 naming the flag, as on the cluster
-    return command
+    parsed = _command_parser().parse_args(command)  # a usage error exits 2 naming the flag, as on the cluster
+    return command, parsed
 
 
 def _command_parser() -> argparse.ArgumentParser:
@@ -109,11 +174,28 @@ def _command_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _env_vars(entries: list[str]) -> dict[str, str]:
-    env = {}
+def _env_entries(entries: list[str]) -> tuple[dict[str, str], list[str]]:
+    """--env entries: NAME=VALUE as plain variables (refused for credentials, which the dashboard would
+    show), and the NAMEs to forward sealed."""
+    from cluster.config.values import ENV_NAME
+    from cluster.forwarded_env import looks_secret
+
+    plain, named = {}, []
     for entry in entries:
         key, sep, value = entry.partition("=")
-        if not sep or not key.strip():
-            raise EvalInputError(f"--env {entry}: write it as KEY=VALUE, e.g. --env HF_HOME=/shared/hf.")
-        env[key.strip()] = value
-    return env
+        key = key.strip()
+        if not ENV_NAME.match(key):
+            raise EvalInputError(
+                f"--env {entry}: write NAME (forwarded from this machine) or NAME=VALUE, e.g. --env HF_HOME=/shared/hf."
+            )
+        if not sep:
+            named.append(key)
+        elif looks_secret(key):
+            raise EvalInputError(
+                f"--env {key}=...: a job's runtime_env is shown by Ray's dashboard and kept in its job records, so a "
+                f"credential is not passed that way. Write --env {key} to forward this machine's value sealed with "
+                f"the cluster's token, or keep {key} in the cluster nodes' own environment."
+            )
+        else:
+            plain[key] = value
+    return plain, named

@@ -254,6 +254,27 @@ class ClusterOptions(Strict):
         "crash); each waits up to placement_timeout_s for room (0: carry on with the replicas left)",
         json_schema_extra=cli("--replica-restarts", "N"),
     )
+    coordinator_node: str | None = Field(
+        None,
+        min_length=1,
+        description="a Ray-client run's coordinator, which writes the run folder, runs on this node: its IP "
+        "address, hostname or Ray node id (default: the head node)",
+        json_schema_extra=cli("--coordinator-node", "NODE"),
+    )
+    coordinator_idle_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a Ray-client run's coordinator exits this many seconds after its run ended when no client "
+        "has fetched the result (its files stay; a rerun of the run id reads them back)",
+        json_schema_extra=cli("--coordinator-idle-timeout", "S"),
+    )
+    forward_env: list[str] = Field(
+        default_factory=list,
+        description="an environment variable of this machine that the run's coordinator on the cluster "
+        "needs (a Ray-client run; the judge's and endpoint's key variables and HF_TOKEN go already); its value "
+        "is handed over in a call, never stored; repeat for more",
+        json_schema_extra=cli("--env", "NAME"),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -276,6 +297,17 @@ class ClusterOptions(Strict):
         if value is not None:
             check_ray_address(value)
         return value
+
+    @field_validator("forward_env")
+    @classmethod
+    def _variable_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not ENV_NAME.match(name):
+                raise ValueError(
+                    f"'{name}' is not an environment variable name: give the variable's name only (--env "
+                    "HF_TOKEN); its value is read from this machine's environment"
+                )
+        return names
 
 
 class LmEvalOptions(Strict):

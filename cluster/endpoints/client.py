@@ -13,9 +13,9 @@ proxy's HTML error page, or no choices) are retried with exponential backoff and
 whose `finish_reason` names its `FailureReason` (`is_transient` tells the judge runner which failures
 deserve a second pass at the end of judging).
 
-The API key is read by the driver from an environment variable and handed to the actors; it is never
-logged, and every error message is redacted of it (and of any bearer token a server quotes back) before
-it leaves the actor.
+The API key is read by the driver (the run's coordinator) from an environment variable and handed to the
+actors in a method call (`ApiClientActor.use_key`); it is never logged, and every error message is redacted
+of it (and of any bearer token a server quotes back) before it leaves the actor.
 """
 
 from __future__ import annotations
@@ -255,25 +255,32 @@ def backoff_s(attempt: int, failure: AttemptFailure, settings: ApiSettings, rng:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class ApiClientActor:
-    """One API client. It only waits on the network, so it takes no CPU from engine replicas."""
+    """One API client. It only waits on the network, so it takes no CPU from engine replicas.
 
-    def __init__(self, name: str, settings: ApiSettings, api_key: str, limiter: ActorHandle) -> None:
+    The key arrives through `use_key`, a method call, never as an argument of the actor's creation: Ray
+    keeps creation arguments in its control store for restarts, while a call's arguments go to the actor
+    only (and neither is shown by Ray's state API, unlike a runtime_env)."""
+
+    def __init__(self, name: str, settings: ApiSettings, limiter: ActorHandle) -> None:
         self.name = name
         self.settings = settings
         self._limiter = limiter
-        self._key = api_key
-        self._client = openai.AsyncOpenAI(
-            base_url=settings.base_url,
-            api_key=api_key,
-            max_retries=0,  # the retries are ours: each one must take a limiter lease
-            timeout=settings.timeout_s,
-            default_headers={REPLICA_HEADER: name},
-        )
+        self._key = ""
+        self._client: openai.AsyncOpenAI | None = None
         self._stats = ApiStats()
         self._rng = random.Random()
         self._background: set[asyncio.Task[None]] = set()
 
-    def ready(self) -> str:
+    def use_key(self, api_key: str) -> str:
+        """Build the client with the key; the actor answers requests from here on. Returns its name."""
+        self._key = api_key
+        self._client = openai.AsyncOpenAI(
+            base_url=self.settings.base_url,
+            api_key=api_key,
+            max_retries=0,  # the retries are ours: each one must take a limiter lease
+            timeout=self.settings.timeout_s,
+            default_headers={REPLICA_HEADER: self.name},
+        )
         return self.name
 
     def stats(self) -> ApiStats:
@@ -315,6 +322,8 @@ class ApiClientActor:
 
     def _call(self, request: GenerationRequest) -> Callable[[], Awaitable[Any]]:
         """One attempt's HTTP call for the request; ValueError when no OpenAI API answers such a request."""
+        if self._client is None:
+            raise ValueError("the client has no key yet: start it through start_api_clients")
         if request.kind == "chat":
             chat = chat_arguments(self.settings.model, parse_messages(request.prompt), request)
             return lambda: self._client.chat.completions.create(**chat)
@@ -451,10 +460,10 @@ def start_api_clients(settings: ApiSettings, count: int, ready_timeout_s: float 
     api_key = read_api_key(settings)
     limiter = RateLimiter.remote(settings.requests_per_second, settings.max_concurrency)
     names = [f"{settings.user.actor_prefix}-{index}" for index in range(count)]
-    actors = [ApiClientActor.remote(name, settings, api_key, limiter) for name in names]
+    actors = [ApiClientActor.remote(name, settings, limiter) for name in names]
     pool = ApiClientPool(settings, limiter, actors, names)
     try:
-        ray.get([a.ready.remote() for a in actors], timeout=ready_timeout_s)
+        ray.get([a.use_key.remote(api_key) for a in actors], timeout=ready_timeout_s)
     except Exception as exc:
         pool.shutdown()
         raise ClusterError(

@@ -20,12 +20,11 @@ _EXPORTS = {
     "pool": (
         "ReplicaPool",
         "check_feasible",
-        "cpu_thread_binding",
         "replica_call",
         "remote_message",
-        "single_worker_omp_env",
     ),
-    "logs": ("LogPlace", "describe_failure", "first_exception", "mark"),
+    "cores": ("cpu_thread_binding", "single_worker_omp_env", "bind_this_node", "ENGINE_CORE_SLOT_ENV"),
+    "logs": ("LogPlace", "EngineLog", "describe_failure", "first_exception", "mark", "read_on_node"),
     "affinity": ("engine_core_cpus", "pin_descendants", "descendants"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -20,17 +20,16 @@ from typing import Any
 import ray
 
 from cluster.engines.affinity import engine_core_cpus, pin_descendants
+from cluster.engines.cores import bind_this_node, replica_slot
 from cluster.engines.forkserver import engine_core_forked, start_engine_core_server
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype, engine_lora_args
+from cluster.forwarded_env import ForwardedEnv
 from cluster.plan import ExecutorKind
 from evaluators.failures import FailureKind
 from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup, continuation_logprob
 
 log = logging.getLogger(__name__)
-
-# "index/count": which of the node's replicas this actor is, set by the pool (cluster.engines.affinity picks cores)
-ENGINE_CORE_SLOT_ENV = "RAYEVAL_ENGINE_CORE_SLOT"
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,8 @@ class EngineInfo:
     engine_core_cpus: tuple[int, ...] = ()  # where its engine core was pinned; empty: not pinned
     dtype: str = ""  # the weights' dtype the engine was built with (what `auto` became)
     log_files: tuple[str, ...] = ()  # the actor's stdout / stderr files on its node: the engine's full log
+    node_ip: str = ""  # the address of its node, the machine its log files and cores are on
+    cpu_binding: str = ""  # CPU engines: the cores its threads are bound to, chosen on its own node
     executor: str = ExecutorKind.SINGLE.value  # how its workers run (cluster.plan.ExecutorKind)
     nodes: tuple[str, ...] = ()  # the Ray node of each bundle of its placement group, in bundle order
     model: str = ""  # the checkpoint it serves now
@@ -81,6 +82,10 @@ class EngineActor:
         os.environ.update(env)
         self.name = name
         self.settings = settings
+        self.node_ip = ray.util.get_node_ip_address()
+        # CPU engines bind their threads among this node's cores, before the forkserver and vLLM read them
+        workers = settings.tensor_parallel_size * settings.pipeline_parallel_size
+        self.cpu_env = bind_this_node(workers) if settings.device == "cpu" else {}
         self.engine: Any = None
         self.info: EngineInfo | None = None
         self.tokenizer: Any = None
@@ -97,13 +102,20 @@ class EngineActor:
             and start_engine_core_server()
         )
 
-    async def start(self) -> EngineInfo:
-        """Build the engine; a failure raises EngineStartFailed with the root error from the engine's log."""
+    async def start(self, env: ForwardedEnv | None = None) -> EngineInfo:
+        """Build the engine, with the variables the run's coordinator handed over (a hub token: this node's
+        environment is not the coordinator's) set first; a failure raises EngineStartFailed with the root
+        error from the engine's log."""
+        if env is not None:
+            env.apply()
         before = mark(self.log_files)
         try:
             return await self._start()
         except Exception as exc:
-            raise EngineStartFailed(describe_failure(f"{type(exc).__name__}: {exc}", before)) from None
+            raise EngineStartFailed(self._failure(f"{type(exc).__name__}: {exc}", before)) from None
+
+    def _failure(self, message: str, places: list[LogPlace]) -> str:
+        return describe_failure(message, places, self.node_ip)
 
     async def load_checkpoint(self, path: str) -> EngineInfo:
         """Serve the full checkpoint at `path` from now on, in this same process: vLLM reloads the weights in
@@ -128,7 +140,7 @@ class EngineActor:
                 await self.shutdown()
                 await self._start()
         except Exception as exc:
-            raise EngineStartFailed(describe_failure(f"{type(exc).__name__}: {exc}", before)) from None
+            raise EngineStartFailed(self._failure(f"{type(exc).__name__}: {exc}", before)) from None
         self.info = replace(self.info, model=path, loaded_by=kind.value, start_s=time.perf_counter() - began)
         return self.info
 
@@ -161,6 +173,8 @@ class EngineActor:
             engine_core_cpus=tuple(pinned_to),
             dtype=str(config.model_config.dtype).removeprefix("torch."),
             log_files=tuple(self.log_files),
+            node_ip=self.node_ip,
+            cpu_binding=self.cpu_env.get("VLLM_CPU_OMP_THREADS_BIND", ""),
             executor=s.executor.value,
             nodes=bundle_nodes(),
             model=s.model,
@@ -232,11 +246,10 @@ class EngineActor:
     def _pin_engine_core(self) -> list[int]:
         """GPU replicas: vLLM's engine core process onto cores of its own among the node's replicas (the
         pool says which of how many this replica is on its node)."""
-        slot = os.environ.get(ENGINE_CORE_SLOT_ENV, "")
-        if self.settings.device != "gpu" or not self.settings.pin_engine_core or "/" not in slot:
+        if self.settings.device != "gpu" or not self.settings.pin_engine_core:
             return []
         try:  # a speed-up only: whatever goes wrong here must not fail the replica
-            index, count = (int(part) for part in slot.split("/"))
+            index, count = replica_slot()
             cpus = engine_core_cpus(index, count, sorted(os.sched_getaffinity(0)))
             return cpus if pin_descendants(os.getpid(), cpus) else []
         except (OSError, ValueError) as error:
@@ -275,7 +288,7 @@ class EngineActor:
                 final = output
         except EngineDeadError as exc:
             if self.death_cause is None:  # every in-flight request sees the death; read the log once
-                self.death_cause = describe_failure(str(exc), self.since_start)
+                self.death_cause = self._failure(str(exc), self.since_start)
             raise EngineDead(self.death_cause) from None
         except Exception as exc:  # noqa: BLE001 - a bad request is a failed sample, never a dead run
             return Completion(

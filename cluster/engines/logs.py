@@ -4,6 +4,10 @@ vLLM's engine core and its workers are child processes of the engine actor and w
 stdout and stderr, which Ray sends to the worker's log files (`worker-*.out` / `.err` in the session's log
 folder). When the engine dies, the exception the actor sees says only "EngineCore encountered an issue. See
 stack trace (above)": the stack trace is in those files, so the root error is read back from them.
+
+Those files are on the engine's node, which need not be the driver's machine: a live actor reads its own,
+and for an actor whose process died `read_on_node` reads them with a task placed on that node. Every
+message names the node beside the paths.
 """
 
 from __future__ import annotations
@@ -80,8 +84,43 @@ def root_error(places: Iterable[LogPlace]) -> str | None:
     return None
 
 
-def describe_failure(message: str, places: list[LogPlace]) -> str:
-    """The root error when the logs have one (else the message), and where the full log is."""
-    text = root_error(places) or message
+@dataclass(frozen=True)
+class EngineLog:
+    """An engine's log files, from where in each they concern it, and the node they are on."""
+
+    places: tuple[LogPlace, ...]
+    node_id: str = ""
+    node_ip: str = ""
+
+
+def describe_failure(
+    message: str, places: Iterable[LogPlace], node_ip: str = "", root: str | None = None
+) -> str:
+    """The root error when the logs have one (else the message), and where the full log is: its paths and
+    the node they are on. `root`: the root error already read (on the node); else the files are read here."""
+    places = list(places)
+    text = root or root_error(places) or message
     where = " and ".join(p.path for p in places)
-    return f"{text}; the engine's full log: {where}" if where else text
+    on = f" on node {node_ip}" if node_ip else ""
+    return f"{text}; the engine's full log: {where}{on}" if where else text
+
+
+async def read_on_node(log: EngineLog, timeout_s: float = 20.0) -> str | None:
+    """The root error in the log files of `log`, read by a task on the log's own node (no CPU asked); None
+    when the node is gone, does not answer in time, or the logs hold none."""
+    import asyncio
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not log.node_id or not log.places:
+        return None
+    reader = ray.remote(num_cpus=0, max_retries=0)(root_error).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(log.node_id, soft=False)
+    )
+    try:
+        return await asyncio.wait_for(
+            asyncio.wrap_future(reader.remote(list(log.places)).future()), timeout_s
+        )
+    except Exception:  # noqa: BLE001 - the node may be the very thing that failed
+        return None

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 
 import ray
@@ -15,10 +12,12 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from cluster.engines.actor import ENGINE_CORE_SLOT_ENV, EngineActor, EngineDead, EngineInfo, EngineStartFailed
-from cluster.engines.logs import LogPlace, describe_failure, mark
+from cluster.engines.actor import EngineActor, EngineDead, EngineInfo, EngineStartFailed
+from cluster.engines.cores import ENGINE_CORE_SLOT_ENV
+from cluster.engines.logs import EngineLog, describe_failure, mark, read_on_node
 from cluster.engines.settings import EngineSettings
 from cluster.errors import ClusterError
+from cluster.forwarded_env import for_engines
 from cluster.plan import ExecutorKind, ReplicaLayout, ReplicaPlan
 from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
 from sharding.requests import Completion, PromptGroup
@@ -56,35 +55,6 @@ def check_feasible(plan: ReplicaPlan, replicas: int) -> ReplicaLayout:
     return layout
 
 
-def cpu_thread_binding(local_index: int, local_count: int, workers: int, cores: int | list[int]) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for one CPU replica: its own cores, one core list per worker rank.
-
-    Replicas sharing a node get disjoint cores while there are enough; with fewer cores than workers the
-    ranks share cores round-robin (`0|1|0` runs a TP=3 replica on two cores). `cores` is a count (cores
-    0..n-1) or the ids of the cores this process may use (`taskset -c 2,3 rayeval run` binds to 2 and 3).
-    """
-    ids = list(range(cores)) if isinstance(cores, int) else sorted(cores)
-    count = len(ids)
-    per_replica = max(1, count // max(1, local_count))
-    first = (local_index * per_replica) % count
-    mine = [ids[(first + i) % count] for i in range(per_replica)]
-    if len(mine) >= workers:
-        per_worker = len(mine) // workers
-        groups = [mine[i * per_worker : (i + 1) * per_worker] for i in range(workers)]
-    else:
-        groups = [[mine[i % len(mine)]] for i in range(workers)]
-    return "|".join(",".join(str(c) for c in group) for group in groups)
-
-
-def single_worker_omp_env(binding: str) -> dict[str, str]:
-    """The OpenMP environment of a one-worker CPU replica's engine core, where its worker runs (the actor's
-    `_engine_config`): what vLLM's multiprocessing executor sets for a worker process of its own (thread count,
-    the cores as one place, threads bound to it), set here because the engine core inherits the actor's
-    environment. Without it a Ray worker's OMP_NUM_THREADS (Ray sets it from the actor's CPUs) would hold."""
-    cores = binding.split(",")
-    return {"OMP_NUM_THREADS": str(len(cores)), "OMP_PLACES": "{" + binding + "}", "OMP_PROC_BIND": "true"}
-
-
 class ReplicaPool:
     """Starts `count` engine replicas, each in its own placement group, and hands them to the dispatcher."""
 
@@ -113,7 +83,7 @@ class ReplicaPool:
         self.groups: dict[str, PlacementGroup] = {}  # by replica name
         self.actors: list[ray.actor.ActorHandle] = []
         self.infos: list[EngineInfo] = []
-        self.log_marks: list[list[LogPlace]] = []
+        self.log_marks: list[EngineLog] = []
         # by replica name: (index, count) among the replicas sharing a host's cores
         self.slots: dict[str, tuple[int, int]] = {}
         self.max_restarts = max_restarts
@@ -146,7 +116,7 @@ class ReplicaPool:
             self.slots[name] = slot
             self.actors.append(self._launch(name, group, slot))
         try:
-            self.infos = ray.get([a.start.remote() for a in self.actors])
+            self.infos = ray.get([a.start.remote(for_engines()) for a in self.actors])
         except Exception as exc:
             self.shutdown()
             raise ClusterError(
@@ -154,7 +124,7 @@ class ReplicaPool:
                 "model path or HF id is right and reachable from every node, and that max_model_len fits."
             ) from None
         # where each engine's log stands now: a replica that dies later has its root error after this mark
-        self.log_marks = [mark(info.log_files) for info in self.infos]
+        self.log_marks = [engine_log(info) for info in self.infos]
         return self.infos
 
     def load_checkpoint(self, path: str) -> list[EngineInfo]:
@@ -168,7 +138,7 @@ class ReplicaPool:
                 "complete model folder readable from every node."
             ) from None
         self.settings = replace(self.settings, model=path)
-        self.log_marks = [mark(info.log_files) for info in self.infos]
+        self.log_marks = [engine_log(info) for info in self.infos]
         return self.infos
 
     def _placement_group(self) -> PlacementGroup:
@@ -217,7 +187,7 @@ class ReplicaPool:
             actor = self._launch(name, group, self.slots[name])
             self.actors.append(actor)
         try:
-            info = ray.get(actor.start.remote())
+            info = ray.get(actor.start.remote(for_engines()))
         except Exception as exc:  # noqa: BLE001 - a replacement that cannot start leaves the run as it was
             log.warning("the replacement of %s did not start: %s", dead, remote_message(exc))
             return None
@@ -225,7 +195,7 @@ class ReplicaPool:
             if self.closing:
                 return None
             self.infos.append(info)
-            self.log_marks.append(mark(info.log_files))
+            self.log_marks.append(engine_log(info))
             return self._replica(actor, info, self.log_marks[-1]), info
 
     def _placed(self, group: PlacementGroup) -> bool:
@@ -244,18 +214,14 @@ class ReplicaPool:
         return host_of_node.get(node_id, node_id)
 
     def _env(self, local_index: int, local_count: int) -> dict[str, str]:
+        """The actor's environment: its slot among the replicas on its machine, from which it binds its
+        engine's threads to cores of that machine itself (`engines.cores`); never this machine's cores."""
         env = {
             "VLLM_LOGGING_LEVEL": "INFO" if self.verbose else "WARNING",
             ENGINE_CORE_SLOT_ENV: f"{local_index}/{local_count}",
         }
         if self.settings.device == "cpu":
-            binding = cpu_thread_binding(
-                local_index, local_count, self.plan.workers, sorted(os.sched_getaffinity(0))
-            )
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
-            env["VLLM_CPU_OMP_THREADS_BIND"] = binding
-            if self.plan.workers == 1:
-                env |= single_worker_omp_env(binding)
         return env
 
     def replicas(self) -> list[Replica]:
@@ -269,7 +235,7 @@ class ReplicaPool:
             for actor, info, logs in zip(self.actors, self.infos, self.log_marks, strict=True)
         ]
 
-    def _replica(self, actor: ray.actor.ActorHandle, info: EngineInfo, logs: list[LogPlace]) -> Replica:
+    def _replica(self, actor: ray.actor.ActorHandle, info: EngineInfo, logs: EngineLog) -> Replica:
         return Replica(
             info.name,
             replica_call(actor, info.name, logs),
@@ -290,30 +256,35 @@ class ReplicaPool:
         self.actors, self.groups = [], {}
 
 
-def replica_call(actor: ray.actor.ActorHandle, name: str, logs: list[LogPlace] | None = None) -> ReplicaCall:
-    """The dispatcher's call for an actor with `generate(group)` (an engine or an API judge); `logs` are
-    the engine's log files, read for the root error if the actor process dies."""
+def engine_log(info: EngineInfo) -> EngineLog:
+    """The engine's log files on its node, marked where they stand now."""
+    return EngineLog(tuple(mark(info.log_files)), info.node_id, info.node_ip)
+
+
+def replica_call(actor: ray.actor.ActorHandle, name: str, log: EngineLog | None = None) -> ReplicaCall:
+    """The dispatcher's call for an actor with `generate(group)` (an engine or an API judge). A dead actor
+    is killed for good and reported as `ReplicaDead` with its root error, so its work goes back on the
+    queue: an engine that died inside a live actor has read its own log (EngineDead); for an actor process
+    that died, `log` (the engine's files on its node) is read by a task on that node."""
 
     async def generate(group: PromptGroup) -> list[Completion]:
-        with _dead_replica_reported(actor, name, logs or []):
+        try:
             return await actor.generate.remote(group)
+        except EngineDead as exc:
+            ray.kill(actor, no_restart=True)
+            raise ReplicaDead(remote_message(exc)) from exc
+        except RayActorError as exc:
+            ray.kill(actor, no_restart=True)
+            raise ReplicaDead(await dead_actor_cause(remote_message(exc), log)) from exc
 
     return generate
 
 
-@contextmanager
-def _dead_replica_reported(actor: ray.actor.ActorHandle, name: str, logs: list[LogPlace]) -> Iterator[None]:
-    """A dead actor is killed for good and reported as `ReplicaDead` with its root error, so its work goes
-    back on the queue. An engine that died inside a live actor has read its own log (EngineDead); an actor
-    process that died is read here, where its log is on this machine."""
-    try:
-        yield
-    except EngineDead as exc:
-        ray.kill(actor, no_restart=True)
-        raise ReplicaDead(remote_message(exc)) from exc
-    except RayActorError as exc:
-        ray.kill(actor, no_restart=True)
-        raise ReplicaDead(describe_failure(remote_message(exc), logs)) from exc
+async def dead_actor_cause(message: str, log: EngineLog | None) -> str:
+    """Why an actor process died: the root error its log holds, read on its node, and where that log is."""
+    if log is None:
+        return message
+    return describe_failure(message, log.places, log.node_ip, root=await read_on_node(log))
 
 
 def remote_message(exc: BaseException) -> str:

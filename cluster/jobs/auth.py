@@ -38,6 +38,20 @@ def token_source() -> str | None:
     return str(path) if path.is_file() else None
 
 
+def read_token() -> str | None:
+    """This process's copy of the cluster's token, read where Ray reads it; None when there is none."""
+    value = os.environ.get(TOKEN_ENV, "").strip()
+    if value:
+        return value
+    source = token_source()
+    if source is None:
+        return None
+    try:
+        return Path(source).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def enable_token_auth() -> str | None:
     """Turn on token mode for this process (and the Ray clients it starts) when a token is available and
     the mode is not set; returns where the token is, or None when none was found or the mode was set."""

@@ -39,10 +39,14 @@ def test_the_failure_names_the_root_error_and_the_log_after_its_mark(tmp_path):
     mark = log.stat().st_size
     with log.open("a") as handle:
         handle.write(VLLM_LOG)
-    described = describe_failure("EngineCore encountered an issue.", [LogPlace(str(log), mark)])
-    assert described == f"RuntimeError: CPU Generator does not use offset; the engine's full log: {log}"
+    described = describe_failure("EngineCore encountered an issue.", [LogPlace(str(log), mark)], "10.0.0.2")
+    assert described == (
+        f"RuntimeError: CPU Generator does not use offset; the engine's full log: {log} on node 10.0.0.2"
+    )
     missing = describe_failure("engine gone", [LogPlace(str(tmp_path / "elsewhere.out"))])
     assert missing == f"engine gone; the engine's full log: {tmp_path / 'elsewhere.out'}"
+    read_there = describe_failure("engine gone", [LogPlace("/x.err")], "10.0.0.3", root="OSError: on its node")
+    assert read_there == "OSError: on its node; the engine's full log: /x.err on node 10.0.0.3"
 
 
 @pytest.mark.slow
@@ -77,6 +81,7 @@ def test_a_dead_engine_reports_its_root_error_and_log():
             pool.shutdown()
     message = str(died.value)
     assert message.startswith("RuntimeError: CPU Generator does not use offset; the engine's full log: ")
-    log_files = message.split("the engine's full log: ")[1].split(" and ")
-    assert log_files == list(pool.infos[0].log_files)
+    where, node = message.split("the engine's full log: ")[1].split(" on node ")
+    log_files = where.split(" and ")
+    assert log_files == list(pool.infos[0].log_files) and node == pool.infos[0].node_ip
     assert any("Traceback" in Path(path).read_text() for path in log_files)

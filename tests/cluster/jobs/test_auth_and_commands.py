@@ -1,11 +1,14 @@
 """The plain parts of reaching a cluster from outside: where Ray's token is found, which job server is meant,
-and the command after `rayeval submit --` checked before anything is submitted."""
+the command after `rayeval submit --` checked before anything is submitted, the variables a job takes
+along (sealed with the cluster's token) and the paths a job or client run refuses."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from cluster.cli.submit import _env_vars, job_command
+from cluster.cli.submit import _env_entries, job_command, needed_variables, sealed_variables
 from cluster.jobs.auth import enable_token_auth, token_source
 from cluster.jobs.client import DEFAULT_DASHBOARD, JobSpec, dashboard_address
 from evaluators.errors import EvalInputError
@@ -59,8 +62,8 @@ def test_the_flag_wins_then_the_variables_then_this_machine(no_ray_variables):
 
 
 def test_the_submitted_command_is_a_rayeval_command_checked_here():
-    assert job_command(["--", "run", "--tasks", "gsm8k"]) == ["run", "--tasks", "gsm8k"]
-    assert job_command(["rayeval", "validate", "x.yaml"]) == ["validate", "x.yaml"]
+    assert job_command(["--", "run", "--tasks", "gsm8k"])[0] == ["run", "--tasks", "gsm8k"]
+    assert job_command(["rayeval", "validate", "x.yaml"])[0] == ["validate", "x.yaml"]
     with pytest.raises(
         EvalInputError, match="needs the command to run after `--`, one of run, tasks, validate"
     ):
@@ -73,10 +76,82 @@ def test_the_submitted_command_is_a_rayeval_command_checked_here():
     assert spec.runtime_env() == {"env_vars": {"HF_HOME": "/x"}, "working_dir": "w"}
 
 
-def test_env_entries_need_a_key_and_an_equals_sign():
-    assert _env_vars(["A=1", "B=x=y", "C="]) == {"A": "1", "B": "x=y", "C": ""}
-    with pytest.raises(EvalInputError, match="--env NOVALUE: write it as KEY=VALUE"):
-        _env_vars(["NOVALUE"])
+def test_env_entries_are_plain_values_or_names_to_forward_and_credentials_never_go_plain():
+    assert _env_entries(["A=1", "B=x=y", "C=", "HF_HOME=/x"]) == (
+        {"A": "1", "B": "x=y", "C": "", "HF_HOME": "/x"},
+        [],
+    )
+    assert _env_entries(["WANDB_API_KEY", "A=1"]) == ({"A": "1"}, ["WANDB_API_KEY"])
+    with pytest.raises(
+        EvalInputError, match=r"--env OPENAI_API_KEY=\.\.\.: a job's runtime_env is shown by Ray's dashboard"
+    ):
+        _env_entries(["OPENAI_API_KEY=sk-123"])
+    with pytest.raises(EvalInputError, match="--env 1X=2: write NAME"):
+        _env_entries(["1X=2"])
+
+
+def test_a_jobs_keys_are_sealed_with_the_clusters_token_and_opened_with_it(monkeypatch, tmp_path):
+    from cluster.forwarded_env import SEALED_ENV, open_sealed_environment, unseal
+
+    token = tmp_path / "auth_token"
+    token.write_text("cluster-token-1")
+    for name in ("RAY_AUTH_TOKEN", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MY_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-value")
+    monkeypatch.setenv("MY_KEY", "mine")
+    command, parsed = job_command(
+        ["--", "run", "--tasks", "healthbench", "--judge", "openai:j", "--output-dir", "/o"]
+    )
+    needed = needed_variables(command[0], parsed)
+    assert needed == ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY"]
+    entry = sealed_variables(["MY_KEY"], needed)
+    assert list(entry) == [SEALED_ENV] and "sk-secret-value" not in entry[SEALED_ENV]
+    assert dict(unseal(entry[SEALED_ENV], "cluster-token-1").values) == {
+        "MY_KEY": "mine",
+        "OPENAI_API_KEY": "sk-secret-value",
+    }
+    with pytest.raises(ValueError, match="another cluster token"):
+        unseal(entry[SEALED_ENV], "another-token")
+
+    # on the cluster: the job's rayeval opens them, a variable of the node's own is overridden by the client's
+    monkeypatch.setenv("OPENAI_API_KEY", "the-nodes-own")
+    monkeypatch.delenv("MY_KEY")
+    monkeypatch.setenv(SEALED_ENV, entry[SEALED_ENV])
+    assert open_sealed_environment() == ["MY_KEY", "OPENAI_API_KEY"]
+    assert os.environ["OPENAI_API_KEY"] == "sk-secret-value" and os.environ["MY_KEY"] == "mine"
+    assert SEALED_ENV not in os.environ
+
+    with pytest.raises(EvalInputError, match="--env ABSENT: this machine has no ABSENT"):
+        sealed_variables(["ABSENT"], [])
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "none"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(
+        EvalInputError, match="--env MY_KEY: variables are forwarded sealed with the cluster's auth"
+    ):
+        monkeypatch.setenv("MY_KEY", "mine")
+        sealed_variables(["MY_KEY"], [])
+    assert sealed_variables([], ["OPENAI_API_KEY"]) == {}  # no token: the cluster's own is used
+
+
+def test_a_job_or_client_run_refuses_relative_paths_naming_the_setting():
+    from cluster.config import build_config
+    from cluster.run.remote import check_paths_for_the_cluster
+
+    command, parsed = job_command(["--", "run", "--output-dir", "runs"])
+    with pytest.raises(EvalInputError, match="--output-dir runs is a relative path, but the job writes"):
+        needed_variables(command[0], parsed)
+    with pytest.raises(
+        EvalInputError, match="--output-dir runs is a relative path, but this run is coordinated"
+    ):
+        check_paths_for_the_cluster(build_config({}, {}, "t"))
+    relative_data = build_config(
+        {"tasks": [{"name": "gsm8k", "data_path": "data/g.jsonl"}], "output_dir": "/o"}, {}, "t"
+    )
+    with pytest.raises(EvalInputError, match="tasks.gsm8k.data_path data/g.jsonl is a relative path"):
+        check_paths_for_the_cluster(relative_data)
+    fine = {"tasks": [{"name": "gsm8k", "data_path": "hf://openai/gsm8k"}], "output_dir": "/o"}
+    check_paths_for_the_cluster(build_config(fine, {}, "t"))
 
 
 def test_a_ray_job_command_joins_the_cluster_in_ray_address(no_ray_variables):
