@@ -127,7 +127,10 @@ class JudgeApiStandin:
         api_key: str | None = None,
         echo_auth: bool = False,
         route: Route | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
+        self.host, self.port = host, port  # a test's own network namespace may give another address
         self.answer = answer
         self.schedule = schedule
         self.retry_after_s = retry_after_s
@@ -150,10 +153,10 @@ class JudgeApiStandin:
     def base_url(self) -> str:
         if self._server is None:
             raise RuntimeError("the stand-in is not running")
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        return f"http://{self.host}:{self._server.server_address[1]}/v1"
 
     def start(self) -> str:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = ThreadingHTTPServer((self.host, self.port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="judge-api-standin", daemon=True
@@ -346,3 +349,28 @@ def standin_answer(messages: list[dict]) -> str:
     if "Rating: [[X]]" in system:
         return "Clear and on topic.\nRating: [[8]]"
     return "Output A follows the instruction better.\n[[A]]"
+
+
+def serve_standin_until_stopped() -> None:
+    """`python -m tests.judge_api_standin HOST PORT`: the stand-in with `standin_answer`, accepting only the key
+    in $STANDIN_API_KEY, in a process of its own (a test's separate host runs it there); prints its base URL,
+    then one line per request it served, and stops on SIGTERM."""
+    import os
+    import signal
+    import sys
+
+    host, port = sys.argv[1], int(sys.argv[2])
+    standin = JudgeApiStandin(standin_answer, api_key=os.environ["STANDIN_API_KEY"], host=host, port=port)
+    print(standin.start(), flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    shown = 0
+    while not stopped.wait(0.2):
+        for served in standin.log()[shown:]:
+            print(json.dumps({"action": served.action, "model": served.model}), flush=True)
+            shown += 1
+    standin.stop()
+
+
+if __name__ == "__main__":
+    serve_standin_until_stopped()
