@@ -17,12 +17,15 @@ EPILOG = """examples:
   rayeval serve                                    # the embedded SmolLM2 on this machine, until Ctrl-C
   rayeval serve --model Qwen/Qwen2.5-7B-Instruct --replicas 2 --address auto    # onto a running cluster
   rayeval serve --lora tuned=./out/adapter         # the base model and a LoRA adapter named `tuned`
+  rayeval serve --host 0.0.0.0 --api-key-env SERVE_KEY --address auto   # open to the network, with a key
   rayeval serve --status --address auto            # the application's replicas and their state
   rayeval serve --shutdown --address auto
   rayeval run --model openai:SmolLM2-135M-Instruct --base-url http://127.0.0.1:8000/v1 --tasks ifeval
-  rayeval run --tasks alpaca_eval --judge openai:NAME --judge-base-url http://HEAD:8000/v1   # a shared judge
+  rayeval run --tasks alpaca_eval --judge openai:NAME --judge-base-url http://HEAD:8000/v1 \
+      --judge-api-key-env SERVE_KEY      # a shared judge, served with --host 0.0.0.0 --api-key-env SERVE_KEY
 Without --address (or RAY_ADDRESS) the command starts a local Ray cluster and serves until it is stopped;
-with one, it deploys onto that cluster and returns: the application lives on until --shutdown."""
+with one, it deploys onto that cluster and returns: the application lives on until --shutdown.
+The API listens on 127.0.0.1 unless --host says otherwise; with --api-key-env every request needs the key."""
 
 # Settings of `rayeval run` that mean nothing to a served model (adapters are served by name, prompts come
 # rendered by the API's own chat template, replicas are restarted by Serve).
@@ -83,17 +86,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"no Serve application '{config.app_name}' to shut down")
         return 1
     if config.cluster.address:
-        _print_served(serve.deploy(config, args.verbose), "it runs until `rayeval serve --shutdown`")
+        served = serve.deploy(config, args.verbose)
+        _print_served(served, config.api_key_env, "it runs until `rayeval serve --shutdown`")
         return 0
     stop = threading.Event()
     try:
-        serve.serve_here(config, lambda served: _print_served(served, "Ctrl-C stops it"), stop, args.verbose)
+        serve.serve_here(
+            config,
+            lambda served: _print_served(served, config.api_key_env, "Ctrl-C stops it"),
+            stop,
+            args.verbose,
+        )
     except KeyboardInterrupt:
         pass
     return 0
 
 
-def _print_served(served: ServedModel, lifetime: str) -> None:
+def _print_served(served: ServedModel, key_env: str | None, lifetime: str) -> None:
     print(
         f"serving {served.name} ({served.model_path}, {served.replicas} replica(s) on {served.device}) "
         f"at {served.url} in {served.start_s:.1f} s; {lifetime}",
@@ -102,3 +111,11 @@ def _print_served(served: ServedModel, lifetime: str) -> None:
     print(f"OPENAI_BASE_URL={served.url} OPENAI_MODEL={served.name}", flush=True)
     for adapter in served.adapters:
         print(f"LoRA adapter {adapter}: OPENAI_MODEL={adapter}", flush=True)
+    if key_env:
+        print(
+            f"requests need Authorization: Bearer ${key_env}; rayeval runs pass it with --api-key-env {key_env} "
+            f"(a judge: --judge-api-key-env {key_env})",
+            flush=True,
+        )
+    for note in served.notes:
+        print(f"note: {note}", flush=True)

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cluster.config.values import ENV_NAME, check_ray_address, parse_gen_kwargs
+from cluster.config.values import ENV_NAME, check_listen_host, check_ray_address, parse_gen_kwargs
 
 # The embedded demo model on CPU (a quick look, not a benchmark): its first 20 questions, answers cut at 256
 # tokens. Greedy SmolLM2-135M in float32 repeats itself to IFEval's 1,280-token limit on 16 of the 20 demo
@@ -368,8 +368,8 @@ def _check_http_url(value: str | None) -> str | None:
     return value
 
 
-def _check_env_name(value: str) -> str:
-    if not ENV_NAME.match(value):
+def _check_env_name(value: str | None) -> str | None:
+    if value is not None and not ENV_NAME.match(value):
         raise ValueError(
             f"'{value}' is not an environment variable name: give the variable's name (letters, digits, "
             "underscores), e.g. OPENAI_API_KEY, never the key itself"
@@ -682,12 +682,29 @@ class ServeConfig(Strict):
         "folder's name)",
         json_schema_extra=cli("--served-model-name", "NAME", group="serve"),
     )
+    host: str = Field(
+        "127.0.0.1",
+        description="the address Ray Serve's HTTP proxy listens on: 127.0.0.1 keeps the API to the machine it "
+        "runs on (an SSH tunnel reaches it from elsewhere); 0.0.0.0 opens it to the network, to anyone who "
+        "reaches the port unless --api-key-env is given. A cluster whose Serve already runs keeps its own "
+        "host: a deploy that asks for another is refused",
+        json_schema_extra=cli("--host", "ADDR", group="serve"),
+    )
     port: int = Field(
         8000,
         ge=1,
         le=65535,
-        description="the HTTP port of Ray Serve's proxy (a cluster whose Serve already runs keeps its own)",
+        description="the HTTP port of Ray Serve's proxy (a cluster whose Serve already runs keeps its own; the "
+        "printed URL names the port in use)",
         json_schema_extra=cli("--port", "PORT", group="serve"),
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="require an API key on every request (Authorization: Bearer KEY, as OpenAI clients send "
+        "it; 401 otherwise), the key read from this environment variable where `rayeval serve` runs: only its "
+        "SHA-256 digest reaches the cluster. Use a long random key (e.g. `openssl rand -hex 32`) (default: no "
+        "key)",
+        json_schema_extra=cli("--api-key-env", "VAR", group="serve"),
     )
     app_name: str = Field(
         "rayeval",
@@ -701,6 +718,14 @@ class ServeConfig(Strict):
         "beside the base model under NAME (`model` of a request); repeat for more",
         json_schema_extra=cli("--lora", "NAME=PATH", group="serve"),
     )
+
+    _key_env = field_validator("api_key_env")(_check_env_name)
+
+    @field_validator("host")
+    @classmethod
+    def _listen_host(cls, value: str) -> str:
+        check_listen_host(value)
+        return value
 
     @property
     def lora_modules(self) -> dict[str, str]:

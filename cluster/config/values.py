@@ -1,9 +1,10 @@
 """Checks of single setting values that pydantic's types cannot say: Ray addresses, environment variable
-names, and lm-eval's `--gen-kwargs` (parsed as lm-eval parses them, refusing what the engine would reject)."""
+names, addresses to listen on, and lm-eval's `--gen-kwargs` (parsed as lm-eval parses them, refusing what the engine would reject)."""
 
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -12,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
 RAY_ADDRESS = re.compile(r"^(?:ray://)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})$")
 
 
@@ -29,6 +31,21 @@ def check_ray_address(value: str) -> None:
         raise ValueError(
             f"'{value}' is not a Ray address: give host:port of the head's GCS (e.g. 10.0.0.5:6379), "
             "ray://host:10001 for Ray client, or auto on a cluster node; leave it out to start a local cluster"
+        )
+
+
+def check_listen_host(value: str) -> None:
+    """An IP address (v4 or v6) or a host name of this machine to listen on; ValueError otherwise (a URL, a
+    host:port)."""
+    try:
+        ipaddress.ip_address(value)
+        return
+    except ValueError:
+        pass
+    if not HOST_NAME.match(value):
+        raise ValueError(
+            f"'{value}' is not an address to listen on: give an IP address of this machine (no scheme, no "
+            "port), e.g. 127.0.0.1 for this machine only or 0.0.0.0 for every interface (open to the network)"
         )
 
 

@@ -1,10 +1,14 @@
 """The model behind an OpenAI-compatible API on Ray Serve, built with Ray Serve's own LLM support
 (`ray.serve.llm`): one `LLMServer` deployment of N replicas (each a vLLM engine in its own placement group)
-behind Ray's OpenAI ingress (/v1/models, /v1/chat/completions, /v1/completions, streaming).
+behind Ray's OpenAI ingress (/v1/models, /v1/chat/completions, /v1/completions, streaming), extended with
+local LoRA adapters and an optional API key (`ingress`).
 
 Each replica's engine gets the settings `rayeval run` gives its own engines (`cluster.engines.settings`:
 dtype, eager on CPU, no chunked prefill on CPU, the KV cache size), so a served model answers as the run's
-replicas do.
+replicas do; on CPU a replica binds its engine's threads to its own node's cores (`replica`).
+
+The API listens on 127.0.0.1 unless --host says otherwise (`address`). A key given with --api-key-env is
+read here and reaches the cluster only as its digest (`auth`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import ray
 
 from cluster.config import RunConfig, ServeConfig
 from cluster.engines import (
-    cpu_thread_binding,
     engine_chunked_prefill,
     engine_dtype,
     engine_lora_args,
@@ -34,6 +37,8 @@ from cluster.engines import (
 from cluster.errors import ClusterError
 from cluster.models import resolve_model
 from cluster.plan import ReplicaPlan, replica_plan, resolve_device
+from cluster.serve.address import HttpPlace, api_url, check_running_host, placement_notes
+from cluster.serve.auth import key_digest_from_env
 from cluster.session import joined_session, ray_session
 
 log = logging.getLogger(__name__)
@@ -51,13 +56,15 @@ class ServedModel:
     device: str
     start_s: float
     adapters: tuple[str, ...] = ()  # LoRA adapters served by name beside the base model
+    notes: tuple[str, ...] = ()  # where the API is, beyond its URL
 
 
 def deploy(config: ServeConfig, verbose: bool = False) -> ServedModel:
     """Serve the model on the cluster at `cluster.address` (or $RAY_ADDRESS) and return: the application
     lives on there until `shutdown`."""
+    key_sha256 = key_digest_from_env(config.api_key_env) if config.api_key_env else None
     with joined_session(config.cluster.address, verbose):
-        return serve_model(config, local=False)
+        return serve_model(config, local=False, key_sha256=key_sha256)
 
 
 def serve_here(
@@ -65,13 +72,18 @@ def serve_here(
 ) -> None:
     """Serve the model on a local Ray cluster of this process until `stop` is set (or SIGTERM comes), then
     shut it all down."""
+    key_sha256 = None
+    if config.api_key_env:
+        key_sha256 = key_digest_from_env(config.api_key_env)
+        # the local cluster's processes inherit this process's environment: the key stays out of it
+        os.environ.pop(config.api_key_env)
     plan = replica_plan(_run_config(config), "cpu")
     with ray_session(None, plan, config.cluster.replicas, verbose):
         from ray import serve
 
         # after ray.init, which installs a SIGTERM handler of its own that ends the process at once
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        announce(serve_model(config, local=True))
+        announce(serve_model(config, local=True, key_sha256=key_sha256))
         try:
             while not stop.wait(1.0):
                 pass
@@ -89,13 +101,17 @@ def shutdown(config: ServeConfig, verbose: bool = False) -> bool:
         return shutdown_app(config.app_name)
 
 
-def serve_model(config: ServeConfig, *, local: bool) -> ServedModel:
+def serve_model(config: ServeConfig, *, local: bool, key_sha256: str | None = None) -> ServedModel:
     """Deploy the model on the connected Ray cluster and wait until every replica answers. `local`: the
-    cluster is this process's own (the API is then on 127.0.0.1)."""
+    cluster is this process's own. `key_sha256`: the digest of the key every request must carry."""
     from ray import serve
     from ray.serve.llm import build_openai_app
 
     began = time.perf_counter()
+    asked = HttpPlace(config.host, config.port)
+    already = serve_http()
+    if already is not None:  # refused before a model is fetched or anything is deployed
+        check_running_host(asked, already)
     model = resolve_model(config.model.path)
     name = config.served_name or model.name
     device = resolve_device(_run_config(config), ray.cluster_resources().get("GPU", 0) > 0)
@@ -105,10 +121,10 @@ def serve_model(config: ServeConfig, *, local: bool) -> ServedModel:
             "llm_configs": [llm_config(config, model.path, name, device)],
             # the ingress only forwards HTTP: it must not take a CPU an engine replica is sized for
             "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
-            **({"ingress_cls_config": lora_ingress({a: name for a in adapters})} if adapters else {}),
+            "ingress_cls_config": ingress_config({a: name for a in adapters}, key_sha256),
         }
     )
-    serve.start(http_options={"host": "0.0.0.0", "port": config.port})
+    running = start_serve(asked)
     try:
         serve.run(app, name=config.app_name, route_prefix="/", blocking=False)
     except Exception as exc:
@@ -116,9 +132,9 @@ def serve_model(config: ServeConfig, *, local: bool) -> ServedModel:
             f"The Serve application '{config.app_name}' for {model.path} did not start: {remote_message(exc)}. "
             "`rayeval serve --status` shows each replica's state; check that the model and --max-model-len fit."
         ) from None
-    host = "127.0.0.1" if local else _api_host(config.cluster.address)
+    node_host = ray.util.get_node_ip_address() if local else _api_host(config.cluster.address)
     return ServedModel(
-        url=f"http://{host}:{config.port}/v1",
+        url=api_url(running, node_host),
         name=name,
         model_path=model.path,
         replicas=config.cluster.replicas,
@@ -126,7 +142,28 @@ def serve_model(config: ServeConfig, *, local: bool) -> ServedModel:
         device=device,
         start_s=time.perf_counter() - began,
         adapters=tuple(adapters),
+        notes=placement_notes(asked, running, on_cluster=not local, keyed=key_sha256 is not None),
     )
+
+
+def serve_http() -> HttpPlace | None:
+    """Where the proxy of the Serve running on the cluster listens (the HTTP options it started with, which
+    it keeps until it shuts down); None when Serve is not running."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return None if client is None else HttpPlace(client.http_config.host, client.http_config.port)
+
+
+def start_serve(asked: HttpPlace) -> HttpPlace:
+    """Start Serve with its proxy at `asked` (a Serve already running keeps its own) and return where the
+    proxy listens."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    serve.start(http_options={"host": asked.host, "port": asked.port})
+    options = _get_global_client().http_config
+    return HttpPlace(options.host, options.port)
 
 
 def checked_adapters(config: ServeConfig, model_path: str, served_name: str) -> list[str]:
@@ -144,11 +181,15 @@ def checked_adapters(config: ServeConfig, model_path: str, served_name: str) -> 
     return list(config.lora_modules)
 
 
-def lora_ingress(adapters: dict[str, str]) -> dict[str, Any]:
-    """Ray's OpenAI ingress, extended to route each adapter's name (to its base model's id) and list it."""
-    from cluster.serve.lora import LoraIngress
+def ingress_config(adapters: dict[str, str], key_sha256: str | None) -> dict[str, Any]:
+    """Ray's OpenAI ingress, extended to route each adapter's name (to its base model's id) and list it, and
+    to refuse requests without the key whose digest is `key_sha256` (when there is one)."""
+    from cluster.serve.ingress import ServeIngress
 
-    return {"ingress_cls": LoraIngress, "ingress_extra_kwargs": {"adapters": adapters}}
+    return {
+        "ingress_cls": ServeIngress,
+        "ingress_extra_kwargs": {"adapters": adapters, "api_key_sha256": key_sha256},
+    }
 
 
 def llm_config(config: ServeConfig, model_path: str, name: str, device: str) -> Any:
@@ -190,7 +231,8 @@ def llm_config(config: ServeConfig, model_path: str, name: str, device: str) -> 
         # the replica actor's own CPU would be added to its placement group's first bundle: none asked
         deployment_config={"num_replicas": config.cluster.replicas, "ray_actor_options": {"num_cpus": 0}},
         placement_group_config={"bundles": replica_bundles(plan), "strategy": "STRICT_PACK"},
-        runtime_env={"env_vars": engine_env(config, plan, device)},
+        runtime_env={"env_vars": engine_env(config, device)},
+        server_cls=replica_server(device),
     )
 
 
@@ -202,18 +244,25 @@ def replica_bundles(plan: ReplicaPlan) -> list[dict[str, float]]:
     return [{"CPU": cpus, "GPU": 1.0}] + [{"GPU": 1.0}] * (plan.workers - 1)
 
 
-def engine_env(config: ServeConfig, plan: ReplicaPlan, device: str) -> dict[str, str]:
-    """The CPU engine's environment: its KV cache and its threads' cores. Serve gives every replica the
-    same environment, so one replica binds the node's cores and several leave binding to the OS."""
+def engine_env(config: ServeConfig, device: str) -> dict[str, str]:
+    """The CPU engine's environment: its KV cache, and for several replicas, which may share a node and
+    cannot tell which of its cores are theirs, threads left to the OS. A single replica binds its threads
+    to its own node's cores itself (`replica.LLMServer`)."""
     if device != "cpu":
         return {}
-    replicas = config.cluster.replicas
-    cores = sorted(os.sched_getaffinity(0))
-    binding = cpu_thread_binding(0, 1, plan.workers, cores) if replicas == 1 else "nobind"
-    return {
-        "VLLM_CPU_KVCACHE_SPACE": str(config.model.cpu_kv_cache_gib),
-        "VLLM_CPU_OMP_THREADS_BIND": binding,
-    }
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.model.cpu_kv_cache_gib)}
+    if config.cluster.replicas > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    return env
+
+
+def replica_server(device: str) -> type | None:
+    """The replica's server class: on CPU one that binds the engine's threads on its node; else Ray's."""
+    if device != "cpu":
+        return None
+    from cluster.serve.replica import LLMServer
+
+    return LLMServer
 
 
 def serve_status(app_name: str) -> str:

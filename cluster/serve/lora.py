@@ -32,16 +32,20 @@ def refuse_prompt_logprobs(body: Any) -> None:
 
 
 class LoraIngress(OpenAiIngress):
+    """Ray's OpenAI ingress with `adapters` served by name; without adapters it is Ray's ingress as it is."""
+
     def __init__(self, *args: Any, adapters: dict[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._adapters = dict(adapters or {})  # adapter name -> the id of the base model it runs on
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        refuse_prompt_logprobs(body)
+        if self._adapters:
+            refuse_prompt_logprobs(body)
         return await super().completions(body, request)
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
-        refuse_prompt_logprobs(body)
+        if self._adapters:
+            refuse_prompt_logprobs(body)
         return await super().chat(body, request)
 
     async def _get_model_id(self, model: str | None) -> str:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tests.runs import rayeval
+
+KEY_ENV = "RAYEVAL_TEST_SERVE_KEY_UNSET"
 
 
 @pytest.mark.parametrize(
@@ -20,3 +26,45 @@ def test_bad_adapters_are_refused_before_anything_starts(lora: list[str], messag
     done = rayeval("serve", *lora, timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
     assert "--lora" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--host", "http://0.0.0.0"], "'http://0.0.0.0' is not an address to listen on"),
+        (["--host", "127.0.0.1:8000"], "'127.0.0.1:8000' is not an address to listen on"),
+        (["--api-key-env", "sk-abc123"], "'sk-abc123' is not an environment variable name"),
+    ],
+)
+def test_bad_host_and_key_variable_names_are_refused_before_anything_starts(
+    flags: list[str], message: str
+) -> None:
+    done = rayeval("serve", *flags, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert flags[0] in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("value", [None, "", "  "])
+@pytest.mark.parametrize("where", [[], ["--address", "127.0.0.1:1"]])
+def test_a_key_variable_unset_or_empty_is_refused_before_ray_starts_or_is_joined(
+    value: str | None, where: list[str]
+) -> None:
+    """Both ways of serving (a local cluster, a deploy onto `--address`, here one where nothing listens) read
+    the key first: the error names the variable and how to set it, and no cluster is started or joined."""
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV} | ({} if value is None else {KEY_ENV: value})
+    done = subprocess.run(
+        [sys.executable, "-m", "cluster.cli", "serve", *where, "--api-key-env", KEY_ENV],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    state = "is not set" if value is None else "is empty"
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"rayeval: error: --api-key-env {KEY_ENV}: the variable {state}" in done.stderr
+    assert f"export {KEY_ENV}=" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_help_says_where_the_api_listens_and_that_a_running_serve_keeps_its_options() -> None:
+    done = rayeval("serve", "--help", timeout=120)
+    help_text = " ".join(done.stdout.split())
+    assert "0.0.0.0 opens it to the network" in help_text and "(default 127.0.0.1)" in help_text
+    assert "A cluster whose Serve already runs keeps its own host" in help_text
+    assert "--api-key-env VAR" in help_text and "only its SHA-256 digest reaches the cluster" in help_text

@@ -1,0 +1,43 @@
+"""The served model's replica on CPU: Ray Serve LLM's `LLMServer`, whose vLLM engine binds its threads to the
+cores of the node the replica runs on.
+
+vLLM's CPU workers bind their OpenMP threads to the cores `VLLM_CPU_OMP_THREADS_BIND` names, read by the
+engine the replica starts. The deployment's environment is the same for every replica wherever it lands, so
+the cores cannot be named there: the replica names them itself, from the cores its own process may use
+(`os.sched_getaffinity`: the node's cores, or its cpuset), before it starts the engine. The binding is the
+one `rayeval run` gives a replica alone on its node: all of those cores, split among the replica's workers.
+vLLM's own `auto` binding also starts from the process's affinity, but keeps one core per worker back for
+the engine's scheduler (and one hyper-thread per core, and a NUMA node per worker), which on a small node
+halves the threads that generate.
+
+A variable already in the replica's environment wins: `nobind`, which the deployment sets for several
+replicas that may share a node, or a binding set in the node's own environment.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray.serve.llm import LLMConfig
+from ray.serve.llm.deployment import LLMServer as RayLLMServer
+
+from cluster.engines import cpu_thread_binding
+
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def node_binding(llm_config: LLMConfig) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for this replica: the cores this process may use, split among its workers."""
+    engine = llm_config.engine_kwargs
+    workers = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
+    return cpu_thread_binding(0, 1, workers, sorted(os.sched_getaffinity(0)))
+
+
+class LLMServer(RayLLMServer):
+    """Ray's LLM server, binding its CPU engine's threads to this node's cores before the engine starts. It
+    keeps Ray's class name, which names the deployment (`LLMServer:<model>` in `rayeval serve --status`)."""
+
+    async def __init__(self, llm_config: LLMConfig, **kwargs: Any) -> None:
+        os.environ.setdefault(THREADS_BIND, node_binding(llm_config))
+        await super().__init__(llm_config, **kwargs)
