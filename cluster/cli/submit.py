@@ -102,12 +102,17 @@ def needed_variables(command: str, parsed: argparse.Namespace) -> list[str]:
 
     if command != "run":
         return list(HF_TOKEN_NAMES)
+    from cluster.cli.flags import flag_names, overrides
     from cluster.cli.run import run_config
+    from cluster.config import COMMAND_LINE, build_config
 
     try:
         config = run_config(parsed)
-    except EvalInputError:  # e.g. --judge-only reads the run's config.yaml, which is on the cluster
-        return list(HF_TOKEN_NAMES)
+    except EvalInputError:  # a file only the cluster has (--judge-only reads the run's config.yaml there)
+        try:
+            config = build_config({}, overrides(parsed), COMMAND_LINE, flag_names())
+        except EvalInputError:
+            return list(HF_TOKEN_NAMES)
     if not Path(config.output_dir).is_absolute():
         raise EvalInputError(
             f"--output-dir {config.output_dir} is a relative path, but the job writes its run folder on the node "

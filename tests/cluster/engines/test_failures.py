@@ -45,7 +45,9 @@ def test_the_failure_names_the_root_error_and_the_log_after_its_mark(tmp_path):
     )
     missing = describe_failure("engine gone", [LogPlace(str(tmp_path / "elsewhere.out"))])
     assert missing == f"engine gone; the engine's full log: {tmp_path / 'elsewhere.out'}"
-    read_there = describe_failure("engine gone", [LogPlace("/x.err")], "10.0.0.3", root="OSError: on its node")
+    read_there = describe_failure(
+        "engine gone", [LogPlace("/x.err")], "10.0.0.3", root="OSError: on its node"
+    )
     assert read_there == "OSError: on its node; the engine's full log: /x.err on node 10.0.0.3"
 
 

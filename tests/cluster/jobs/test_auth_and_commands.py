@@ -122,6 +122,19 @@ def test_a_jobs_keys_are_sealed_with_the_clusters_token_and_opened_with_it(monke
     assert os.environ["OPENAI_API_KEY"] == "sk-secret-value" and os.environ["MY_KEY"] == "mine"
     assert SEALED_ENV not in os.environ
 
+    judge_only = [
+        "--",
+        "run",
+        "--judge-only",
+        "--run-id",
+        "r",
+        "--judge",
+        "openai:j",
+        "--judge-api-key-env",
+        "J_KEY",
+    ]
+    command, parsed = job_command([*judge_only, "--output-dir", "/runs"])  # its config.yaml is the cluster's
+    assert needed_variables(command[0], parsed) == ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "J_KEY"]
     with pytest.raises(EvalInputError, match="--env ABSENT: this machine has no ABSENT"):
         sealed_variables(["ABSENT"], [])
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "none"))

@@ -4,8 +4,6 @@ side has the token in a file and no RAY_AUTH_MODE, as after copying the head's t
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.ray_head import HeadNode, start_head
-from tests.runs import ENGINE_FLAGS, MODEL_DIR, rayeval, records, wait_for_records
+from tests.runs import ENGINE_FLAGS, rayeval
 
 SMALL_RUN = ["--limit", "4", *ENGINE_FLAGS, "--max-tokens", "24"]
 
@@ -116,24 +114,3 @@ def test_a_notebook_on_ray_client_runs_the_coordinator_inside_the_cluster(head: 
     assert shown["rows"] == 4 and {"output", "prompt", "error"} <= set(shown["columns"])
     assert shown["run_dir"] == str(tmp_path / "notebook") and "ifeval" in shown["table"]
     assert "coordinated inside the cluster" in done.stderr
-
-
-def test_a_client_killed_mid_run_leaves_the_run_going_and_attach_gets_it(head: HeadNode, tmp_path: Path):
-    """`rayeval run --address ray://...` and `rayeval attach` with the head's token in a file and no
-    RAY_AUTH_MODE (rayeval turns it on), as the notebook test does through `cluster.connect`."""
-    argv = ["run", "--address", head.client_address, "--limit", "24", *ENGINE_FLAGS, "--max-num-seqs", "2",
-            "--output-dir", str(tmp_path), "--run-id", "detached"]  # fmt: skip
-    env = head.client_env()
-    client = subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)  # fmt: skip
-    wait_for_records(client, tmp_path / "detached" / "cache" / "completions.jsonl", 2)
-    os.killpg(client.pid, signal.SIGKILL)  # the notebook's kernel dies; the connection drops
-    client.wait(timeout=30)
-
-    attached = rayeval("attach", "detached", "--address", head.client_address, "--no-progress", env=env)
-    assert attached.returncode == 0, attached.stderr[-3000:]
-    assert "results in " in attached.stdout and "ifeval" in attached.stdout
-    rows = records(tmp_path / "detached" / "samples" / MODEL_DIR / "ifeval.jsonl")
-    assert sorted(r["doc_id"] for r in rows) == list(range(24)) and all(r["error"] is None for r in rows)
-    again = rayeval("attach", "detached", "--address", head.client_address, env=env)
-    assert again.returncode == 1 and "No run 'detached' is running in this cluster" in again.stderr

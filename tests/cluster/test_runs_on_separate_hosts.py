@@ -1,0 +1,296 @@
+"""The three ways into a cluster, on hosts that really are separate (tests/separate_hosts.py: a head with no
+CPU for engines, a worker on core 1, a laptop outside the cluster; each its own network, home, /tmp and
+cores). Each test states where the run's files go and where its keys come from, as the README says:
+
+- a Ray-client run from the laptop is coordinated on the head, writes its folder there, binds its engine to
+  the worker's own core, takes the judge's key from the laptop's environment, survives its client, and is
+  resumed there by a rerun from another client;
+- a job submitted from the laptop writes on the head and carries its key sealed, never in the job's record;
+- a run started on a node writes where it runs and uses that node's environment;
+- an engine that dies on the worker reports its root error read on the worker, and where its log is there.
+
+The judge is the loopback stand-in API (tests/judge_api_standin.py), run as a process on the head host and
+accepting only the key; a judgment answered means the key got there. After the runs, every file on every
+host (Ray's session logs included), Ray's state API (actors, tasks, jobs) and the job's record are searched
+for the key.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.judge_local_data import write_judge_data
+from tests.runs import ENGINE_FLAGS, MODEL_DIR, records
+from tests.separate_hosts import PYTHON, Host, SeparateCluster, kill_group
+
+pytestmark = pytest.mark.slow
+
+KEY_ENV = "OPENAI_API_KEY"
+RUNS = "/home/runs"  # on whichever host writes them
+RUN_ID = "apart"
+JUDGED = ["--judge-rps", "20", "--judge-base-url"]
+
+
+@pytest.fixture(scope="module")
+def key() -> str:
+    return f"sk-test-APART-{secrets.token_hex(16)}"
+
+
+@pytest.fixture(scope="module")
+def judge_url(separate_hosts: SeparateCluster, key: str) -> Iterator[str]:
+    """The stand-in judge API on the head host's own address, accepting only `key`."""
+    head = separate_hosts.head
+    server = head.popen([PYTHON, "-m", "tests.judge_api_standin", head.ip, "18080"],
+                        env={"STANDIN_API_KEY": key}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    url = server.stdout.readline().strip() if server.stdout else ""
+    assert url.startswith("http://"), server.stderr.read() if server.stderr else url
+    yield url
+    kill_group(server)
+
+
+@pytest.fixture(scope="module")
+def judge_data(separate_hosts: SeparateCluster) -> str:
+    """healthbench's two local questions, in the head's home: the data of a client run is the head's."""
+    write_judge_data(separate_hosts.head.home / "data")
+    return "/home/data/healthbench.jsonl"
+
+
+def client_run_argv(hosts: SeparateCluster, judge_url: str, judge_data: str) -> list[str]:
+    return ["run", "--address", hosts.ray.client_address, "--tasks", "ifeval,healthbench", "--limit", "8",
+            "--data-path", f"healthbench={judge_data}", *ENGINE_FLAGS, "--max-num-seqs", "1",
+            "--judge", "openai:standin", *JUDGED, judge_url, "--output-dir", RUNS, "--run-id", RUN_ID]  # fmt: skip
+
+
+def wait_for_lines(path: Path, count: int, process: subprocess.Popen[str], timeout_s: float = 600) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and (not path.exists() or len(path.read_text().splitlines()) < count):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        time.sleep(0.3)
+    assert path.exists() and len(path.read_text().splitlines()) >= count, f"{path} never had {count} lines"
+
+
+def engine_core_threads(host: Host) -> dict[int, str]:
+    """Cpus_allowed_list of every thread of the vLLM engine core(s) running in `host`, by thread id."""
+    found = {}
+    for pid in host.pids():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "VLLM::EngineCor":
+                continue
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines())
+                found[int(task.name)] = status["Cpus_allowed_list"].strip()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def test_a_client_run_is_coordinated_and_written_on_the_head_and_resumed_there(
+    separate_hosts: SeparateCluster, judge_url: str, judge_data: str, key: str
+):
+    hosts = separate_hosts
+    head, worker, laptop = hosts.head, hosts.worker, hosts.laptop
+    argv = client_run_argv(hosts, judge_url, judge_data)
+    client = laptop.popen([PYTHON, "-m", "cluster.cli", *argv], env={KEY_ENV: key},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    store = head.home / "runs" / RUN_ID / "cache" / "completions.jsonl"
+    wait_for_lines(store, 2, client)
+    threads = engine_core_threads(worker)  # the engine runs on the worker, bound to the worker's core
+    assert threads and set(threads.values()) == {"1"}, threads
+    assert engine_core_threads(head) == {}
+    kill_group(client)  # the laptop goes away mid-run: the run goes on inside the cluster
+    client.communicate()
+
+    attached = laptop.rayeval("attach", RUN_ID, "--address", hosts.ray.client_address, "--no-progress")
+    assert attached.returncode == 0, attached.stderr[-3000:]
+    assert f"results in {RUNS}/{RUN_ID}" in attached.stdout
+    run_dir = head.home / "runs" / RUN_ID
+    assert not (worker.home / "runs").exists() and not (laptop.home / "runs").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (engine,) = summary["run"]["engines"]
+    assert engine["node_ip"] == worker.ip and engine["cpu_binding"] == "1"
+    rows = records(run_dir / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert sorted(r["doc_id"] for r in rows) == list(range(8)) and all(r["error"] is None for r in rows)
+    judged = records(run_dir / "judges" / "openai-standin" / "samples" / "healthbench.jsonl")
+    assert len(judged) == 2 and all(r["error"] is None and r["scores"] for r in judged)  # the key got there
+
+    # A rerun of the same command from the laptop lands on the head again and generates nothing.
+    again = laptop.rayeval(*argv, "--no-progress", env={KEY_ENV: key})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"on node {head.ip}, which writes its folder {RUNS}/{RUN_ID}" in again.stderr
+    assert "(10 of 10 requests reused, 0 failed" in again.stdout
+    coordinators = state_listing(hosts, "actors", f"rayeval-run-{RUN_ID}")
+    assert {a["node_id"] for a in coordinators} == {node_id(hosts, head)}
+
+
+def test_an_abandoned_coordinator_exits_after_its_idle_time_and_its_files_stay(
+    separate_hosts: SeparateCluster, judge_url: str, judge_data: str, key: str
+):
+    """The previous test's run, again from the laptop (nothing to generate), whose client leaves as soon
+    as the run is under way and never fetches the result."""
+    hosts = separate_hosts
+    argv = [*client_run_argv(hosts, judge_url, judge_data), "--coordinator-idle-timeout", "3"]
+    client = hosts.laptop.popen([PYTHON, "-m", "cluster.cli", *argv], env={KEY_ENV: key},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    said = ""
+    while client.stderr is not None and "is coordinated inside the cluster" not in said:
+        line = client.stderr.readline()
+        assert line, f"the client ended before its run started: {said[-3000:]}"
+        said += line
+    kill_group(client)  # gone before the run ends: nobody fetches its result
+    client.communicate()
+    deadline = time.time() + 90
+    while time.time() < deadline and state_listing(hosts, "actors", f"rayeval-run-{RUN_ID}", alive=True):
+        time.sleep(2)
+    assert state_listing(hosts, "actors", f"rayeval-run-{RUN_ID}", alive=True) == []
+    gone = hosts.laptop.rayeval("attach", RUN_ID, "--address", hosts.ray.client_address)
+    assert gone.returncode == 1 and f"No run '{RUN_ID}' is running in this cluster" in gone.stderr
+    assert (hosts.head.home / "runs" / RUN_ID / "summary.json").is_file()
+
+
+def test_a_job_from_the_laptop_writes_on_the_head_with_its_key_sealed(
+    separate_hosts: SeparateCluster, judge_url: str, key: str
+):
+    """A --judge-only re-judge of the client run's outputs as a Ray Job: no engine; the key is the laptop's."""
+    hosts = separate_hosts
+    done = hosts.laptop.rayeval(
+        "submit", "--address", hosts.ray.dashboard_url, "--job-id", "rejudge", "--",
+        "run", "--judge-only", "--run-id", RUN_ID, "--output-dir", RUNS, "--judge", "openai:by-job",
+        *JUDGED, judge_url, env={KEY_ENV: key},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    assert "job rejudge SUCCEEDED" in done.stderr
+    judged = records(
+        hosts.head.home / "runs" / RUN_ID / "judges" / "openai-by-job" / "samples" / "healthbench.jsonl"
+    )
+    assert len(judged) == 2 and all(r["error"] is None and r["scores"] for r in judged)
+    info = hosts.laptop.python(JOB_INFO, hosts.ray.dashboard_url, "rejudge", env={"RAY_AUTH_MODE": "token"})
+    assert info.returncode == 0, info.stderr[-3000:]
+    assert "RAYEVAL_SEALED_ENV" in info.stdout and key not in info.stdout and key[-32:] not in info.stdout
+
+
+def test_a_run_on_a_node_writes_where_it_runs_with_that_nodes_key(
+    separate_hosts: SeparateCluster, judge_url: str, key: str
+):
+    """`--address auto` on the head, a relative --output-dir taken from where the command runs, the key from
+    the head's own environment."""
+    hosts = separate_hosts
+    done = hosts.head.rayeval(
+        "run", "--address", "auto", "--judge-only", "--run-id", RUN_ID, "--output-dir", "runs",
+        "--judge", "openai:on-node", *JUDGED, judge_url, env={KEY_ENV: key}, cwd="/home",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    judged = records(
+        hosts.head.home / "runs" / RUN_ID / "judges" / "openai-on-node" / "samples" / "healthbench.jsonl"
+    )
+    assert len(judged) == 2 and all(r["error"] is None and r["scores"] for r in judged)
+
+
+def test_the_key_is_in_no_file_state_listing_or_job_record_on_any_host(
+    separate_hosts: SeparateCluster, key: str
+):
+    hosts = separate_hosts
+    needles = (key, key[-32:])
+    leaked = [
+        str(path)
+        for host in hosts.hosts.values()
+        for path in host.root.rglob("*")
+        if path.is_file() and any(n.encode() in path.read_bytes() for n in needles)
+    ]
+    assert leaked == []
+    listing = json.dumps([state_listing(hosts, kind) for kind in ("actors", "tasks", "jobs")])
+    assert "rayeval-run-" in listing and not any(n in listing for n in needles)
+
+
+ENGINE_DEATH = """
+import asyncio, dataclasses, json, sys
+import ray
+from cluster.config import ClusterOptions, ModelOptions, RunConfig
+from cluster.engines import EngineLog, LogPlace, ReplicaPool, engine_settings, read_on_node
+from cluster.plan import build_model_plan
+from cluster.session import connect
+from sharding.dispatcher import ReplicaDead
+from sharding.requests import SamplingSpec, build_group, make_request
+
+connect("auto")
+config = RunConfig(model=ModelOptions(max_model_len=512, max_num_batched_tokens=64, enforce_eager=True),
+                   cluster=ClusterOptions(replicas=1, device="cpu"))
+plan = build_model_plan(config, device="cpu")
+settings = dataclasses.replace(engine_settings(config.model, plan.model.path, "cpu"), chunked_prefill=True)
+prompt = "Tell me a long story about the sea and its sailors. " * 12  # prefilled in chunks: a seeded crash
+spec = SamplingSpec(temperature=0.8, max_tokens=8)
+group = build_group(prompt, [make_request(plan.model.path, prompt, spec, seed=7 + i, sample_index=i) for i in range(2)])
+pool = ReplicaPool(settings, plan.replica, 1, 1, verbose=False)
+pool.start(120)
+(replica,) = pool.replicas()
+try:
+    asyncio.run(replica.generate(group))
+    died = "no death"
+except ReplicaDead as exc:
+    died = str(exc)
+info = pool.infos[0]
+pool.shutdown()
+# an actor whose process died: its log, on the worker, read by a task placed there
+log = EngineLog((LogPlace(sys.argv[1]),), info.node_id, info.node_ip)
+print(json.dumps({"died": died, "node_ip": info.node_ip, "read_there": asyncio.run(read_on_node(log))}))
+"""
+
+
+def test_an_engine_that_dies_on_the_worker_reports_its_root_error_read_there(separate_hosts: SeparateCluster):
+    hosts = separate_hosts
+    written = hosts.worker.tmp / "dead-actor.err"  # on the worker's own /tmp: the head cannot read it
+    written.write_text(
+        "(pid=1) Traceback (most recent call last):\n(pid=1) MemoryError: killed on the worker\n"
+    )
+    done = hosts.head.python(ENGINE_DEATH, "/tmp/dead-actor.err", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["node_ip"] == hosts.worker.ip and seen["read_there"] == "MemoryError: killed on the worker"
+    message = seen["died"]
+    assert message.startswith("RuntimeError: CPU Generator does not use offset; the engine's full log: ")
+    where, node = message.split("the engine's full log: ")[1].split(" on node ")
+    assert node == hosts.worker.ip
+    for path in where.split(" and "):
+        assert hosts.worker.path_inside(path).is_file() and not hosts.head.path_inside(path).exists()
+    assert not (hosts.head.tmp / "dead-actor.err").exists()
+
+
+JOB_INFO = """
+import json, sys
+from ray.job_submission import JobSubmissionClient
+info = JobSubmissionClient(sys.argv[1]).get_job_info(sys.argv[2])
+print(json.dumps(info.model_dump() if hasattr(info, "model_dump") else info.dict(), default=str))
+"""
+
+STATE = """
+import json, sys
+import ray
+from ray.util import state
+ray.init("auto", logging_level="ERROR")
+kind, name, alive = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+found = getattr(state, f"list_{kind}")(detail=True, limit=10000)
+plain = lambda r: r if isinstance(r, dict) else getattr(r, "asdict", getattr(r, "model_dump", None))()
+rows = [plain(r) for r in found]
+rows = [r for r in rows if (not name or r.get("name") == name) and (not alive or r.get("state") == "ALIVE")]
+print(json.dumps(rows, default=str))
+"""
+
+
+def state_listing(hosts: SeparateCluster, kind: str, name: str = "", alive: bool = False) -> list[dict]:
+    """Ray's state API on the head (`ray.util.state.list_<kind>(detail=True)`), filtered by name and state."""
+    done = hosts.head.python(
+        STATE, kind, name, "1" if alive else "0", env={"RAY_AUTH_MODE": "token"}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def node_id(hosts: SeparateCluster, host: Host) -> str:
+    (node,) = [n for n in state_listing(hosts, "nodes") if n["node_ip"] == host.ip]
+    return node["node_id"]
