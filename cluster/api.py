@@ -11,13 +11,16 @@ reused; otherwise a local cluster is started, or `cluster.address` is joined.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.config import RunConfig, build_config
 from cluster.plan import RunPlan, build_plan, local_judge_replicas, replica_plan
 from cluster.preflight import preflight
 from cluster.run import RunResult, load_records, run_evaluation
 from cluster.session import cluster_has_gpus, joined_session, ray_session
+
+if TYPE_CHECKING:
+    from cluster.run.paths import StoredConfigOverrides
 
 
 def evaluate(
@@ -56,14 +59,20 @@ def through_ray_client(config: RunConfig) -> bool:
 
 
 def evaluate_in_cluster(
-    config: RunConfig, *, progress: bool = True, retry_failed: bool = False, records: bool = False
+    config: RunConfig,
+    *,
+    progress: bool = True,
+    retry_failed: bool = False,
+    records: bool = False,
+    stored: StoredConfigOverrides | None = None,
 ) -> RunResult:
     """Start the run's coordinator inside the cluster and follow it; a client that goes away leaves it
-    running, and `attach(run_id)` follows it again."""
+    running, and `attach(run_id)` follows it again. `stored`: the command's settings for a --judge-only run,
+    merged into its saved config.yaml on the coordinator's node."""
     from cluster.run.remote import start_remote
 
     with joined_session(config.cluster.address):
-        run = start_remote(config, retry_failed)
+        run = start_remote(config, retry_failed, stored)
         print(  # a notebook has no logging set up; the run id is what a later attach needs
             f"rayeval: run {run.run_id} is coordinated inside the cluster, on node {run.node_ip}, which writes "
             f"its folder {config.output_dir}/{run.run_id}; if this session goes away, "

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cluster import timeline
 from cluster.cli.flags import GROUPS, add_config_flags, flag_names, overrides
 from cluster.config import COMMAND_LINE, RunConfig, RunMode, build_config, load_config_file
-from cluster.run import RunPaths
+from cluster.run.paths import StoredConfigOverrides, stored_run_config
 from evaluators.errors import EvalInputError
 
 if TYPE_CHECKING:
@@ -76,12 +76,16 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = run_config(args)
+    config = run_config(args, stored_here=False) if _through_client(args) else run_config(args)
     if (config.cluster.address or "").startswith("ray://") and not args.dry_run:
         from cluster.api import evaluate_in_cluster  # planned and checked inside the cluster, where it runs
 
+        # a --judge-only run's saved config.yaml is on the cluster: the coordinator completes the config there
+        stored = StoredConfigOverrides(overrides(args), flag_names()) if stored_config_pending(args) else None
         return report(
-            evaluate_in_cluster(config, progress=not args.no_progress, retry_failed=args.retry_failed)
+            evaluate_in_cluster(
+                config, progress=not args.no_progress, retry_failed=args.retry_failed, stored=stored
+            )
         )
 
     from cluster.plan import build_plan
@@ -103,6 +107,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     print_timeline(args)
     return code
+
+
+def _through_client(args: argparse.Namespace) -> bool:
+    """Whether the run goes through a Ray client (its --address, or $RAY_ADDRESS, is ray://...)."""
+    import os
+
+    address = overrides(args).get("cluster.address") or os.environ.get("RAY_ADDRESS", "")
+    return str(address).startswith("ray://") and not args.dry_run
 
 
 def print_timeline(args: argparse.Namespace) -> None:
@@ -131,35 +143,23 @@ def report(result: RunResult) -> int:
     return 0
 
 
-def run_config(args: argparse.Namespace) -> RunConfig:
-    """The file's settings (a --judge-only run's own config.yaml when no file is given), then the flags'."""
+def run_config(args: argparse.Namespace, *, stored_here: bool = True) -> RunConfig:
+    """The file's settings (a --judge-only run's own config.yaml when no file is given), then the flags'.
+    `stored_here=False`: that config.yaml is not on this machine (a Ray-client run): the flags alone."""
     given = overrides(args)
     source = args.config or COMMAND_LINE
     file_data = load_config_file(args.config) if args.config else {}
-    if given.get("mode") == RunMode.JUDGE_ONLY and not args.config:
+    if stored_config_pending(args) and stored_here:
         output_dir = given.get("output_dir") or RunConfig.model_fields["output_dir"].default
-        file_data, source = _stored_run_config(output_dir, given.get("run_id"))
+        file_data, source = stored_run_config(output_dir, given.get("run_id"))
     config = build_config(file_data, given, source, flag_names())
     _apply_data_paths(config, args.data_path)
     return config
 
 
-def _stored_run_config(output_dir: str, run_id: str | None) -> tuple[dict[str, Any], str]:
-    """--judge-only re-judges a finished run: its saved config.yaml says which model, tasks and N it used."""
-    if not run_id:
-        raise EvalInputError(
-            "--judge-only needs --run-id: the run whose stored outputs are to be judged (a folder under "
-            "--output-dir, default runs/)."
-        )
-    saved = RunPaths.of(output_dir, run_id).config
-    if not saved.is_file():
-        raise EvalInputError(
-            f"--judge-only --run-id {run_id}: {saved} does not exist. Give the --run-id (and --output-dir) "
-            "of a run made before, e.g. with --inference-only."
-        )
-    data = load_config_file(str(saved))
-    data.pop("resolved_model_path", None)
-    return data, str(saved)
+def stored_config_pending(args: argparse.Namespace) -> bool:
+    """Whether the run's settings start from a --judge-only run's saved config.yaml (no --config given)."""
+    return overrides(args).get("mode") == RunMode.JUDGE_ONLY and not args.config
 
 
 def _apply_data_paths(config: RunConfig, data_paths: list[str] | None) -> None:

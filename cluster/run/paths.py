@@ -10,8 +10,9 @@ summary.json  results.json  results.txt
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from evaluators.errors import EvalInputError
 
@@ -74,3 +75,39 @@ class RunPaths:
             raise EvalInputError(
                 f"The run folder {self.root} cannot be made: {exc.strerror}. Pass an --output-dir you can write to."
             ) from None
+
+
+def stored_run_config(output_dir: str, run_id: str | None) -> tuple[dict[str, Any], str]:
+    """A finished run's saved config.yaml and its path: --judge-only re-judges that run, with its model,
+    tasks and N. Read on the machine that writes the run (for a Ray-client run, the coordinator's node)."""
+    from cluster.config import load_config_file
+
+    if not run_id:
+        raise EvalInputError(
+            "--judge-only needs --run-id: the run whose stored outputs are to be judged (a folder under "
+            "--output-dir, default runs/)."
+        )
+    saved = RunPaths.of(output_dir, run_id).config
+    if not saved.is_file():
+        raise EvalInputError(
+            f"--judge-only --run-id {run_id}: {saved} does not exist. Give the --run-id (and --output-dir) "
+            "of a run made before, e.g. with --inference-only."
+        )
+    data = load_config_file(str(saved))
+    data.pop("resolved_model_path", None)
+    return data, str(saved)
+
+
+@dataclass(frozen=True)
+class StoredConfigOverrides:
+    """The settings a command gave (dotted paths) for a --judge-only run whose saved config.yaml is on the
+    cluster: the run's coordinator merges them into that file there. `flags` names each setting's flag."""
+
+    overrides: dict[str, Any]
+    flags: dict[str, str] = field(default_factory=dict)
+
+    def config(self, output_dir: str, run_id: str | None) -> Any:
+        from cluster.config import build_config
+
+        data, source = stored_run_config(output_dir, run_id)
+        return build_config(data, self.overrides, source, self.flags)

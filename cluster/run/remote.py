@@ -25,6 +25,7 @@ from cluster.config import RunConfig
 from cluster.errors import ClusterError
 from cluster.forwarded_env import ForwardedEnv, collect, names_for
 from cluster.progress import Stage, progress_bar, snapshot
+from cluster.run.paths import StoredConfigOverrides
 from cluster.run.result import RunResult, load_records
 from evaluators.errors import EvalInputError
 
@@ -54,8 +55,11 @@ class RunCoordinator:
     """Plans and runs one evaluation in a thread, and answers its status, result and records meanwhile. It
     lives until a client has fetched the result and released it, or until it has been idle that long."""
 
-    def __init__(self, config: dict[str, Any], retry_failed: bool) -> None:
+    def __init__(
+        self, config: dict[str, Any], retry_failed: bool, stored: StoredConfigOverrides | None = None
+    ) -> None:
         self.config = RunConfig.model_validate(config)
+        self.stored = stored  # a --judge-only run's flags, merged into its config.yaml here, on this node
         self.retry_failed = retry_failed
         self.result: RunResult | None = None
         self.error: str | None = None
@@ -78,6 +82,8 @@ class RunCoordinator:
         from cluster.session import cluster_has_gpus
 
         try:
+            if self.stored is not None:
+                self.config = self.stored.config(self.config.output_dir, self.config.run_id)
             plan = build_plan(self.config)
             if self.config.cluster.device == "auto":
                 plan.device = "gpu" if cluster_has_gpus() else "cpu"
@@ -157,7 +163,9 @@ def _draw(stages: list[Stage], bars: dict[str, Any], enabled: bool) -> None:
         bar.update(task, completed=stage.completed, total=stage.total)
 
 
-def start_remote(config: RunConfig, retry_failed: bool = False) -> RemoteRun:
+def start_remote(
+    config: RunConfig, retry_failed: bool = False, stored: StoredConfigOverrides | None = None
+) -> RemoteRun:
     """Start the run's coordinator inside the cluster, on its node, under a name made from its run id, and
     hand it the variables it needs from this machine."""
     check_paths_for_the_cluster(config)
@@ -180,7 +188,7 @@ def start_remote(config: RunConfig, retry_failed: bool = False) -> RemoteRun:
         namespace=NAMESPACE,
         lifetime="detached",
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(config.model_dump(mode="json"), retry_failed)
+    ).remote(config.model_dump(mode="json"), retry_failed, stored)
     node_ip = ray.get(actor.begin.remote(collect(names_for(config))))
     log.info(
         "run %s is coordinated on node %s; its folder: %s/%s", run_id, node_ip, config.output_dir, run_id

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -190,6 +191,30 @@ def test_a_run_on_a_node_writes_where_it_runs_with_that_nodes_key(
         hosts.head.home / "runs" / RUN_ID / "judges" / "openai-on-node" / "samples" / "healthbench.jsonl"
     )
     assert len(judged) == 2 and all(r["error"] is None and r["scores"] for r in judged)
+
+
+def test_a_client_run_on_the_node_it_names_writes_there(
+    separate_hosts: SeparateCluster, judge_url: str, key: str
+):
+    """--coordinator-node WORKER: the coordinator runs on the worker and every path is the worker's (here a
+    copy of the run folder, as on storage mounted at the same path there)."""
+    hosts = separate_hosts
+    shutil.copytree(hosts.head.home / "runs", hosts.worker.home / "runs")
+    done = hosts.laptop.rayeval(
+        "run", "--address", hosts.ray.client_address, "--coordinator-node", hosts.worker.ip, "--judge-only",
+        "--run-id", RUN_ID, "--output-dir", RUNS, "--judge", "openai:on-worker", *JUDGED, judge_url,
+        "--no-progress", env={KEY_ENV: key},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"on node {hosts.worker.ip}, which writes its folder {RUNS}/{RUN_ID}" in done.stderr
+    judges = "runs/apart/judges/openai-on-worker/samples/healthbench.jsonl"
+    assert len(records(hosts.worker.home / judges)) == 2 and not (hosts.head.home / judges).exists()
+    wrong = hosts.laptop.rayeval("run", "--address", hosts.ray.client_address, "--coordinator-node", "10.9.9.9",
+                                 "--output-dir", RUNS, "--run-id", "nowhere")  # fmt: skip
+    assert (
+        wrong.returncode == 2 and "--coordinator-node 10.9.9.9: no live node of this cluster" in wrong.stderr
+    )
+    assert hosts.head.ip in wrong.stderr and hosts.worker.ip in wrong.stderr
 
 
 def test_the_key_is_in_no_file_state_listing_or_job_record_on_any_host(
