@@ -52,6 +52,7 @@ class TaskSummary:
     judge: str | None = None  # judged tasks: the judge, or why they were not judged (--inference-only)
     statistics: list[TaskStatistic] = field(default_factory=list)  # judged tasks: LC win rate, bootstrap CIs
     adaptive: AdaptiveReport | None = None  # adaptive N: samples per question, rounds, why it stopped
+    one_draw: str | None = None  # greedy decoding with N > 1 asked: why the samples are one draw (N = 1)
 
 
 def summarize_task(
@@ -118,6 +119,14 @@ def scored_items(records: list[SampleRecord], metric: str) -> list[ScoredItem]:
         for r in records
         if r.error is None and metric in r.scores
     ]
+
+
+def greedy_note(samples_asked: int) -> str:
+    """summary.json's `one_draw` for a greedy task run with N > 1: what was generated and what is reported."""
+    return (
+        f"greedy decoding (temperature 0): the {samples_asked} samples asked per question are one draw, "
+        "generated and scored once; N = 1, so there is no std across runs and no pass@k"
+    )
 
 
 def unavailable_task(name: str, source: str, error: str) -> TaskSummary:

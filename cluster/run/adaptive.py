@@ -31,7 +31,8 @@ def adapt_samples(
     if target is None:
         return {}
     rule = AdaptiveRule(target, plan.config.sampling.max_samples)
-    tasks = [t for t in plan.tasks if not isinstance(t.task, JudgeTask)]
+    # judged tasks keep their first N; a greedy task's samples are one draw, which more samples cannot move
+    tasks = [t for t in plan.tasks if not isinstance(t.task, JudgeTask) and t.sampling.temperature > 0]
     drawn: dict[tuple[str, int], int] = {}
     prompts: dict[tuple[str, int], PlannedSample] = {}
     for item in planned:

@@ -1,5 +1,6 @@
 """Every task's requests: prompts rendered once per question, `num_samples` requests per prompt, seeded
-so that sample i of a question uses seed + i."""
+so that sample i of a question uses seed + i. A greedy task (temperature 0) gets one request per question
+whatever N: its N samples would be one draw (`TaskPlan.draws`)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ class PlannedSample:
 def build_requests(
     plan: RunPlan, renderer: Renderer, sampling_seed: int | None = None
 ) -> list[PlannedSample]:
-    """Every task's requests, `num_samples` per question; sample i is seeded `sampling_seed + i` (the config's
-    seed unless given: the GPU bench draws fresh samples of the same prompts this way)."""
-    n = plan.config.num_samples
+    """Every task's requests, `num_samples` per question (one for a greedy task); sample i is seeded
+    `sampling_seed + i` (the config's seed unless given: the GPU bench draws fresh samples of the same prompts
+    this way)."""
     seed = plan.config.sampling.seed
     first_sample_seed = seed if sampling_seed is None else sampling_seed
     planned: list[PlannedSample] = []
     for task_plan in plan.tasks:
+        n = task_plan.draws(plan.config.num_samples)
         for doc_index, sample in enumerate(task_plan.samples):
             prompt = renderer.render(task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed)))
             for index in range(n):

@@ -34,9 +34,15 @@ def test_dry_run_prints_the_plan_without_engines(capsys, tmp_path, shared_gsm8k)
     assert code == 0
     out = capsys.readouterr().out
     assert "replicas  2 x {1 CPU}" in out
-    assert "ifeval     samples=7      of 541    requests=21" in out
-    assert "gsm8k      samples=7      of 1319   requests=21" in out
-    assert "total     42 requests" in out
+    # greedy (the default temperature 0): the 3 samples of a question are one draw, one request
+    assert "ifeval     samples=7      of 541    requests=7 " in out
+    assert "gsm8k      samples=7      of 1319   requests=7 " in out
+    assert "(greedy: the 3 samples are one draw, one request)" in out
+    assert "total     14 requests" in out
+    assert main(["run", "--dry-run", "--tasks", "ifeval", "--limit", "7", "--num-samples", "3", "--temperature",
+                 "0.7", "--output-dir", str(tmp_path)]) == 0  # fmt: skip
+    sampled = capsys.readouterr().out
+    assert "ifeval     samples=7      of 541    requests=21" in sampled and "greedy" not in sampled
     assert not any(tmp_path.iterdir()), "a dry run must not write a run folder"
 
 
