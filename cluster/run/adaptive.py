@@ -114,10 +114,11 @@ def _next_round(
     extra = []
     for doc_index, count in sorted(allocation.extra.items()):
         first = drawn[(name, doc_index)]
-        source = prompts[(name, doc_index)].request
+        first_sample = prompts[(name, doc_index)]
+        source = first_sample.request
         for sample_index in range(first, first + count):
             seed = plan.config.sampling.seed + sample_index
             request = sample_request(plan, source.prompt, source.sampling, seed, sample_index, source.kind)
-            extra.append(PlannedSample(task_plan, doc_index, request))
+            extra.append(PlannedSample(task_plan, doc_index, request, first_sample.prompt_hash))
         drawn[(name, doc_index)] = first + count
     return extra

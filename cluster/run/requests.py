@@ -13,11 +13,13 @@ from sharding.requests import GenerationRequest, RequestKind, SamplingSpec, make
 
 @dataclass
 class PlannedSample:
-    """One (question, sample index) of one task, with the request that produces it."""
+    """One (question, sample index) of one task, with the request that produces it and the digest of the
+    task's prompt for the question (`Prompt.digest`)."""
 
     task_plan: TaskPlan
     doc_index: int
     request: GenerationRequest
+    prompt_hash: str
 
 
 def build_requests(
@@ -32,12 +34,13 @@ def build_requests(
     for task_plan in plan.tasks:
         n = task_plan.draws(plan.config.num_samples)
         for doc_index, sample in enumerate(task_plan.samples):
-            prompt = renderer.render(task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed)))
+            posed = task_plan.task.build_prompt(sample, task_plan.fewshot_for(sample, seed))
+            prompt, digest = renderer.render(posed), posed.digest()
             for index in range(n):
                 request = sample_request(
                     plan, prompt, task_plan.sampling, first_sample_seed + index, index, renderer.request_kind
                 )
-                planned.append(PlannedSample(task_plan, doc_index, request))
+                planned.append(PlannedSample(task_plan, doc_index, request, digest))
     return planned
 
 

@@ -193,7 +193,7 @@ def _curves(plan: SweepPlan, outcomes: list[StepOutcome], errorbar: ErrorBar) ->
         point
         for o in outcomes
         if o.status is StepStatus.DONE
-        for point in points_from_run(Path(o.run_dir), plan.series, o.step)
+        for point in points_from_run(Path(o.run_dir), plan.series, o.step, latest_judge=True)
     ]
     if not points:
         return []
