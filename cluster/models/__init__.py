@@ -26,7 +26,9 @@ _EXPORTS = {
         "model_module_names",
         "SwapKind",
         "swap_kind",
+        "model_family",
     ),
+    "tensors": ("CheckpointTensors", "TensorInfo"),
     "merge": ("merged_checkpoint",),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -51,6 +51,7 @@ class StepOutcome:
     wall_s: float = 0.0
     engine_pids: list[int] = field(default_factory=list)
     loaded_by: list[str] = field(default_factory=list)  # per replica: start, reload or rebuild
+    load_notes: list[str] = field(default_factory=list)  # per replica: why (a reload that failed its check)
 
 
 @dataclass
@@ -183,6 +184,7 @@ def _fill(outcome: StepOutcome, result: RunResult, plan: RunPlan) -> None:
     outcome.requests_generated = result.requests_total - result.requests_reused
     outcome.engine_pids = [e.pid for e in result.engines]
     outcome.loaded_by = [e.loaded_by for e in result.engines]
+    outcome.load_notes = [e.load_note for e in result.engines]
     if result.task_errors:
         outcome.status = StepStatus.FAILED
         outcome.reason = "; ".join(f"{task}: {error}" for task, error in sorted(result.task_errors.items()))
