@@ -27,8 +27,9 @@ _EXPORTS = {
         "SwapKind",
         "swap_kind",
         "model_family",
+        "tied_embeddings",
     ),
     "tensors": ("CheckpointTensors", "TensorInfo"),
-    "merge": ("merged_checkpoint",),
+    "merge": ("merged_checkpoint", "merge_problem", "merge_plan", "module_rank_and_scale"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -131,9 +131,11 @@ def model_module_names(model_dir: Path) -> set[str]:
     return names
 
 
-def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int) -> str | None:
+def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int | None) -> str | None:
     """Why this LoRA adapter cannot run on replicas of `base_model` with this `max_lora_rank`; None if it
-    can. Every reason names the file or value and the fix."""
+    can. `max_lora_rank` None: the adapter is not served through vLLM's LoRA layers but merged into the
+    weights (`--lora-merge`), so neither its rank nor what vLLM's LoRA layers cannot do limits it. Every
+    reason names the file or value and the fix."""
     config_file = adapter / "adapter_config.json"
     try:
         config = json.loads(config_file.read_text())
@@ -153,8 +155,8 @@ def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int) -> str 
     rank = config.get("r")
     if not isinstance(rank, int) or rank < 1:
         return f"{config_file}: r is {rank!r}, not a positive rank"
-    if rank > max_lora_rank:
-        return f"{config_file}: rank {rank} is above the engine's max_lora_rank {max_lora_rank}; raise --max-lora-rank"
+    if max_lora_rank is not None and (problem := _served_problem(config, config_file, max_lora_rank)):
+        return problem
     targets = config.get("target_modules") or []
     targets = [targets] if isinstance(targets, str) else list(targets)
     known = model_module_names(base_model)
@@ -167,6 +169,42 @@ def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int) -> str 
     return None
 
 
+# what vLLM's LoRA layers do not serve (an adapter config's setting, and its name), which a merge does
+_NOT_SERVED = {"use_dora": "DoRA (use_dora)", "lora_bias": "LoRA bias (lora_bias)"}
+
+
+def _served_problem(config: dict[str, Any], config_file: Path, max_lora_rank: int) -> str | None:
+    """What keeps the adapter off vLLM's LoRA layers: a rank above the engines' (r or any rank_pattern
+    entry), or a feature vLLM does not serve."""
+    patterns = config.get("rank_pattern") or {}
+    rank = max([config["r"], *(v for v in patterns.values() if isinstance(v, int))])
+    if rank > max_lora_rank:
+        return (
+            f"{config_file}: rank {rank} is above the engine's max_lora_rank {max_lora_rank}; raise --max-lora-rank "
+            "(or merge it: rayeval sweep --lora-merge)"
+        )
+    for setting, what in _NOT_SERVED.items():
+        if config.get(setting):
+            return f"{config_file}: vLLM does not serve {what}; merge it into the weights (rayeval sweep --lora-merge)"
+    if config.get("bias", "none") != "none":
+        return (
+            f"{config_file}: bias is {config['bias']!r} (trained base biases), which vLLM does not serve; merge it "
+            "into the weights (rayeval sweep --lora-merge)"
+        )
+    return None
+
+
+def tied_embeddings(folder: Path) -> set[str]:
+    """The names of a full checkpoint's tensors that hold its tied embeddings (every tensor with a
+    vocabulary-sized dimension where tie_word_embeddings, true where config.json says nothing); empty where
+    the embeddings are not tied."""
+    config = json.loads((folder / "config.json").read_text())
+    vocab = _setting(config, "vocab_size", None)
+    if not _setting(config, "tie_word_embeddings", True) or not isinstance(vocab, int):
+        return set()
+    return {name for name, info in CheckpointTensors(folder).index.items() if vocab in info.shape}
+
+
 def _same_model(named: str, base_model: Path) -> bool:
     """An adapter's base_model_name_or_path against the replicas' model: the same folder, or the same name
     (an HF id's last part, a folder's name), since training and evaluation rarely share paths."""
@@ -176,9 +214,9 @@ def _same_model(named: str, base_model: Path) -> bool:
     return named.rstrip("/").split("/")[-1].lower() == base_model.name.lower()
 
 
-def load_adapter(path: str, base_model: Path, max_lora_rank: int) -> Adapter:
+def load_adapter(path: str, base_model: Path, max_lora_rank: int | None) -> Adapter:
     """The adapter at `path`, checked against the replicas' base model (an EvalInputError says why not), with a
-    digest of its config and weights."""
+    digest of its config and weights; `max_lora_rank` as `adapter_problem` takes it."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise EvalInputError(f"--lora {path}: no such folder. Give the folder peft's save_pretrained wrote.")

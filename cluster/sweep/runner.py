@@ -91,14 +91,15 @@ def run_sweep(
     outcomes = [
         StepOutcome(s.step, "lora", str(s.path), StepStatus.SKIPPED, reason=s.reason) for s in plan.skipped
     ]
+    groups = _groups(plan, outcomes)
     starts = swaps = 0
     bar = progress_bar("checkpoints", enabled=progress)
-    job = bar.add_task("checkpoints", total=len(plan.steps))
+    job = bar.add_task("checkpoints", total=sum(len(steps) for _, steps in groups))
     with (
         ray_session(first.config.cluster.address, first.replica, first.config.cluster.replicas, verbose),
         bar,
     ):
-        for kind, steps in _groups(plan):
+        for kind, steps in groups:
             if not steps:
                 continue
             shared = SharedReplicas(steps[0].plan, verbose=verbose, max_loras=plan.max_loras)
@@ -115,13 +116,22 @@ def run_sweep(
     return result
 
 
-def _groups(plan: SweepPlan) -> list[tuple[CheckpointKind, list[SweepStep]]]:
+def _groups(plan: SweepPlan, outcomes: list[StepOutcome]) -> list[tuple[CheckpointKind, list[SweepStep]]]:
     """The steps run together: LoRA adapters at once, full checkpoints in turn; with --lora-merge every adapter
-    becomes a full checkpoint of its own (merged into the base weights) and runs in turn before them."""
+    becomes a full checkpoint of its own (merged into the base weights) and runs in turn before them, and
+    one the merge refuses is skipped with the reason (added to `outcomes`)."""
     adapters, full = plan.of_kind(CheckpointKind.LORA), plan.of_kind(CheckpointKind.FULL)
-    if plan.lora_merge:
-        return [(CheckpointKind.FULL, [_merged(step) for step in adapters] + full)]
-    return [(CheckpointKind.LORA, adapters), (CheckpointKind.FULL, full)]
+    if not plan.lora_merge:
+        return [(CheckpointKind.LORA, adapters), (CheckpointKind.FULL, full)]
+    merged = []
+    for step in adapters:
+        try:
+            merged.append(_merged(step))
+        except EvalInputError as exc:
+            log.error("step %d skipped: %s", step.step, exc)
+            outcomes.append(StepOutcome(step.step, "lora", str(step.checkpoint.path), StepStatus.SKIPPED,
+                                        reason=str(exc)))  # fmt: skip
+    return [(CheckpointKind.FULL, merged + full)]
 
 
 def _merged(step: SweepStep) -> SweepStep:
