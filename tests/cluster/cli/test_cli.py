@@ -62,7 +62,7 @@ def test_config_file_with_flag_override(capsys, tmp_path, shared_gsm8k):
     config = tmp_path / "run.yaml"
     config.write_text(
         f"tasks:\n  - name: gsm8k\n    limit: 4\n    data_path: {shared_gsm8k}\n  - name: ifeval\n    enabled: false\n"
-        "num_samples: 2\ncluster:\n  replicas: 2\n"
+        "num_samples: 2\nsampling: {temperature: 0.7}\ncluster:\n  replicas: 2\n"
     )
     assert main(["run", "--config", str(config), "--dry-run", "--num-samples", "5"]) == 0
     out = capsys.readouterr().out
