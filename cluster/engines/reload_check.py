@@ -9,7 +9,8 @@ The two implementations agree only up to their kernels' rounding, so the first t
 a model family (`models.model_family`), while it still serves weights it loaded the safe way (a start or a
 rebuild), both compute the probe on those weights: how far apart they are there sets the tolerance for the
 family. Where even they pick other tokens, the probe cannot judge that family, and every move within it
-rebuilds the engine.
+rebuilds the engine; so does a move where the reference would not fit in half the memory free (a large model
+on a GPU node), since an unchecked reload is what the check is there to prevent.
 """
 
 from __future__ import annotations
@@ -53,6 +54,23 @@ class Calibration:
     @property
     def tolerance(self) -> float:
         return max(MIN_TOLERANCE, TOLERANCE_FACTOR * self.gap)
+
+
+def reference_room(path: str, dtype: str) -> str | None:
+    """Why the reference cannot be computed here (the checkpoint in `dtype` would take more than half the
+    memory free: a large model on a GPU node); None when it can. Without a reference the engine is rebuilt."""
+    from pathlib import Path
+
+    import psutil
+
+    from cluster.models import CheckpointTensors
+
+    size = {"float64": 8, "float32": 4}.get(dtype, 2)
+    needed = sum(math.prod(info.shape) for info in CheckpointTensors(Path(path)).index.values()) * size
+    free = psutil.virtual_memory().available
+    if needed <= free / 2:
+        return None
+    return f"its reference needs {needed / 2**30:.1f} GiB of memory and {free / 2**30:.1f} GiB is free"
 
 
 def reference_probe(path: str, prompt: list[int], dtype: str) -> Probe:
@@ -110,7 +128,9 @@ class ReloadCheck:
 
     async def calibrate(self, family: str, engine: Any, tokenizer: Any, path: str, dtype: str) -> Calibration:
         """The family's calibration, measured now (on the weights the engine loaded the safe way) the first
-        time it is asked for."""
+        time it is asked for; unusable where the reference does not fit in memory."""
+        if family not in self.calibrations and reference_room(path, dtype) is not None:
+            return Calibration(math.inf)
         if family not in self.calibrations:
             prompt = self.prompt(tokenizer)
             served = await engine_probe(engine, prompt)
@@ -121,6 +141,8 @@ class ReloadCheck:
         self, calibration: Calibration, engine: Any, tokenizer: Any, path: str, dtype: str
     ) -> str | None:
         """Why the engine does not compute what the checkpoint at `path` computes; None when it does."""
+        if (no_room := reference_room(path, dtype)) is not None:
+            return f"the check could not run: {no_room}"
         if not calibration.usable:
             return (
                 "the probe cannot judge this model family (a fresh engine and transformers pick other tokens)"

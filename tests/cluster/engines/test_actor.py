@@ -189,3 +189,20 @@ def test_auto_dtype_on_cpu_is_bfloat16_only_where_the_cpu_computes_it_natively(t
     amx.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n")
     assert not cpu_has_native_bf16(str(avx2)) and cpu_has_native_bf16(str(amx))
     assert not cpu_has_native_bf16(str(tmp_path / "missing"))
+
+
+def test_a_reload_whose_reference_does_not_fit_in_memory_is_not_trusted(tmp_path):
+    """A checkpoint too large for transformers to decode beside the engine (only its safetensors header is
+    written here: 10^12 float32 values): the reload check cannot run, so the engine is rebuilt, saying why."""
+    import json
+    import struct
+
+    from cluster.engines.reload_check import Calibration, ReloadCheck, reference_room
+
+    header = json.dumps(
+        {"w": {"dtype": "F32", "shape": [1_000_000, 1_000_000], "data_offsets": [0, 0]}}
+    ).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    assert reference_room(str(tmp_path), "float32").startswith("its reference needs 3725.3 GiB of memory")
+    problem = asyncio.run(ReloadCheck().problem(Calibration(0.0), None, None, str(tmp_path), "float32"))
+    assert problem.startswith("the check could not run: its reference needs 3725.3 GiB")
