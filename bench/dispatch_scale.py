@@ -15,7 +15,8 @@ at once (a benchmark device, not a stand-in for a product part: nothing here cla
   questions 0-shot, 16 samples each, 8 new tokens (21,104 requests; greedy: sampled at temperature 0.7 with
   seeds, a 320-request trial generated ~100 tokens/s, which would make this a half-hour run); the row gives the
   driver's (the `rayeval` process's) peak resident memory, its wall time and the run's timeline (start to
-  first result).
+  first result). The recorded row was measured while greedy samples were still one request each; since they
+  are one request per question (one draw), this mode runs 1,319 requests.
 Each other row: the time to build the requests, the dispatch time and microseconds per request, the process's
 resident memory after building (the input) and its growth while dispatching, sampled at each quarter of the
 requests done (growth that follows what is done, not what is in flight, shows as a rising curve), and the

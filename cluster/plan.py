@@ -108,6 +108,11 @@ class TaskPlan:
     sampling: SamplingSpec
     available: int  # questions in the dataset before --limit
 
+    def draws(self, num_samples: int) -> int:
+        """How many different samples the N asked per question are: N when sampling, one when greedy
+        (temperature 0 gives the same output whatever the seed), which is also its requests per question."""
+        return num_samples if self.sampling.temperature > 0 else 1
+
     def fewshot_for(self, sample: Sample, seed: int) -> list[Sample]:
         if self.num_fewshot == 0:
             return []
@@ -148,7 +153,7 @@ class RunPlan:
 
     @property
     def num_requests(self) -> int:
-        return sum(len(t.samples) for t in self.tasks) * self.config.num_samples
+        return sum(len(t.samples) * t.draws(self.config.num_samples) for t in self.tasks)
 
     @property
     def tokenizer_path(self) -> str | None:
@@ -192,9 +197,12 @@ class RunPlan:
             ),
         ]
         for t in self.tasks:
+            draws = t.draws(c.num_samples)
+            one_draw = f" (greedy: the {c.num_samples} samples are one draw, one request)"
             lines.append(
-                f"task      {t.task.name:<10} samples={len(t.samples):<6} of {t.available:<6} requests={len(t.samples) * c.num_samples:<7}"
+                f"task      {t.task.name:<10} samples={len(t.samples):<6} of {t.available:<6} requests={len(t.samples) * draws:<7}"
                 f" fewshot={t.num_fewshot} max_tokens={t.sampling.max_tokens} temperature={t.sampling.temperature}"
+                + (one_draw if draws < c.num_samples else "")
             )
         for t in self.lm_eval_tasks:
             lines.append(

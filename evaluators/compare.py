@@ -1,8 +1,10 @@
 """`rayeval compare`: two finished runs of the same questions, per task and metric, B against A.
 
-Reads each run folder's summary.json (its tasks, metrics and which way is better) and per-sample JSONL, pairs
-the questions both runs scored (evaluators.paired), adjusts the p-values over every task x metric compared
-(Holm), and says which differences are beyond noise at the chosen level.
+Reads each run folder's summary.json (its tasks, metrics and which way is better) and per-sample JSONL (for a
+judged task, one named judge's scored samples: `evaluators.verdicts`), checks that both runs asked their
+shared questions with the same prompts and had them judged by the same judge, pairs the questions both runs
+scored (evaluators.paired), adjusts the p-values over every task x metric compared (Holm), and says which
+differences are beyond noise at the chosen level.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from evaluators.paired import (
 )
 from evaluators.records import SampleRecord
 from evaluators.report import scored_items
+from evaluators.verdicts import choose_judge
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class RunSamples:
     records: dict[str, list[SampleRecord]]  # by task
     metrics: dict[str, list[str]]  # by task: its per-sample metrics, in the run's order
     higher_is_better: dict[str, dict[str, bool]]
+    judges: dict[str, str] = field(default_factory=dict)  # judged tasks: whose verdicts the records hold
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,40 @@ class ComparedMetric:
     p_adjusted: float
     beyond_noise: bool
     better: str | None  # "A" or "B" where beyond noise and the metric has a direction
+    judges: tuple[str, str] | None = None  # judged tasks: A's judge and B's
 
 
-def load_run(run_dir: Path) -> RunSamples:
+@dataclass(frozen=True)
+class CompareOptions:
+    """How `compare_runs` treats two runs that do not match: another judge, other prompts."""
+
+    level: float = 0.05
+    allow_different_judges: bool = False
+    allow_different_prompts: bool = False
+
+
+def load_run(run_dir: Path, judge: str | None = None) -> RunSamples:
+    """A finished run's per-sample records and metrics; a judged task's come from one judge's verdicts
+    (`evaluators.verdicts.choose_judge`: `judge` where given, else the run's only one)."""
+    summary = _read_summary(run_dir)
+    records, metrics, directions, judges = {}, {}, {}, {}
+    for task, body in summary.get("tasks", {}).items():
+        found = sorted(run_dir.glob(f"samples/*/{task}.jsonl"))[:1]
+        chosen = choose_judge(run_dir, task, judge)
+        if chosen is not None:
+            found, body = [chosen.samples(task)], chosen.task_summary(task) or body
+            judges[task] = chosen.name
+        if not found or not body.get("metrics"):
+            continue
+        with found[0].open(encoding="utf-8") as lines:
+            records[task] = [SampleRecord(**json.loads(line)) for line in lines if line.strip()]
+        metrics[task] = list(body["metrics"])
+        directions[task] = body.get("higher_is_better", {})
+    run_id = summary.get("run", {}).get("run_id", run_dir.name)
+    return RunSamples(run_dir, run_id, records, metrics, directions, judges)
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any]:
     summary_file = run_dir / "summary.json"
     if not summary_file.is_file():
         inside = sorted(p.parent.name for p in run_dir.glob("*/summary.json"))
@@ -57,27 +92,18 @@ def load_run(run_dir: Path) -> RunSamples:
             "run printed as 'results in ...'."
         )
     try:
-        summary = json.loads(summary_file.read_text())
+        return json.loads(summary_file.read_text())
     except json.JSONDecodeError as exc:
         raise EvalInputError(
             f"'{summary_file}' is not valid JSON ({exc}); rerun the run to rewrite it."
         ) from None
-    records, metrics, directions = {}, {}, {}
-    for task, body in summary.get("tasks", {}).items():
-        found = sorted(run_dir.glob(f"samples/*/{task}.jsonl"))
-        if not found or not body.get("metrics"):
-            continue
-        with found[0].open(encoding="utf-8") as lines:
-            records[task] = [SampleRecord(**json.loads(line)) for line in lines if line.strip()]
-        metrics[task] = list(body["metrics"])
-        directions[task] = body.get("higher_is_better", {})
-    return RunSamples(
-        run_dir, summary.get("run", {}).get("run_id", run_dir.name), records, metrics, directions
-    )
 
 
-def compare_runs(a: RunSamples, b: RunSamples, level: float = 0.05) -> list[ComparedMetric]:
-    """Every metric of every task both runs scored, B minus A, Holm-adjusted over all of them."""
+def compare_runs(a: RunSamples, b: RunSamples, options: CompareOptions | None = None) -> list[ComparedMetric]:
+    """Every metric of every task both runs scored, B minus A, Holm-adjusted over all of them. Runs whose
+    judged tasks were judged by different judges, or whose questions were asked with different prompts,
+    are refused unless `options` allows it."""
+    options = options or CompareOptions()
     pairs = [
         (task, metric)
         for task in a.metrics
@@ -91,19 +117,73 @@ def compare_runs(a: RunSamples, b: RunSamples, level: float = 0.05) -> list[Comp
             f"{', '.join(a.metrics) or 'none'}, B has {', '.join(b.metrics) or 'none'}). Compare runs of the "
             "same tasks."
         )
+    tasks = list(dict.fromkeys(task for task, _ in pairs))
+    if not options.allow_different_judges:
+        check_same_judges(a, b, tasks)
+    if not options.allow_different_prompts:
+        check_same_prompts(a, b, tasks)
     results = [
         paired_difference(scored_items(a.records[t], m), scored_items(b.records[t], m)) for t, m in pairs
     ]
     adjusted = holm_adjusted([r.p_value for r in results])
     compared = []
     for (task, metric), result, p in zip(pairs, results, adjusted, strict=True):
-        beyond = not math.isnan(p) and p < level and result.difference != 0
+        beyond = not math.isnan(p) and p < options.level and result.difference != 0
         direction = a.higher_is_better.get(task, {}).get(metric)
         better = None
         if beyond and direction is not None:
             better = "B" if (result.difference > 0) == direction else "A"
-        compared.append(ComparedMetric(task, metric, result, p, beyond, better))
+        judges = (a.judges[task], b.judges[task]) if task in a.judges and task in b.judges else None
+        compared.append(ComparedMetric(task, metric, result, p, beyond, better, judges))
     return compared
+
+
+def check_same_judges(a: RunSamples, b: RunSamples, tasks: list[str]) -> None:
+    """Refuse to pair one judge's verdicts in A with another's in B."""
+    for task in tasks:
+        judge_a, judge_b = a.judges.get(task), b.judges.get(task)
+        if judge_a != judge_b:
+            raise EvalInputError(
+                f"{task} was judged by {judge_a or 'no judge'} in A ({a.run_id}) and by {judge_b or 'no judge'} "
+                f"in B ({b.run_id}): a difference would mix two judges' verdicts with the models' difference. "
+                "Judge both runs with one judge (rayeval run --judge-only --run-id RUN --judge NAME) and pass "
+                "--judge NAME, or pass --allow-different-judges to compare them anyway."
+            )
+
+
+def check_same_prompts(a: RunSamples, b: RunSamples, tasks: list[str]) -> None:
+    """Refuse two runs that asked a question they share with different prompts (a changed dataset, few-shot
+    set or prompt wording): pairing them by doc_id would pair different questions. Records that keep their
+    prompt's hash are compared by it (the prompt as the task posed it, so two models' chat templates do not
+    count); older records by the text they sent."""
+    for task in tasks:
+        first_a, first_b = _first_record(a.records[task]), _first_record(b.records[task])
+        for doc_id in sorted(first_a.keys() & first_b.keys()):
+            ra, rb = first_a[doc_id], first_b[doc_id]
+            same = (
+                ra.prompt_hash == rb.prompt_hash
+                if ra.prompt_hash and rb.prompt_hash
+                else ra.prompt == rb.prompt
+            )
+            if not same:
+                raise EvalInputError(
+                    f"{task}: question {doc_id} was asked with different prompts in A ({a.run_id}: "
+                    f"{_start(ra.prompt)}) and B ({b.run_id}: {_start(rb.prompt)}), so the runs do not pair by "
+                    "question. Compare runs of the same data and prompt settings, or pass "
+                    "--allow-different-prompts to pair them by doc_id anyway."
+                )
+
+
+def _first_record(records: list[SampleRecord]) -> dict[int, SampleRecord]:
+    first: dict[int, SampleRecord] = {}
+    for record in sorted(records, key=lambda r: r.sort_key):
+        first.setdefault(record.doc_id, record)
+    return first
+
+
+def _start(prompt: str, size: int = 60) -> str:
+    flat = " ".join(prompt.split())
+    return repr(flat if len(flat) <= size else flat[:size] + "...")
 
 
 def comparison_json(a: RunSamples, b: RunSamples, rows: list[ComparedMetric], level: float) -> dict[str, Any]:
@@ -131,6 +211,7 @@ def comparison_json(a: RunSamples, b: RunSamples, rows: list[ComparedMetric], le
                 "better": row.better,
                 "questions": row.result.questions,
                 "questions_in_one_run_only": row.result.only_in_one,
+                **({"judge_a": row.judges[0], "judge_b": row.judges[1]} if row.judges else {}),
             }
             for row in rows
         ],
@@ -142,16 +223,21 @@ def render_comparison(a: RunSamples, b: RunSamples, rows: list[ComparedMetric], 
     from rich.table import Table
 
     table = Table(title=f"B ({b.run_id}) - A ({a.run_id}), paired over the questions both scored")
-    columns = ("task", "metric", "questions", "A", "B", "B - A", "± SE", "CI95", "p (Holm)", "verdict")
+    judged = any(row.judges for row in rows)
+    columns = ("task", "metric", *(("judge",) if judged else ()), "questions", "A", "B", "B - A", "± SE", "CI95",
+               "p (Holm)", "verdict")  # fmt: skip
     for column in columns:
-        table.add_column(column, justify="left" if column in ("task", "metric", "verdict") else "right")
+        table.add_column(
+            column, justify="left" if column in ("task", "metric", "judge", "verdict") else "right"
+        )
     for row in rows:
         r = row.result
         verdict = "within noise"
         if row.beyond_noise:
             verdict = f"{row.better} better" if row.better else "differs"
+        judge = (_judge_cell(row.judges),) if judged else ()
         table.add_row(
-            row.task, row.metric, str(r.questions), _fmt(r.mean_a), _fmt(r.mean_b), _fmt(r.difference),
+            row.task, row.metric, *judge, str(r.questions), _fmt(r.mean_a), _fmt(r.mean_b), _fmt(r.difference),
             _fmt(r.sem), f"[{_fmt(r.ci95_low, 3)}, {_fmt(r.ci95_high, 3)}]", _fmt(row.p_adjusted), verdict,
         )  # fmt: skip
     console = Console(width=160, record=True, file=io.StringIO())
@@ -164,6 +250,12 @@ def render_comparison(a: RunSamples, b: RunSamples, rows: list[ComparedMetric], 
     for task, count in sorted(left_out):
         console.print(f"{task}: {count} question(s) scored in one run only, left out of the pairing.")
     return console.export_text()
+
+
+def _judge_cell(judges: tuple[str, str] | None) -> str:
+    if judges is None:
+        return "-"
+    return judges[0] if judges[0] == judges[1] else f"A: {judges[0]}, B: {judges[1]}"
 
 
 def _fmt(value: float, digits: int = 4) -> str:

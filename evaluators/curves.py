@@ -1,6 +1,8 @@
 """Training curves: each checkpoint's scores by step, as a table (CSV and Markdown) and one plot per task with
 every metric's curve and its error bars. Read from run folders (one per step) through their summary.json, so
-any finished runs can be drawn, several training runs on one axis."""
+any finished runs can be drawn, several training runs on one axis. A judged task's numbers come from one
+judge's summary (`evaluators.verdicts`), named in the table and the plot; points of one task judged by
+different judges are refused unless allowed (`check_one_judge`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from evaluators.errors import EvalInputError
+from evaluators.verdicts import choose_judge
 
 
 class ErrorBar(StrEnum):
@@ -34,6 +37,7 @@ class CurvePoint:
     std_across_runs: float
     n: int
     questions: int
+    judge: str = ""  # a judged task's judge, whose verdicts the numbers are
 
     def error(self, bar: ErrorBar) -> tuple[float, float]:
         """(below, above) the mean, NaN-free: 0 where the run has no such spread (one question, N = 1)."""
@@ -48,8 +52,12 @@ class CurvePoint:
         return (0.0 if math.isnan(below) else below, 0.0 if math.isnan(above) else above)
 
 
-def points_from_run(run_dir: Path, series: str, step: int) -> list[CurvePoint]:
-    """Every metric of every task in one finished run folder, as points of `series` at `step`."""
+def points_from_run(
+    run_dir: Path, series: str, step: int, judge: str | None = None, latest_judge: bool = False
+) -> list[CurvePoint]:
+    """Every metric of every task in one finished run folder, as points of `series` at `step`. A judged
+    task's come from `judge`'s verdicts, else from the run's only judge; `latest_judge` picks, where none is
+    named, the judge of the run's latest invocation (a sweep's own step)."""
     summary_file = run_dir / "summary.json"
     try:
         tasks = json.loads(summary_file.read_text())["tasks"]
@@ -59,13 +67,37 @@ def points_from_run(run_dir: Path, series: str, step: int) -> list[CurvePoint]:
         ) from None
     points = []
     for task, body in tasks.items():
+        if latest_judge and not body.get("metrics"):
+            continue  # not scored by the latest invocation (--inference-only): nothing of its own to draw
+        chosen = choose_judge(run_dir, task, judge or (body.get("judge") if latest_judge else None))
+        if chosen is not None:
+            body = chosen.task_summary(task)
         for metric, m in (body.get("metrics") or {}).items():
             low, high = (v if v is not None else math.nan for v in m.get("ci95", [None, None]))
             points.append(
                 CurvePoint(series, step, task, metric, _num(m.get("mean")), _num(m.get("sem")), low, high,
-                           _num(m.get("std_across_runs")), int(m.get("n", 1)), int(m.get("questions", 0)))
+                           _num(m.get("std_across_runs")), int(m.get("n", 1)), int(m.get("questions", 0)),
+                           chosen.name if chosen else "")
             )  # fmt: skip
     return points
+
+
+def check_one_judge(points: list[CurvePoint]) -> None:
+    """Refuse a task whose points come from different judges: its curve would move with the judge."""
+    judges: dict[str, dict[str, list[str]]] = {}
+    for p in points:
+        if p.judge:
+            judges.setdefault(p.task, {}).setdefault(p.judge, []).append(f"{p.series} step {p.step}")
+    for task, by_judge in sorted(judges.items()):
+        if len(by_judge) > 1:
+            seen = "; ".join(
+                f"{name} at {', '.join(sorted(set(at))[:3])}" for name, at in sorted(by_judge.items())
+            )
+            raise EvalInputError(
+                f"{task}: the runs were judged by different judges ({seen}), so the curve would mix judges. "
+                "Pass --judge NAME to draw one judge's verdicts (judge the other runs with it first: rayeval run "
+                "--judge-only --run-id RUN --judge NAME), or --allow-different-judges."
+            )
 
 
 def _num(value: float | None) -> float:
@@ -73,7 +105,7 @@ def _num(value: float | None) -> float:
 
 
 COLUMNS = ("series", "step", "task", "metric", "mean", "sem", "ci95_low", "ci95_high", "std_across_runs", "n",
-           "questions")  # fmt: skip
+           "questions", "judge")  # fmt: skip
 
 
 def write_tables(points: list[CurvePoint], folder: Path, name: str = "sweep_summary") -> tuple[Path, Path]:
@@ -85,12 +117,12 @@ def write_tables(points: list[CurvePoint], folder: Path, name: str = "sweep_summ
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(asdict(p) for p in ordered)
-    lines = ["| training run | step | task | metric | mean | SEM | CI95 | N | questions |",
-             "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
+    lines = ["| training run | step | task | metric | mean | SEM | CI95 | N | questions | judge |",
+             "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | --- |"]  # fmt: skip
     for p in ordered:
         lines.append(
             f"| {p.series} | {p.step} | {p.task} | {p.metric} | {_fmt(p.mean)} | {_fmt(p.sem)} | "
-            f"[{_fmt(p.ci95_low, 3)}, {_fmt(p.ci95_high, 3)}] | {p.n} | {p.questions} |"
+            f"[{_fmt(p.ci95_low, 3)}, {_fmt(p.ci95_high, 3)}] | {p.n} | {p.questions} | {p.judge or '-'} |"
         )
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return csv_path, md_path
@@ -106,6 +138,7 @@ class Curve:
 
     series: str
     metric: str
+    judge: str
     steps: tuple[int, ...]
     means: tuple[float, ...]
     below: tuple[float, ...]
@@ -113,15 +146,15 @@ class Curve:
 
 
 def curves_by_task(points: list[CurvePoint], bar: ErrorBar) -> dict[str, list[Curve]]:
-    by_line: dict[tuple[str, str, str], list[CurvePoint]] = {}
+    by_line: dict[tuple[str, str, str, str], list[CurvePoint]] = {}
     for p in points:
-        by_line.setdefault((p.task, p.series, p.metric), []).append(p)
+        by_line.setdefault((p.task, p.series, p.metric, p.judge), []).append(p)
     tasks: dict[str, list[Curve]] = {}
-    for (task, series, metric), line in sorted(by_line.items()):
+    for (task, series, metric, judge), line in sorted(by_line.items()):
         line.sort(key=lambda p: p.step)
         errors = [p.error(bar) for p in line]
         tasks.setdefault(task, []).append(
-            Curve(series, metric, tuple(p.step for p in line), tuple(p.mean for p in line),
+            Curve(series, metric, judge, tuple(p.step for p in line), tuple(p.mean for p in line),
                   tuple(e[0] for e in errors), tuple(e[1] for e in errors))
         )  # fmt: skip
     return tasks
@@ -139,13 +172,16 @@ def plot_curves(points: list[CurvePoint], folder: Path, bar: ErrorBar) -> list[P
     for task, curves in curves_by_task(points, bar).items():
         figure, axis = plt.subplots(figsize=(8, 5))
         several = len({c.series for c in curves}) > 1
+        judges = sorted({c.judge for c in curves if c.judge})
         for curve in curves:
             label = f"{curve.series}: {curve.metric}" if several else curve.metric
+            label += f" ({curve.judge})" if len(judges) > 1 else ""
             yerr = None if bar is ErrorBar.NONE else [curve.below, curve.above]
             axis.errorbar(curve.steps, curve.means, yerr=yerr, marker="o", capsize=3, label=label)
         shown = {ErrorBar.CI95: "CI95", ErrorBar.SEM: "± SEM", ErrorBar.STD: "± std across runs",
                  ErrorBar.NONE: "no error bars"}[bar]  # fmt: skip
-        axis.set(title=f"{task} ({shown})", xlabel="step", ylabel="mean@N")
+        judged = f", judge {judges[0]}" if len(judges) == 1 else ""
+        axis.set(title=f"{task} ({shown}{judged})", xlabel="step", ylabel="mean@N")
         axis.set_xticks(sorted({step for curve in curves for step in curve.steps}))
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")

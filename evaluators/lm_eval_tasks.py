@@ -126,11 +126,6 @@ class LoadedLmEvalTask:
     objects: list[Any]
     leaves: dict[str, Any]
 
-    @property
-    def generative(self) -> bool:
-        """Whether sampling N times can differ: only generate_until tasks are run once per sample round."""
-        return any(t.get_config("output_type") == "generate_until" for t in self.leaves.values())
-
 
 def check_include_path(folder: str) -> None:
     """An --include-path must be a folder: lm-eval walks it for task YAMLs and silently finds none otherwise."""

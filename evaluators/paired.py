@@ -4,8 +4,9 @@ Each question's score is averaged over its samples in each run, the two runs are
 and the standard error is that of the mean difference over the questions both runs scored: question-clustered
 and paired (Miller 2024, "Adding Error Bars to Evals", section on paired differences). Pairing removes the
 spread of question difficulty, which both runs share, so a real difference shows at a fraction of the
-unpaired error bar. Metrics that are rates over several items per question (IFEval's instruction-level
-accuracy) weight each question by its item count, as the run's own mean does.
+unpaired error bar. Each question counts once, whatever its number of samples in either run (adaptive N gives
+some more than others), and metrics that are rates over several items per question (IFEval's
+instruction-level accuracy) weight it by its item count: exactly as the run's own mean does.
 
 Testing every task x metric at once inflates the chance of a false alarm, so the p-values are adjusted with
 Holm's step-down procedure (Holm 1979) over the whole family compared, and only adjusted p-values below the
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from evaluators.stats import ScoredItem, counts_successes
+from evaluators.stats import ScoredItem, counts_successes, question_scores
 
 MULTIPLE_COMPARISONS = "Holm-Bonferroni over every task x metric compared"
 SE_METHOD = "paired, question-clustered standard error of the mean difference (Miller 2024)"
@@ -41,37 +42,32 @@ class PairedDifference:
     only_in_one: int  # scored in one run only: left out of the pairing
 
 
-def question_means(items: list[ScoredItem]) -> dict[int, tuple[float, float]]:
-    """Per question: (sum of values, sum of weights) over its samples."""
-    sums: dict[int, list[float]] = {}
-    for item in items:
-        total = sums.setdefault(item.question, [0.0, 0.0])
-        total[0] += item.value
-        total[1] += item.weight
-    return {q: (v, w) for q, (v, w) in sums.items() if w > 0}
-
-
 def paired_difference(a: list[ScoredItem], b: list[ScoredItem]) -> PairedDifference:
-    per_a, per_b = question_means(a), question_means(b)
-    shared = sorted(per_a.keys() & per_b.keys())
-    only = len(per_a.keys() ^ per_b.keys())
+    """B minus A over the questions both runs scored. Each run's mean over those questions is computed as its
+    own summary computes its mean (`evaluators.stats.question_scores`: each question once, with its item
+    weight, whatever its number of samples), so over the same questions `mean_a` and `mean_b` are the two
+    summaries' means."""
+    per_a, per_b = question_scores(a), question_scores(b)
+    index_a, index_b = per_a.index(), per_b.index()
+    shared = sorted(index_a.keys() & index_b.keys())
+    only = len(index_a.keys() ^ index_b.keys())
     nan = float("nan")
     if not shared:
         return PairedDifference(nan, nan, nan, nan, nan, nan, nan, 0, only)
-    # Each question weighs what it weighs in A (its item count); both runs asked the same items.
-    weights = np.array([per_a[q][1] for q in shared])
-    rate_a = np.array([per_a[q][0] / per_a[q][1] for q in shared])
-    rate_b = np.array([per_b[q][0] / per_b[q][1] for q in shared])
-    total = weights.sum()
-    mean_a, mean_b = float((weights * rate_a).sum() / total), float((weights * rate_b).sum() / total)
-    per_question = rate_b - rate_a
-    difference = float((weights * per_question).sum() / total)
+    rows_a, rows_b = [index_a[q] for q in shared], [index_b[q] for q in shared]
+    value_a, weight_a = per_a.value[rows_a], per_a.weight[rows_a]
+    value_b, weight_b = per_b.value[rows_b], per_b.weight[rows_b]
+    total_a, total_b = weight_a.sum(), weight_b.sum()
+    mean_a, mean_b = float(value_a.sum() / total_a), float(value_b.sum() / total_b)
+    difference = mean_b - mean_a
     n = len(shared)
     if n < 2:
         return PairedDifference(mean_a, mean_b, difference, nan, nan, nan, nan, n, only)
-    # Cluster-robust SE of a weighted mean; std(per-question differences, ddof=1) / sqrt(n) for weight 1.
-    residual = weights * (per_question - difference)
-    sem = float(np.sqrt(n / (n - 1) * np.sum(residual**2)) / total)
+    # Cluster-robust SE of the difference of the two ratio estimators, by linearisation: each question's
+    # contribution to B's mean minus its contribution to A's. With equal weights in both runs this is the
+    # weighted mean of the per-question differences' SE, and std(differences, ddof=1) / sqrt(n) for weight 1.
+    influence = (value_b - mean_b * weight_b) / total_b - (value_a - mean_a * weight_a) / total_a
+    sem = float(np.sqrt(n / (n - 1) * np.sum(influence**2)))
     half = float(stats.t.ppf(0.975, df=n - 1)) * sem
     low, high = difference - half, difference + half
     if counts_successes(a) and counts_successes(b):  # two proportions: their difference lies in [-1, 1]

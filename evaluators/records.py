@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+
+def prompt_digest(text: str) -> str:
+    """The hash a record keeps of the prompt its question was asked with (`SampleRecord.prompt_hash`)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
 @dataclass
@@ -28,6 +34,9 @@ class SampleRecord:
     verdicts: dict[str, str] = field(default_factory=dict)
     judge_outputs: dict[str, str] = field(default_factory=dict)
     features: dict[str, float] = field(default_factory=dict)
+    # the question's prompt as the task posed it, before any model's chat template (`Prompt.digest`), so two
+    # runs of different models still show the same question; empty in records written before it was kept
+    prompt_hash: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,7 +17,7 @@ from evaluators.adaptive import AdaptiveReport
 from evaluators.failures import failure_kind
 from evaluators.judging.base import TaskStatistic
 from evaluators.passk import METHOD as PASS_AT_K_METHOD
-from evaluators.passk import PassAtK, pass_at_k_table
+from evaluators.passk import PassAtKTable, pass_at_k_table
 from evaluators.records import SampleRecord
 from evaluators.stats import MetricSummary, ScoredItem, summarize
 from evaluators.tasks.base import Task
@@ -42,7 +42,7 @@ class TaskSummary:
     failed: int
     failure_reasons: dict[str, int]
     metrics: dict[str, MetricSummary] = field(default_factory=dict)
-    pass_at_k: dict[str, list[PassAtK]] = field(default_factory=dict)  # 0/1 metrics with N > 1
+    pass_at_k: dict[str, PassAtKTable] = field(default_factory=dict)  # 0/1 metrics with N > 1
     source: str = "rayeval"  # "rayeval" | "lm-eval": whose task definition and metrics
     # lm-eval metrics aggregated other than by a mean (perplexity, corpus BLEU): value and lm-eval's stderr
     aggregate_only: dict[str, tuple[float, float | None]] = field(default_factory=dict)
@@ -52,6 +52,7 @@ class TaskSummary:
     judge: str | None = None  # judged tasks: the judge, or why they were not judged (--inference-only)
     statistics: list[TaskStatistic] = field(default_factory=list)  # judged tasks: LC win rate, bootstrap CIs
     adaptive: AdaptiveReport | None = None  # adaptive N: samples per question, rounds, why it stopped
+    one_draw: str | None = None  # greedy decoding with N > 1 asked: why the samples are one draw (N = 1)
 
 
 def summarize_task(
@@ -106,7 +107,7 @@ def summarize_records(
     for key in metric_keys:
         items = scored_items(records, key)
         summary.metrics[key] = summarize(items, num_runs, (bounds or {}).get(key), common_runs)
-        if table := pass_at_k_table(items, num_runs):
+        if table := pass_at_k_table(items):
             summary.pass_at_k[key] = table
     return summary
 
@@ -118,6 +119,14 @@ def scored_items(records: list[SampleRecord], metric: str) -> list[ScoredItem]:
         for r in records
         if r.error is None and metric in r.scores
     ]
+
+
+def greedy_note(samples_asked: int) -> str:
+    """summary.json's `one_draw` for a greedy task run with N > 1: what was generated and what is reported."""
+    return (
+        f"greedy decoding (temperature 0): the {samples_asked} samples asked per question are one draw, "
+        "generated and scored once; N = 1, so there is no std across runs and no pass@k"
+    )
 
 
 def unavailable_task(name: str, source: str, error: str) -> TaskSummary:
@@ -215,7 +224,7 @@ def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict
                 "n": m.num_runs,
                 "questions": m.num_questions,
                 "scored_samples": m.num_scored,
-                **_pass_at_k_json(s.pass_at_k.get(key, [])),
+                **_pass_at_k_json(s.pass_at_k.get(key)),
             }
             for key, m in s.metrics.items()
         }
@@ -239,10 +248,10 @@ def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict
     return {"run": run_info, "tasks": tasks}
 
 
-def _pass_at_k_json(table: list[PassAtK]) -> dict[str, Any]:
+def _pass_at_k_json(table: PassAtKTable | None) -> dict[str, Any]:
     if not table:
         return {}
-    return {
+    body: dict[str, Any] = {
         "pass_at_k": {
             str(row.k): {
                 "mean": _finite(row.mean),
@@ -250,10 +259,16 @@ def _pass_at_k_json(table: list[PassAtK]) -> dict[str, Any]:
                 "ci95": [_finite(row.ci95_low), _finite(row.ci95_high)],
                 "questions": row.questions,
             }
-            for row in table
+            for row in table.rows
         },
         "pass_at_k_method": PASS_AT_K_METHOD,
     }
+    if table.left_out:  # k that only some questions reach: no benchmark number, only the coverage
+        body["pass_at_k_left_out"] = {
+            str(k): {"questions_with_k_samples": reached, "questions": table.questions}
+            for k, reached in table.left_out.items()
+        }
+    return body
 
 
 def _fmt(value: float, digits: int) -> str:

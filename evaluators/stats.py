@@ -47,6 +47,49 @@ class MetricSummary:
     num_scored: int
 
 
+@dataclass(frozen=True)
+class QuestionScores:
+    """Each question's samples reduced once, the one definition every statistic of a run builds on (the mean,
+    its SEM, pass@k, a paired comparison): a question counts once whatever its number of samples n_i (adaptive
+    N gives some more than others), with its own item weight.
+
+    For question i with n_i scored samples, `value[i]` is the mean over them of rate x weight and `weight[i]`
+    the mean of their weights (its item count, 1 for a one-item metric), so `value[i] / weight[i]` is its rate
+    and the benchmark mean is sum(value) / sum(weight). `successes[i]` is the sum of the values (the
+    successes among its samples for a 0/1 metric). Questions whose weights sum to 0 carry no score and are
+    left out."""
+
+    questions: tuple[int, ...]
+    value: np.ndarray
+    weight: np.ndarray
+    samples: np.ndarray  # n_i
+    successes: np.ndarray
+
+    def index(self) -> dict[int, int]:
+        return {q: i for i, q in enumerate(self.questions)}
+
+
+def question_scores(items: list[ScoredItem]) -> QuestionScores:
+    """The per-question reduction of `QuestionScores`, questions in ascending order."""
+    if not items:
+        empty = np.zeros(0)
+        return QuestionScores((), empty, empty, empty, empty)
+    questions = np.array([i.question for i in items])
+    values = np.array([i.value for i in items], dtype=float)
+    weights = np.array([i.weight for i in items], dtype=float)
+    ids, q_index, q_samples = np.unique(questions, return_inverse=True, return_counts=True)
+    q_sum = np.bincount(q_index, weights=values)
+    q_weight_sum = np.bincount(q_index, weights=weights)
+    keep = q_weight_sum > 0
+    return QuestionScores(
+        questions=tuple(int(q) for q in ids[keep]),
+        value=(q_sum / q_samples)[keep],
+        weight=(q_weight_sum / q_samples)[keep],
+        samples=q_samples[keep],
+        successes=q_sum[keep],
+    )
+
+
 def summarize(
     items: list[ScoredItem],
     num_runs: int,
@@ -59,20 +102,15 @@ def summarize(
     if not items:
         nan = float("nan")
         return MetricSummary(nan, nan, nan, nan, CI_METHOD, nan, (), num_runs, 0, 0)
-    questions = np.array([i.question for i in items])
     runs = np.array([i.run for i in items])
     values = np.array([i.value for i in items], dtype=float)
     weights = np.array([i.weight for i in items], dtype=float)
-
-    _, q_index, q_samples = np.unique(questions, return_inverse=True, return_counts=True)
-    # Each question counts once whatever its number of samples (adaptive N gives some more than others):
-    # its samples are averaged first. With equal N this scales every question alike and changes nothing.
-    per_sample = 1.0 / q_samples[q_index]
-    q_value = np.bincount(q_index, weights=values * per_sample)
-    q_weight = np.bincount(q_index, weights=weights * per_sample)
-    keep = q_weight > 0
-    q_value, q_weight = q_value[keep], q_weight[keep]
+    per_question = question_scores(items)
+    q_value, q_weight = per_question.value, per_question.weight
     n_q = len(q_weight)
+    if n_q == 0:  # every sample weighs nothing (a rate over no items)
+        nan = float("nan")
+        return MetricSummary(nan, nan, nan, nan, CI_METHOD, nan, (), num_runs, 0, len(items))
     mean = float(q_value.sum() / q_weight.sum())
 
     if n_q > 1:

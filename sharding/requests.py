@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 RequestKind = Literal["generate", "loglikelihood", "chat"]
@@ -60,6 +60,7 @@ class GenerationRequest:
     kind: RequestKind = "generate"
     continuation_start: int = 0
     adapter: Adapter | None = None  # a LoRA adapter on the replicas' base model
+    earlier_ids: tuple[str, ...] = ()  # ids earlier rayeval versions gave the same work (read back on resume)
 
     @property
     def group_key(self) -> tuple[object, ...]:
@@ -134,7 +135,10 @@ def continuation_logprob(
 
 @dataclass(frozen=True)
 class RequestKey:
-    """Everything that determines a generation; its hash is the request id used for caching and resume."""
+    """Everything that determines a generation; its hash is the request id used for caching and resume.
+
+    Greedy decoding (temperature 0) gives the same output whatever the seed, so a greedy request's key holds
+    seed 0 and sample index 0: the N samples of a greedy question are one request, generated once."""
 
     model: str
     adapter: str | None
@@ -169,7 +173,9 @@ def make_request(
 ) -> GenerationRequest:
     """A request whose id is the hash of everything that determines its result (so equal work is done once).
 
-    A tokenised prompt is identified by its token ids alone; its text is kept for the records only.
+    A tokenised prompt is identified by its token ids alone; its text is kept for the records only. A greedy
+    request's id ignores its seed and sample index (`RequestKey`); the id it had when they counted is kept in
+    `earlier_ids`, so a store written then is read back.
     """
     key = RequestKey(
         model,
@@ -182,6 +188,10 @@ def make_request(
         kind,
         continuation_start,
     )
+    earlier: tuple[str, ...] = ()
+    if sampling.temperature == 0 and (seed, sample_index) != (0, 0):
+        earlier = (key.request_id(),)
+        key = replace(key, seed=0, sample_index=0)
     return GenerationRequest(
         request_id=key.request_id(),
         prompt=prompt,
@@ -192,6 +202,7 @@ def make_request(
         kind=kind,
         continuation_start=continuation_start,
         adapter=adapter,
+        earlier_ids=earlier,
     )
 
 

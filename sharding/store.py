@@ -5,6 +5,8 @@ index), so a second run over the same folder reads back what is done and only ge
 Failed completions are stored too (except `retryable` ones, whose replicas died: those are simply missing
 next time), so a resumed run reports the same failures without redoing them;
 `retry_failed` makes them count as missing instead. A later success for the same id replaces a failure.
+A request whose id changed between versions (greedy samples once keyed by seed and sample index) is found
+under the id it had then.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from sharding.requests import Completion
@@ -62,15 +66,25 @@ class ResultStore:
                 continue
             self._completions[completion.request_id] = completion
 
-    def get(self, request_id: str) -> Completion | None:
-        return self._completions.get(request_id)
+    def get(self, request_id: str, earlier_ids: Sequence[str] = ()) -> Completion | None:
+        """The stored completion of a request, looked up by its id, then by the ids earlier versions gave the
+        same work (`GenerationRequest.earlier_ids`); one found that way is returned under `request_id`."""
+        completion = self._completions.get(request_id)
+        if completion is not None:
+            return completion
+        for earlier in earlier_ids:
+            if (found := self._completions.get(earlier)) is not None:
+                self._completions[request_id] = replace(found, request_id=request_id)
+                return self._completions[request_id]
+        return None
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._completions
 
-    def is_done(self, request_id: str, retry_failed: bool) -> bool:
-        """Whether a request needs no generation: stored, and (with `retry_failed`) stored as a success."""
-        completion = self._completions.get(request_id)
+    def is_done(self, request_id: str, retry_failed: bool, earlier_ids: Sequence[str] = ()) -> bool:
+        """Whether a request needs no generation: stored (under its id or an earlier one), and (with
+        `retry_failed`) stored as a success."""
+        completion = self.get(request_id, earlier_ids)
         return completion is not None and (completion.ok or not retry_failed)
 
     def __len__(self) -> int:

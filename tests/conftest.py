@@ -18,16 +18,24 @@ def shared_gsm8k() -> Path:
 
 
 @pytest.fixture(scope="session")
-def base_ifeval_records(tmp_path_factory) -> list[dict]:
-    """The embedded model's greedy IFEval records (the first BASE_IFEVAL_LIMIT questions) from one real local
-    run, shared by the tests that compare adapters, sweeps and endpoints against the base model: one engine
-    start for all of them."""
-    from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, MODEL_DIR, rayeval, records
+def base_ifeval_run(tmp_path_factory) -> Path:
+    """The embedded model's greedy IFEval run (the first BASE_IFEVAL_LIMIT questions, N = BASE_IFEVAL_SAMPLES)
+    from one real local run, shared by the tests that compare adapters, sweeps and endpoints against the base
+    model and by the greedy-N tests: one engine start for all of them."""
+    from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, BASE_IFEVAL_SAMPLES, rayeval
 
     out = tmp_path_factory.mktemp("base-ifeval")
-    done = rayeval("run", *BASE_IFEVAL_ARGS, "--limit", str(BASE_IFEVAL_LIMIT), "--output-dir", str(out),
-                   "--run-id", "base")  # fmt: skip
+    done = rayeval("run", *BASE_IFEVAL_ARGS, "--limit", str(BASE_IFEVAL_LIMIT), "--num-samples",
+                   str(BASE_IFEVAL_SAMPLES), "--output-dir", str(out), "--run-id", "base")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = records(out / "base" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    return out / "base"
+
+
+@pytest.fixture(scope="session")
+def base_ifeval_records(base_ifeval_run) -> list[dict]:
+    """The base run's per-sample records: one per question (greedy)."""
+    from tests.runs import BASE_IFEVAL_LIMIT, MODEL_DIR, records
+
+    rows = records(base_ifeval_run / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert [r["doc_id"] for r in rows] == list(range(BASE_IFEVAL_LIMIT))
     return rows

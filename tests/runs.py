@@ -18,6 +18,7 @@ ENGINE_FLAGS = ["--enforce-eager", "--max-tokens", "48", "--max-model-len", "102
 # answer does not depend on what it was batched with.
 BASE_IFEVAL_ARGS = ["--tasks", "ifeval", "--dtype", "float32", *ENGINE_FLAGS]
 BASE_IFEVAL_LIMIT = 6
+BASE_IFEVAL_SAMPLES = 4  # greedy: N = 4 asked is one draw, one request per question
 
 
 def rayeval(

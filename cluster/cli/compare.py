@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from cluster.cli.judge_choice import add_judge_choice
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -20,16 +22,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_b", metavar="RUN_B", type=Path, help="run folder B")
     p.add_argument("--level", type=float, default=0.05, help="family-wise error level (default 0.05)")
     p.add_argument("--output", type=Path, metavar="FILE", help="also write the comparison as JSON here")
+    add_judge_choice(p, "A and B")
+    p.add_argument("--allow-different-prompts", action="store_true",
+                   help="pair questions by doc_id even where the two runs asked them with different prompts")  # fmt: skip
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from evaluators.compare import compare_runs, comparison_json, load_run, render_comparison
+    from evaluators.compare import CompareOptions, compare_runs, comparison_json, load_run, render_comparison
     from evaluators.errors import EvalInputError
 
     if not 0 < args.level < 1:
         raise EvalInputError(f"--level must be between 0 and 1 (got {args.level:g}); 0.05 is usual.")
-    a, b = load_run(args.run_a), load_run(args.run_b)
-    rows = compare_runs(a, b, args.level)
+    a, b = load_run(args.run_a, args.judge), load_run(args.run_b, args.judge)
+    options = CompareOptions(args.level, args.allow_different_judges, args.allow_different_prompts)
+    rows = compare_runs(a, b, options)
     print(render_comparison(a, b, rows, args.level), end="")
     if args.output:
         args.output.write_text(json.dumps(comparison_json(a, b, rows, args.level), indent=1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cluster.cli.judge_choice import add_judge_choice
 from evaluators.errors import EvalInputError
 
 
@@ -15,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Draw each task's metrics against the training step, one PNG per task, and write the "
         "same numbers as sweep_summary.csv and .md. Each argument is a run folder whose name carries its step "
         "(step_120, checkpoint-120, ...), or a folder of such runs (one training run); several are drawn on "
-        "one axis, named after their folders.",
+        "one axis, named after their folders. A judged task is drawn from one judge's verdicts, named in the "
+        "table and the plot.",
     )
     p.set_defaults(handler=cmd_plot)
     p.add_argument(
@@ -26,18 +28,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--output", type=Path, default=Path("plots"), metavar="DIR", help="where to write (default plots/)"
     )
+    add_judge_choice(p, "the runs drawn")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from evaluators.curves import ErrorBar, plot_curves, points_from_run, write_tables
+    from evaluators.curves import ErrorBar, check_one_judge, plot_curves, points_from_run, write_tables
 
     points = [
         point
         for series, step, run in (entry for folder in args.runs for entry in runs_in(folder))
-        for point in points_from_run(run, series, step)
+        for point in points_from_run(run, series, step, args.judge)
     ]
     if not points:
         raise EvalInputError("The runs given hold no scored metric to draw.")
+    if not args.allow_different_judges:
+        check_one_judge(points)
     csv_path, md_path = write_tables(points, args.output)
     for path in [*plot_curves(points, args.output, ErrorBar(args.errorbar)), csv_path, md_path]:
         print(path)

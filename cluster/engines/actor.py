@@ -23,8 +23,10 @@ from cluster.engines.affinity import engine_core_cpus, pin_descendants
 from cluster.engines.cores import bind_this_node, replica_slot
 from cluster.engines.forkserver import engine_core_forked, start_engine_core_server
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
+from cluster.engines.reload_check import ReloadCheck
 from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype, engine_lora_args
 from cluster.forwarded_env import ForwardedEnv
+from cluster.models.checkpoints import SwapKind
 from cluster.plan import ExecutorKind
 from evaluators.failures import FailureKind
 from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup, continuation_logprob
@@ -53,6 +55,7 @@ class EngineInfo:
     nodes: tuple[str, ...] = ()  # the Ray node of each bundle of its placement group, in bundle order
     model: str = ""  # the checkpoint it serves now
     loaded_by: str = "start"  # how that checkpoint got there: start, or a swap's SwapKind (reload, rebuild)
+    load_note: str = ""  # why it moved that way (a reload that failed its check and was rebuilt says so)
 
 
 def bundle_nodes() -> tuple[str, ...]:
@@ -94,6 +97,7 @@ class EngineActor:
         self.since_start: list[LogPlace] = []  # the logs from the engine's first request on
         self.death_cause: str | None = None
         self.lora_ids: dict[str, int] = {}  # adapter identity -> the engine's LoRA id (1, 2, ...)
+        self.reload_check = ReloadCheck()
         # A one-worker CPU engine's core is forked from a server that imports it while this actor imports vLLM
         # (cluster.engines.forkserver): the two imports at once instead of one after the other.
         self.core_server = (
@@ -117,32 +121,58 @@ class EngineActor:
     def _failure(self, message: str, places: list[LogPlace]) -> str:
         return describe_failure(message, places, self.node_ip)
 
-    async def load_checkpoint(self, path: str) -> EngineInfo:
+    async def load_checkpoint(self, path: str, how: SwapKind | None = None) -> EngineInfo:
         """Serve the full checkpoint at `path` from now on, in this same process: vLLM reloads the weights in
-        place where the checkpoints share architecture and tokenizer, else a new engine replaces the old one
-        (`cluster.models.swap_kind` decides). Call it only while no request is in flight."""
+        place where the checkpoints allow it, else a new engine replaces the old one (`how`, by default what
+        `cluster.models.swap_kind` decides). A reload is checked (`reload_check`); an engine that fails the
+        check is rebuilt, and `EngineInfo.load_note` says so. Call it only while no request is in flight."""
         from pathlib import Path
 
-        from cluster.models import SwapKind, swap_kind
+        from cluster.models import swap_kind
 
-        kind, why = swap_kind(Path(self.settings.model), Path(path))
+        kind, why = swap_kind(Path(self.settings.model), Path(path)) if how is None else (how, "asked for")
         if kind is SwapKind.NONE:
             return self.info
         began = time.perf_counter()
         before = mark(self.log_files)
         log.info("%s: %s -> %s by %s (%s)", self.name, self.settings.model, path, kind, why)
-        self.settings = replace(self.settings, model=path)
         try:
             if kind is SwapKind.RELOAD:
-                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
-                await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
+                kind, why = await self._reload(path, why)
             else:
+                self.settings = replace(self.settings, model=path)
                 await self.shutdown()
                 await self._start()
         except Exception as exc:
             raise EngineStartFailed(self._failure(f"{type(exc).__name__}: {exc}", before)) from None
-        self.info = replace(self.info, model=path, loaded_by=kind.value, start_s=time.perf_counter() - began)
+        self.info = replace(
+            self.info, model=path, loaded_by=kind.value, load_note=why, start_s=time.perf_counter() - began
+        )
         return self.info
+
+    async def _reload(self, path: str, why: str) -> tuple[SwapKind, str]:
+        """Reload the weights in place and check the engine against the checkpoint; rebuild it where the check
+        fails. Returns how the checkpoint got there and why."""
+        from pathlib import Path
+
+        from cluster.models import model_family
+
+        dtype = self.info.dtype if self.info is not None else "float32"
+        calibration = await self.reload_check.calibrate(
+            model_family(Path(path)), self.engine, self.tokenizer, self.settings.model, dtype
+        )
+        self.settings = replace(self.settings, model=path)
+        await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
+        problem = await self.reload_check.problem(calibration, self.engine, self.tokenizer, path, dtype)
+        if problem is None:
+            return SwapKind.RELOAD, f"{why}; the reload check passed"
+        log.warning(
+            "%s: the reload of %s failed its check (%s); rebuilding the engine", self.name, path, problem
+        )
+        await self.shutdown()
+        await self._start()
+        return SwapKind.REBUILD, f"the reload check failed: {problem}"
 
     async def _start(self) -> EngineInfo:
         import vllm

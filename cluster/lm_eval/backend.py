@@ -121,6 +121,8 @@ class RayEvalLM(TemplateLM):
         self.num_samples = num_samples
         self.sample_index = sample_index
         self.outcomes: dict[DocKey, DocOutcome] = {}
+        # the tasks with a generate_until request that samples (temperature > 0): only they get sample rounds
+        self.sampled_tasks: set[str] = set()
         self.tokenizer = _load_tokenizer(
             self._plan.tokenizer_path or self.model_path, config.model.revision, add_bos_token
         )
@@ -233,6 +235,8 @@ class RayEvalLM(TemplateLM):
         copies: Counter[tuple[tuple[int, ...], SamplingSpec]] = Counter()
         for context, tokens, instance in zip(contexts, encodings, requests, strict=True):
             sampling, until, tokens = self._sampling_for(instance.args[1], eos, tokens)
+            if sampling.temperature > 0:
+                self.sampled_tasks.add(instance.task_name or "")
             copy = copies[(tuple(tokens), sampling)] if sampling.temperature > 0 else 0
             copies[(tuple(tokens), sampling)] += 1
             first = copy * self.num_samples

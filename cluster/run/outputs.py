@@ -27,6 +27,7 @@ from evaluators.judging.base import JudgeTask
 from evaluators.records import SampleRecord
 from evaluators.report import (
     TaskSummary,
+    greedy_note,
     render_table,
     results_json,
     summarize_task,
@@ -140,13 +141,14 @@ def _summarize(run: FinishedRun) -> _Summaries:
         records = run.writer.task_records(task.name)
         write_samples(run.writer.directory, task.name, records)
         result.records += records
+        draws = task_plan.draws(config.num_samples)
         if isinstance(task, JudgeTask):
-            summary = _judged_summary(
-                task_plan, records, run.judging, config.num_samples, config.sampling.seed
-            )
+            summary = _judged_summary(task_plan, records, run.judging, draws, config.sampling.seed)
             result.judged.append(summary)
         else:
-            summary = _native_summary(task_plan, records, config.num_samples, run.adaptive.get(task.name))
+            summary = _native_summary(task_plan, records, draws, run.adaptive.get(task.name))
+        if draws < config.num_samples:
+            summary.one_draw = greedy_note(config.num_samples)
         result.every.append(summary)
     if run.lm_eval_output is not None:
         for name, records in run.lm_eval_output.records.items():

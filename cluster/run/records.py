@@ -107,6 +107,7 @@ class SampleWriter:
             output_tokens=completion.output_tokens,
             finish_reason=completion.finish_reason,
             error=completion.error,
+            prompt_hash=item.prompt_hash,
         )
         if completion.ok and not isinstance(task, JudgeTask):
             try:

@@ -138,10 +138,11 @@ class RequestRunner:
         for request in unique:
             first_time = request.request_id not in self._seen
             self._seen.add(request.request_id)
-            if self.store is None or not self.store.is_done(request.request_id, self.retry_failed):
+            store = self.store
+            completion = store.get(request.request_id, request.earlier_ids) if store is not None else None
+            if completion is None or (self.retry_failed and not completion.ok):
                 missing.append(request)
                 continue
-            completion = self.store.get(request.request_id)
             if first_time:  # a later batch asking again (another sample round) is not a resume
                 self.stats.reused += 1
                 self.stats.reused_failed += 0 if completion.ok else 1

@@ -8,6 +8,7 @@ prints it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from cluster.models import (
     adapter_problem,
     find_checkpoints,
     load_adapter,
+    merge_problem,
     resolve_model,
 )
 from cluster.plan import RunPlan, build_plan, judged_task_names
@@ -102,24 +104,28 @@ def build_sweep_plan(
     base = build_plan(base_config, materialise_model=materialise_model)
     _check_judge(base)
     plan = SweepPlan(checkpoint_dir, root, [], [], lora_merge)
+    # a merged adapter runs as a full checkpoint: the engines' LoRA rank does not limit it, the merge's does
+    max_lora_rank = None if lora_merge else config.model.max_lora_rank
     for checkpoint in checkpoints:
         if checkpoint.kind is CheckpointKind.LORA:
-            problem = adapter_problem(checkpoint.path, Path(base.model.path), config.model.max_lora_rank)
+            problem = adapter_problem(checkpoint.path, Path(base.model.path), max_lora_rank)
+            if problem is None and lora_merge:
+                problem = merge_problem(json.loads((checkpoint.path / "adapter_config.json").read_text()))
             if problem is not None:
                 plan.skipped.append(SkippedCheckpoint(checkpoint.step, checkpoint.path, problem))
                 continue
-        plan.steps.append(SweepStep(checkpoint, _step_plan(base, checkpoint, root)))
+        plan.steps.append(SweepStep(checkpoint, _step_plan(base, checkpoint, root, max_lora_rank)))
     return plan
 
 
-def _step_plan(base: RunPlan, checkpoint: Checkpoint, root: Path) -> RunPlan:
+def _step_plan(base: RunPlan, checkpoint: Checkpoint, root: Path, max_lora_rank: int | None) -> RunPlan:
     """The base plan with this step's model (a full checkpoint) or adapter, run in its own folder."""
     config = base.config.model_copy(deep=True)
     config.output_dir = str(root)
     config.run_id = f"step_{checkpoint.step}"
     if checkpoint.kind is CheckpointKind.LORA:
         config.model.lora = str(checkpoint.path)
-        adapter = load_adapter(str(checkpoint.path), Path(base.model.path), config.model.max_lora_rank)
+        adapter = load_adapter(str(checkpoint.path), Path(base.model.path), max_lora_rank)
         return replace(base, config=config, adapter=adapter)
     config.model.path = str(checkpoint.path)
     return replace(base, config=config, model=resolve_model(str(checkpoint.path)))

@@ -51,6 +51,7 @@ class StepOutcome:
     wall_s: float = 0.0
     engine_pids: list[int] = field(default_factory=list)
     loaded_by: list[str] = field(default_factory=list)  # per replica: start, reload or rebuild
+    load_notes: list[str] = field(default_factory=list)  # per replica: why (a reload that failed its check)
 
 
 @dataclass
@@ -90,14 +91,15 @@ def run_sweep(
     outcomes = [
         StepOutcome(s.step, "lora", str(s.path), StepStatus.SKIPPED, reason=s.reason) for s in plan.skipped
     ]
+    groups = _groups(plan, outcomes)
     starts = swaps = 0
     bar = progress_bar("checkpoints", enabled=progress)
-    job = bar.add_task("checkpoints", total=len(plan.steps))
+    job = bar.add_task("checkpoints", total=sum(len(steps) for _, steps in groups))
     with (
         ray_session(first.config.cluster.address, first.replica, first.config.cluster.replicas, verbose),
         bar,
     ):
-        for kind, steps in _groups(plan):
+        for kind, steps in groups:
             if not steps:
                 continue
             shared = SharedReplicas(steps[0].plan, verbose=verbose, max_loras=plan.max_loras)
@@ -114,13 +116,22 @@ def run_sweep(
     return result
 
 
-def _groups(plan: SweepPlan) -> list[tuple[CheckpointKind, list[SweepStep]]]:
+def _groups(plan: SweepPlan, outcomes: list[StepOutcome]) -> list[tuple[CheckpointKind, list[SweepStep]]]:
     """The steps run together: LoRA adapters at once, full checkpoints in turn; with --lora-merge every adapter
-    becomes a full checkpoint of its own (merged into the base weights) and runs in turn before them."""
+    becomes a full checkpoint of its own (merged into the base weights) and runs in turn before them, and
+    one the merge refuses is skipped with the reason (added to `outcomes`)."""
     adapters, full = plan.of_kind(CheckpointKind.LORA), plan.of_kind(CheckpointKind.FULL)
-    if plan.lora_merge:
-        return [(CheckpointKind.FULL, [_merged(step) for step in adapters] + full)]
-    return [(CheckpointKind.LORA, adapters), (CheckpointKind.FULL, full)]
+    if not plan.lora_merge:
+        return [(CheckpointKind.LORA, adapters), (CheckpointKind.FULL, full)]
+    merged = []
+    for step in adapters:
+        try:
+            merged.append(_merged(step))
+        except EvalInputError as exc:
+            log.error("step %d skipped: %s", step.step, exc)
+            outcomes.append(StepOutcome(step.step, "lora", str(step.checkpoint.path), StepStatus.SKIPPED,
+                                        reason=str(exc)))  # fmt: skip
+    return [(CheckpointKind.FULL, merged + full)]
 
 
 def _merged(step: SweepStep) -> SweepStep:
@@ -183,6 +194,7 @@ def _fill(outcome: StepOutcome, result: RunResult, plan: RunPlan) -> None:
     outcome.requests_generated = result.requests_total - result.requests_reused
     outcome.engine_pids = [e.pid for e in result.engines]
     outcome.loaded_by = [e.loaded_by for e in result.engines]
+    outcome.load_notes = [e.load_note for e in result.engines]
     if result.task_errors:
         outcome.status = StepStatus.FAILED
         outcome.reason = "; ".join(f"{task}: {error}" for task, error in sorted(result.task_errors.items()))
@@ -193,7 +205,7 @@ def _curves(plan: SweepPlan, outcomes: list[StepOutcome], errorbar: ErrorBar) ->
         point
         for o in outcomes
         if o.status is StepStatus.DONE
-        for point in points_from_run(Path(o.run_dir), plan.series, o.step)
+        for point in points_from_run(Path(o.run_dir), plan.series, o.step, latest_judge=True)
     ]
     if not points:
         return []

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
+
+from evaluators.records import prompt_digest
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,13 @@ class Prompt:
     def user_turn(cls, text: str) -> Prompt:
         """The whole prompt as one user message."""
         return cls(messages=(ChatMessage("user", text),), text=text)
+
+    def digest(self) -> str:
+        """A hash of the prompt as the task poses it, in both forms and before any model's chat template:
+        runs of two models that asked a question alike have the same digest, a changed dataset, few-shot
+        set or wording gives another."""
+        form = {"messages": [[m.role, m.content] for m in self.messages], "text": self.text}
+        return prompt_digest(json.dumps(form, ensure_ascii=False, sort_keys=True))
 
 
 @dataclass(frozen=True)

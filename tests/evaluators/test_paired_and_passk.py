@@ -10,7 +10,7 @@ from scipy import stats
 
 from evaluators.paired import holm_adjusted, paired_difference
 from evaluators.passk import ks_for, pass_at_k, pass_at_k_table
-from evaluators.stats import ScoredItem
+from evaluators.stats import ScoredItem, summarize
 
 
 def items(outcomes: dict[int, list[float]], weight: float = 1.0) -> list[ScoredItem]:
@@ -29,9 +29,9 @@ def test_pass_at_k_is_chen_et_al_estimator():
 
 
 def test_pass_at_k_table_by_hand():
-    table = pass_at_k_table(items({0: [1, 0, 0, 0], 1: [1, 1, 0, 1]}), num_samples=4)
-    assert [row.k for row in table] == [1, 2, 4]
-    one, two, four = table
+    table = pass_at_k_table(items({0: [1, 0, 0, 0], 1: [1, 1, 0, 1]}))
+    assert [row.k for row in table.rows] == [1, 2, 4] and table.left_out == {}
+    one, two, four = table.rows
     assert one.mean == pytest.approx(0.5) and one.sem == pytest.approx(0.25)  # std(0.25, 0.75) / sqrt 2
     assert two.mean == pytest.approx(0.75) and two.sem == pytest.approx(0.25)  # questions at 0.5 and 1.0
     assert (four.mean, four.sem, four.ci95_high) == (1.0, 0.0, 1.0)
@@ -40,9 +40,21 @@ def test_pass_at_k_table_by_hand():
 
 
 def test_pass_at_k_only_for_binary_metrics_with_several_samples():
-    assert pass_at_k_table(items({0: [1, 0], 1: [0, 0]}), num_samples=1) == []
-    assert pass_at_k_table(items({0: [0.5, 1.0], 1: [0, 0]}), num_samples=2) == []  # a rate, not a pass
-    assert pass_at_k_table(items({0: [1, 1], 1: [0, 1]}, weight=3.0), num_samples=2) == []  # 3 items each
+    assert not pass_at_k_table(items({0: [1], 1: [0]}))
+    assert not pass_at_k_table(items({0: [0.5, 1.0], 1: [0, 0]}))  # a rate, not a pass
+    assert not pass_at_k_table(items({0: [1, 1], 1: [0, 1]}, weight=3.0))  # 3 items each
+
+
+def test_pass_at_k_uses_each_questions_own_n_and_leaves_out_a_k_some_cannot_reach():
+    """Adaptive N gave question 1 eight samples and the others two: pass@2 is every question's own estimate
+    averaged, and pass@4 and pass@8, which only question 1 reaches, are left out with their coverage (its
+    value alone would be the benchmark's hardest question, not the benchmark)."""
+    table = pass_at_k_table(items({0: [1, 1], 1: [0, 0, 0, 0, 0, 0, 0, 1], 2: [0, 1]}))
+    assert [row.k for row in table.rows] == [1, 2] and table.left_out == {4: 1, 8: 1}
+    one, two = table.rows
+    assert one.mean == pytest.approx((1 + 1 / 8 + 1 / 2) / 3)
+    assert two.mean == pytest.approx((1 + (1 - comb(7, 2) / comb(8, 2)) + 1) / 3)
+    assert one.questions == two.questions == table.questions == 3
 
 
 def test_paired_difference_equals_scipy_paired_t_test():
@@ -78,9 +90,20 @@ def test_weighted_metrics_and_questions_in_one_run_only():
     b = items({0: [1.0, 1.0], 1: [0.5, 0.5]}, weight=2.0) + items({3: [1.0]})
     result = paired_difference(a, b)
     assert result.questions == 2 and result.only_in_one == 2
-    # questions 0 and 1 weigh 4 each (2 items x 2 samples): A 0.75 and 0, B 1 and 0.5
+    # questions 0 and 1 weigh 2 each (their 2 items): A 0.75 and 0, B 1 and 0.5
     assert (result.mean_a, result.mean_b, result.difference) == pytest.approx((0.375, 0.75, 0.375))
     assert math.isnan(paired_difference(items({0: [1]}), items({1: [1]})).difference)
+
+
+def test_a_question_sampled_more_still_counts_once_with_its_item_weight():
+    """Adaptive N gave question 0 six samples and question 1 two; each counts once, weighted by its items
+    (3 and 1), as the run's own summary counts it: the paired means are the summaries' means."""
+    a = items({0: [1, 1, 1, 1, 1, 0]}, weight=3.0) + items({1: [0, 0]})
+    b = items({0: [1, 1]}, weight=3.0) + items({1: [1, 1, 1, 1, 1, 1]})
+    result = paired_difference(a, b)
+    assert result.mean_a == pytest.approx(3 * 5 / 6 / 4) == pytest.approx(summarize(a, 6).mean)
+    assert result.mean_b == pytest.approx(1.0) == pytest.approx(summarize(b, 6).mean)
+    assert result.difference == pytest.approx(result.mean_b - result.mean_a)
 
 
 def test_holm_step_down():

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import pytest
 
-from sharding.requests import Completion, RequestKey, SamplingSpec
+from sharding.requests import Completion, RequestKey, SamplingSpec, make_request
 from sharding.store import ResultStore, StoreInUse
 
 
@@ -70,3 +70,31 @@ def test_a_second_writer_is_refused_until_the_first_closes(tmp_path):
         ResultStore(path)
     first.close()
     ResultStore(path).close()
+
+
+def test_greedy_samples_are_one_request_whose_earlier_id_a_store_still_answers(tmp_path):
+    """Temperature 0 gives one output whatever the seed: the N samples of a greedy question are one request.
+    Its id ignores seed and sample index; a store written when they counted holds sample 0 under the id of
+    the key with them, which the request keeps as its earlier id and the store answers."""
+    greedy = [make_request("m", "p", SamplingSpec(), 1234 + i, i) for i in range(4)]
+    assert len({r.request_id for r in greedy}) == 1
+    assert greedy[0].request_id == RequestKey("m", None, "p", SamplingSpec(), 0, 0).request_id()
+    written_then = RequestKey("m", None, "p", SamplingSpec(), 1234, 0).request_id()
+    assert greedy[0].earlier_ids == (written_then,)
+    sampled = [make_request("m", "p", SamplingSpec(temperature=0.5), 1234 + i, i) for i in range(4)]
+    assert len({r.request_id for r in sampled}) == 4 and not any(r.earlier_ids for r in sampled)
+    assert (
+        sampled[1].request_id
+        == RequestKey("m", None, "p", SamplingSpec(temperature=0.5), 1235, 1).request_id()
+    )
+
+    store = ResultStore(tmp_path / "completions.jsonl")
+    store.add([Completion(written_then, text="the greedy answer", output_tokens=3)])
+    store.close()
+    store = ResultStore(tmp_path / "completions.jsonl")
+    request = greedy[0]
+    assert store.get(request.request_id) is None
+    found = store.get(request.request_id, request.earlier_ids)
+    assert (found.request_id, found.text, found.output_tokens) == (request.request_id, "the greedy answer", 3)
+    assert store.is_done(request.request_id, retry_failed=True)
+    store.close()

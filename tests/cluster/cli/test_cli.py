@@ -34,9 +34,15 @@ def test_dry_run_prints_the_plan_without_engines(capsys, tmp_path, shared_gsm8k)
     assert code == 0
     out = capsys.readouterr().out
     assert "replicas  2 x {1 CPU}" in out
-    assert "ifeval     samples=7      of 541    requests=21" in out
-    assert "gsm8k      samples=7      of 1319   requests=21" in out
-    assert "total     42 requests" in out
+    # greedy (the default temperature 0): the 3 samples of a question are one draw, one request
+    assert "ifeval     samples=7      of 541    requests=7 " in out
+    assert "gsm8k      samples=7      of 1319   requests=7 " in out
+    assert "(greedy: the 3 samples are one draw, one request)" in out
+    assert "total     14 requests" in out
+    assert main(["run", "--dry-run", "--tasks", "ifeval", "--limit", "7", "--num-samples", "3", "--temperature",
+                 "0.7", "--output-dir", str(tmp_path)]) == 0  # fmt: skip
+    sampled = capsys.readouterr().out
+    assert "ifeval     samples=7      of 541    requests=21" in sampled and "greedy" not in sampled
     assert not any(tmp_path.iterdir()), "a dry run must not write a run folder"
 
 
@@ -56,7 +62,7 @@ def test_config_file_with_flag_override(capsys, tmp_path, shared_gsm8k):
     config = tmp_path / "run.yaml"
     config.write_text(
         f"tasks:\n  - name: gsm8k\n    limit: 4\n    data_path: {shared_gsm8k}\n  - name: ifeval\n    enabled: false\n"
-        "num_samples: 2\ncluster:\n  replicas: 2\n"
+        "num_samples: 2\nsampling: {temperature: 0.7}\ncluster:\n  replicas: 2\n"
     )
     assert main(["run", "--config", str(config), "--dry-run", "--num-samples", "5"]) == 0
     out = capsys.readouterr().out

@@ -1,15 +1,17 @@
-"""`rayeval compare` on two run folders written by rayeval's own writers (summary.json, samples JSONL): paired
-differences per task and metric, the Holm-adjusted verdict, the JSON file, and the errors for bad folders."""
+"""`rayeval compare` on two run folders written by rayeval's own writers (summary.json, samples JSONL, judges'
+folders): paired differences per task and metric, the Holm-adjusted verdict, the JSON file, the judge whose
+verdicts are compared, and the errors for bad folders, other prompts and mixed judges."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from scipy import stats
 
 from cluster.cli import main
-from tests.run_folders import STRICT
+from tests.run_folders import STRICT, write_judged_run
 from tests.run_folders import write_gsm8k_run as write_run
 
 
@@ -50,3 +52,70 @@ def test_compare_names_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert "is not a finished rayeval run folder" in err and "It holds these runs: r1" in err
     assert main(["compare", str(run), str(run), "--level", "2"]) == 2
     assert "--level must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_compare_refuses_a_question_asked_with_another_prompt_unless_allowed(tmp_path, capsys):
+    """Pairing by doc_id pairs different questions when a dataset, few-shot set or wording changed between the
+    runs: compare names the first question whose prompt differs, and pairs anyway only when told to."""
+    scores = {q: [1, 0] for q in range(6)}
+    a = write_run(tmp_path, "a", scores, scores)
+    b = write_run(tmp_path, "b", scores, scores, prompts={3: "Question 3, reworded", 5: "Question 5?"})
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "gsm8k: question 3 was asked with different prompts" in err and "'Question 3, reworded'" in err
+    assert "--allow-different-prompts" in err
+    assert main(["compare", str(a), str(b), "--allow-different-prompts"]) == 0
+    assert "within noise" in capsys.readouterr().out
+
+
+def test_records_without_a_prompt_hash_are_compared_by_the_prompt_they_sent(tmp_path, capsys):
+    scores = {q: [1] for q in range(3)}
+    a, b = write_run(tmp_path, "a", scores, scores), write_run(tmp_path, "b", scores, scores)
+    for run, text in ((a, "Question 1"), (b, "Question 1 (rendered another way)")):
+        samples = run / "samples" / "model" / "gsm8k.jsonl"
+        rows = [json.loads(line) | {"prompt_hash": ""} for line in samples.read_text().splitlines()]
+        rows[1]["prompt"] = text
+        samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "question 1 was asked with different prompts" in capsys.readouterr().err
+
+
+def test_compare_uses_the_named_judges_verdicts_and_refuses_to_mix_judges(tmp_path, capsys):
+    """A was judged by two judges, B by one: with no judge named, A's choice is ambiguous; with --judge, both
+    runs' rows are that judge's verdicts, never the other's. Runs judged by different judges only are refused
+    unless allowed."""
+    lenient = {q: [2, 2] for q in range(8)}  # the lenient judge: every game won
+    strict_a = {q: [q % 3, 1] for q in range(8)}
+    strict_b = {q: [2, (q + 1) % 3] for q in range(8)}
+    a = write_judged_run(tmp_path, "a", {"openai:lenient": lenient, "openai:strict": strict_a})
+    b = write_judged_run(tmp_path, "b", {"openai:strict": strict_b})
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "alpaca_eval was judged by 2 judges (openai:lenient, openai:strict)" in err and "--judge NAME" in err
+    )
+
+    out = tmp_path / "cmp.json"
+    assert main(["compare", str(a), str(b), "--judge", "openai:strict", "--output", str(out)]) == 0
+    assert "openai:strict" in capsys.readouterr().out  # the table's judge column
+    (row,) = json.loads(out.read_text())["metrics"]
+    rate_a = np.array([np.mean(strict_a[q]) / 2 for q in range(8)])
+    rate_b = np.array([np.mean(strict_b[q]) / 2 for q in range(8)])
+    assert (row["judge_a"], row["judge_b"]) == ("openai:strict", "openai:strict")
+    assert row["mean_a"] == pytest.approx(rate_a.mean(), rel=1e-12)
+    assert row["mean_b"] == pytest.approx(rate_b.mean(), rel=1e-12)
+    assert row["difference"] == pytest.approx((rate_b - rate_a).mean(), rel=1e-12)
+    assert row["sem"] == pytest.approx(stats.sem(rate_b - rate_a), rel=1e-12)
+    assert main(["compare", str(a), str(b), "--judge", "openai-strict"]) == 0  # its folder's name works too
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--judge", "openai:lenient"]) == 2
+    assert "has no verdicts of judge openai:lenient on alpaca_eval" in capsys.readouterr().err
+
+    c = write_judged_run(tmp_path, "c", {"openai:lenient": lenient})
+    assert main(["compare", str(b), str(c)]) == 2
+    err = capsys.readouterr().err
+    assert "judged by openai:strict in A (b) and by openai:lenient in B (c)" in err
+    assert main(["compare", str(b), str(c), "--allow-different-judges", "--output", str(out)]) == 0
+    assert "A: openai:strict, B: openai:lenient" in capsys.readouterr().out
+    (row,) = json.loads(out.read_text())["metrics"]
+    assert (row["judge_a"], row["judge_b"]) == ("openai:strict", "openai:lenient")

@@ -1,16 +1,18 @@
-"""`rayeval plot`: training curves from finished run folders, two training runs on one axis."""
+"""`rayeval plot`: training curves from finished run folders, two training runs on one axis, and a judged
+task's curve drawn from one named judge's verdicts."""
 
 from __future__ import annotations
 
 import csv
 
+import numpy as np
 import pytest
 from matplotlib.image import imread
 
 from cluster.cli import main
 from cluster.cli.plot import runs_in
 from evaluators.curves import ErrorBar, curves_by_task, points_from_run
-from tests.run_folders import STRICT, write_gsm8k_run
+from tests.run_folders import STRICT, write_gsm8k_run, write_judged_run
 
 
 @pytest.fixture
@@ -62,3 +64,38 @@ def test_a_run_without_a_step_in_its_name_is_named(tmp_path, capsys):
     assert "Run folder" in (err := capsys.readouterr().err) and "names no step" in err
     assert main(["plot", str(tmp_path / "nowhere")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_judged_curves_name_their_judge_and_never_mix_two(tmp_path, capsys):
+    """A judged task's points are one judge's verdicts, named in the table: a step judged twice needs
+    --judge, steps judged by different judges are refused unless allowed, and a sweep's own step takes the
+    judge its latest invocation used."""
+    sft, out = tmp_path / "sft", tmp_path / "plots"
+    write_judged_run(sft, "step_100", {"openai:strict": {q: [q % 3, 0] for q in range(5)}})
+    second = {q: [2, q % 2] for q in range(5)}
+    write_judged_run(
+        sft, "step_200", {"openai:lenient": {q: [2, 2] for q in range(5)}, "openai:strict": second}
+    )
+    assert main(["plot", str(sft), "--output", str(out)]) == 2
+    assert "alpaca_eval was judged by 2 judges" in capsys.readouterr().err
+    assert main(["plot", str(sft), "--output", str(out), "--judge", "openai:strict"]) == 0
+    rows = list(csv.DictReader((out / "sweep_summary.csv").open()))
+    assert [(r["step"], r["judge"]) for r in rows] == [("100", "openai:strict"), ("200", "openai:strict")]
+    assert float(rows[1]["mean"]) == pytest.approx(
+        np.mean([np.mean(s) / 2 for s in second.values()]), rel=1e-12
+    )
+    assert "| openai:strict |" in (out / "sweep_summary.md").read_text()
+    latest = points_from_run(sft / "step_200", "sft", 200, latest_judge=True)  # its summary.json's judge
+    assert {p.judge for p in latest} == {"openai:strict"}
+
+    rl = tmp_path / "rl"
+    write_judged_run(rl, "step_100", {"openai:strict": {q: [1] for q in range(5)}})
+    write_judged_run(rl, "step_200", {"openai:lenient": {q: [2] for q in range(5)}})
+    capsys.readouterr()
+    assert main(["plot", str(rl), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "alpaca_eval: the runs were judged by different judges" in err
+    assert "openai:lenient at rl step 200; openai:strict at rl step 100" in err
+    assert main(["plot", str(rl), "--output", str(out), "--allow-different-judges"]) == 0
+    rows = list(csv.DictReader((out / "sweep_summary.csv").open()))
+    assert {(r["step"], r["judge"]) for r in rows} == {("100", "openai:strict"), ("200", "openai:lenient")}

@@ -129,6 +129,41 @@ def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_r
     assert core.environ()["OMP_NUM_THREADS"] == threads and core.environ()["OMP_PROC_BIND"] == "true"
 
 
+@pytest.mark.slow
+def test_a_reload_is_checked_and_a_stale_engine_is_caught_and_rebuilt(engine, tmp_path):
+    """A fault injected on purpose: the second move forces an in-place reload (`how`) onto a checkpoint whose
+    tied embeddings changed, which vLLM's layerwise reload cannot refresh on the output side (the move
+    `swap_kind` would make is a rebuild); the check after the reload catches the stale engine and rebuilds
+    it. The first move is an ordinary reload, whose check passes."""
+    import ray
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cluster.models import SwapKind
+    from tests.cluster.sweep.test_full_sweep import save_copy
+
+    plan, actor = engine
+    layers = save_copy(tmp_path / "layers", "layers")
+    info = ray.get(actor.load_checkpoint.remote(str(layers)))
+    assert info.loaded_by == "reload" and info.load_note.endswith("the reload check passed"), info.load_note
+    embeddings = save_copy(tmp_path / "embeddings", "embeddings")
+    info = ray.get(actor.load_checkpoint.remote(str(embeddings), SwapKind.RELOAD))
+    assert info.loaded_by == "rebuild" and info.load_note.startswith("the reload check failed: "), (
+        info.load_note
+    )
+
+    # the rebuilt engine answers as the checkpoint does: greedy continuations computed here by transformers
+    tokenizer = AutoTokenizer.from_pretrained(embeddings)
+    model = AutoModelForCausalLM.from_pretrained(embeddings, dtype=torch.float32)
+    spec = SamplingSpec(temperature=0.0, max_tokens=12)
+    for prompt in PROMPTS[:2]:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        expected = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
+        request = make_request(str(embeddings), prompt, spec, 0, 0, prompt_token_ids=tuple(ids[0].tolist()))
+        ((served,),) = one_call_per_group(actor, [build_group(prompt, [request])])
+        assert served.text == tokenizer.decode(expected, skip_special_tokens=True), prompt
+
+
 def test_cpu_engines_run_eagerly_and_without_chunked_prefill_unless_asked():
     from cluster.config import ModelOptions
     from cluster.engines import engine_chunked_prefill, engine_settings
@@ -154,3 +189,20 @@ def test_auto_dtype_on_cpu_is_bfloat16_only_where_the_cpu_computes_it_natively(t
     amx.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n")
     assert not cpu_has_native_bf16(str(avx2)) and cpu_has_native_bf16(str(amx))
     assert not cpu_has_native_bf16(str(tmp_path / "missing"))
+
+
+def test_a_reload_whose_reference_does_not_fit_in_memory_is_not_trusted(tmp_path):
+    """A checkpoint too large for transformers to decode beside the engine (only its safetensors header is
+    written here: 10^12 float32 values): the reload check cannot run, so the engine is rebuilt, saying why."""
+    import json
+    import struct
+
+    from cluster.engines.reload_check import Calibration, ReloadCheck, reference_room
+
+    header = json.dumps(
+        {"w": {"dtype": "F32", "shape": [1_000_000, 1_000_000], "data_offsets": [0, 0]}}
+    ).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    assert reference_room(str(tmp_path), "float32").startswith("its reference needs 3725.3 GiB of memory")
+    problem = asyncio.run(ReloadCheck().problem(Calibration(0.0), None, None, str(tmp_path), "float32"))
+    assert problem.startswith("the check could not run: its reference needs 3725.3 GiB")

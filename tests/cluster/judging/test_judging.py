@@ -3,17 +3,21 @@ the local judge; and an API judge against a loopback OpenAI-compatible stand-in 
 
 The stand-in (tests/judge_api_standin.py) stands for an external judge API this machine cannot reach; it
 exists to inject faults on a schedule (429 with Retry-After, 500, timeouts, HTML and choiceless 200s,
-unparseable verdicts, an outage) and to timestamp every request it receives. Everything else runs for real
-through the `rayeval` CLI.
+unparseable verdicts, an outage), to timestamp every request it receives, and to be a second judge whose
+verdicts depend on the outputs it is shown (for `rayeval compare` over two judges). Everything else runs for
+real through the `rayeval` CLI.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy import stats
 
 from cluster.models import ensure_default_model
 from tests import runs
@@ -238,3 +242,89 @@ def test_inference_only_generates_and_leaves_judged_tasks_unjudged(pipelined_run
         body = summary["tasks"][task]
         assert body["metrics"] == {} and "--inference-only" in body["judge"]
         assert body["num_samples"] == QUESTIONS[task] * N
+
+
+def varied_answer(messages: list[dict]) -> str:
+    """A stand-in judge whose well-formed verdict depends on what it is shown (a hash of the judge prompt), so
+    two runs' different outputs get different verdicts."""
+    system, shown = messages[0]["content"], messages[-1]["content"]
+    pick = int(hashlib.sha256(shown.encode()).hexdigest(), 16)
+    if "criteria_met" in system:
+        return json.dumps({"explanation": "Checked.", "criteria_met": pick % 2 == 0})
+    if "[[A>>B]]" in system:
+        return "My answer: ...\n" + ("[[A>>B]]", "[[A>B]]", "[[A=B]]", "[[B>A]]", "[[B>>A]]")[pick % 5]
+    if "Rating: [[X]]" in system:
+        return f"Rating: [[{1 + pick % 10}]]"
+    return "[[A]]" if pick % 2 else "[[B]]"
+
+
+def judged_means(folder: Path, task: str, key: str) -> dict[int, tuple[float, float]]:
+    """Per question, from a judge's scored samples: (mean of score x weight, mean weight) over its scored
+    samples."""
+    per_question: dict[int, list[tuple[float, float]]] = {}
+    for r in records(folder / "samples" / f"{task}.jsonl"):
+        if r["error"] is None and key in r["scores"]:
+            weight = r["weights"][key]
+            per_question.setdefault(r["doc_id"], []).append((r["scores"][key] * weight, weight))
+    return {
+        q: (float(np.mean([v for v, _ in s])), float(np.mean([w for _, w in s])))
+        for q, s in per_question.items()
+    }
+
+
+def test_compare_pairs_one_named_judges_verdicts_on_every_judged_task(pipelined_run, tmp_path):
+    """Run A (judged by the local judge) is judged again by a second judge; run B, a second draw of the same
+    questions, by that judge only. A has two judges, so compare asks which; with --judge, each row is the
+    paired difference of that judge's verdicts, computed here from its scored samples."""
+    run_a, base, _ = pipelined_run
+    judge = ["--judge", "openai:varied-judge", "--judge-base-url", "", "--judge-api-key-env", "STANDIN_KEY"]
+    env = {"STANDIN_KEY": "sk-test-standin"}
+    b_args = [
+        *base[: base.index("--output-dir")],
+        "--output-dir",
+        str(tmp_path),
+        "--run-id",
+        "b",
+        "--seed",
+        "77",
+    ]
+    with JudgeApiStandin(varied_answer) as api:
+        judge[3] = api.base_url
+        again = rayeval("run", "--judge-only", "--output-dir", str(run_a.parent), "--run-id", run_a.name, *judge,
+                        env=env)  # fmt: skip
+        assert again.returncode == 0, again.stderr[-3000:]
+        second = rayeval(*b_args, *ENGINE_FLAGS, *judge, env=env)
+        assert second.returncode == 0, second.stderr[-3000:]
+    run_b = tmp_path / "b"
+    ambiguous = runs.rayeval("compare", str(run_a), str(run_b))
+    assert ambiguous.returncode == 2 and "--judge NAME" in ambiguous.stderr
+    assert f"local:{runs.MODEL_DIR}" in ambiguous.stderr and "openai:varied-judge" in ambiguous.stderr
+
+    out = tmp_path / "cmp.json"
+    done = runs.rayeval(
+        "compare", str(run_a), str(run_b), "--judge", "openai:varied-judge", "--output", str(out)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["metrics"]
+    assert {row["task"] for row in rows} == set(TASKS)
+    moved = 0
+    for row in rows:
+        assert row["judge_a"] == row["judge_b"] == "openai:varied-judge"
+        a, b = (
+            judged_means(r / "judges" / "openai-varied-judge", row["task"], row["metric"])
+            for r in (run_a, run_b)
+        )
+        shared = sorted(a.keys() & b.keys())
+        ya, xa, yb, xb = (np.array([side[q][i] for q in shared]) for side in (a, b) for i in (0, 1))
+        mean_a, mean_b = ya.sum() / xa.sum(), yb.sum() / xb.sum()
+        assert row["questions"] == len(shared) == QUESTIONS[row["task"]]
+        assert row["mean_a"] == pytest.approx(mean_a, rel=1e-12) and row["mean_b"] == pytest.approx(
+            mean_b, rel=1e-12
+        )
+        assert row["difference"] == pytest.approx(mean_b - mean_a, rel=1e-12, abs=1e-12)
+        z = (yb - mean_b * xb) / xb.mean() - (ya - mean_a * xa) / xa.mean()
+        assert row["sem"] == pytest.approx(float(stats.sem(z)), rel=1e-9, abs=1e-12)
+        moved += row["difference"] != 0
+    assert moved, "the second draw's verdicts should differ somewhere"
+    local = runs.rayeval("compare", str(run_a), str(run_b), "--judge", f"local:{runs.MODEL_DIR}")
+    assert local.returncode == 2 and f"has no verdicts of judge local:{runs.MODEL_DIR}" in local.stderr

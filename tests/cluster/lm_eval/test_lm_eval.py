@@ -225,8 +225,12 @@ def test_rerun_reuses_everything_and_an_unreachable_dataset_fails_alone(ours, lo
 
 
 def test_mean_at_n_for_a_generative_lm_eval_task(tmp_path, local_tasks, shared_gsm8k):
+    # gsm8k_mean4_local (repeats: 4) is greedy by its own temperature: its samples are one draw
+    config = tmp_path / "n2.yaml"
+    config.write_text("tasks: [gsm8k, gsm8k_local, gsm8k_mc_local, gsm8k_repeats_local, "
+                      "{name: gsm8k_mean4_local, temperature: 0}]\n")  # fmt: skip
     done = rayeval(
-        "run", "--tasks", "gsm8k,gsm8k_local,gsm8k_mc_local,gsm8k_repeats_local", "--include-path", str(local_tasks),
+        "run", "--config", str(config), "--include-path", str(local_tasks),
         "--data-path", f"gsm8k={shared_gsm8k}", "--max-tokens", "48", "--temperature", "0.8", "--limit", "4",
         "--num-samples", "2", "--gen-kwargs", "temperature=0.8,do_sample=True,max_gen_toks=48",
         "--output-dir", str(tmp_path), "--run-id", "n2", *OUR_ENGINE_FLAGS,
@@ -249,6 +253,15 @@ def test_mean_at_n_for_a_generative_lm_eval_task(tmp_path, local_tasks, shared_g
     draws = [r["request_id"].split(",") for r in repeated]
     assert len(repeated) == 8 and all(len(d) == 2 for d in draws)
     assert len({i for d in draws for i in d}) == 16
+    # greedy N = 2 with repeats: 4 is one draw per question: one round, one request for all its copies
+    greedy = records(tmp_path / "n2" / "samples" / "SmolLM2-135M-Instruct" / "gsm8k_mean4_local.jsonl")
+    assert [(r["doc_id"], r["sample_index"]) for r in greedy] == [(d, 0) for d in range(4)]
+    assert all(len(r["request_id"].split(",")) == 1 for r in greedy)
+    body = tasks["gsm8k_mean4_local"]
+    assert body["num_runs"] == 1 and "the 2 samples asked per question are one draw" in body["one_draw"]
+    for key, metric in body["metrics"].items():
+        assert metric["n"] == 1 and metric["std_across_runs"] is None
+        assert metric["mean"] == pytest.approx(sum(r["scores"][key] for r in greedy) / 4, rel=1e-12)
 
 
 API_SCRIPT = """

@@ -126,7 +126,10 @@ def test_how_an_engine_moves_between_full_checkpoints(tmp_path, base_model):
     embeddings = save_copy(tmp_path / "embeddings", perturb="embeddings")
     assert swap_kind(same, same)[0] is SwapKind.NONE
     assert swap_kind(base_model, layers) == (SwapKind.RELOAD, "same architecture and tokenizer")
-    assert swap_kind(layers, embeddings) == (SwapKind.REBUILD, "the tied embeddings changed")
+    assert swap_kind(layers, embeddings) == (
+        SwapKind.REBUILD,
+        "the tied embeddings changed (model.embed_tokens.weight)",
+    )
 
     wider = tmp_path / "wider"
     shutil.copytree(same, wider)
@@ -140,3 +143,42 @@ def test_how_an_engine_moves_between_full_checkpoints(tmp_path, base_model):
     (renamed / "tokenizer.json").unlink()
     (renamed / "tokenizer.json").write_text("{}")
     assert swap_kind(same, renamed) == (SwapKind.REBUILD, "the tokenizer files differ")
+
+
+def test_the_move_is_decided_on_the_tensors_in_any_format_and_naming(tmp_path):
+    """.bin checkpoints and tied embeddings stored under another name: the decision reads the tensors
+    themselves (where the embeddings were looked up by one name in safetensors files, two such checkpoints
+    read as unchanged, and the engine kept its old output projection)."""
+    from cluster.models import SwapKind, model_family, swap_kind
+    from tests.cluster.sweep.test_full_sweep import save_copy
+
+    bin_a = save_copy(tmp_path / "bin_a", "embeddings", seed=1, as_bin=True)
+    bin_b = save_copy(tmp_path / "bin_b", "embeddings", seed=2, as_bin=True)
+    assert not list(bin_a.glob("*.safetensors"))
+    assert swap_kind(bin_a, bin_b) == (
+        SwapKind.REBUILD,
+        "the tied embeddings changed (model.embed_tokens.weight)",
+    )
+    # the same tensors in the other format read as the same: the move is a reload
+    assert swap_kind(save_copy(tmp_path / "st_a", "embeddings", seed=1), bin_a)[0] is SwapKind.RELOAD
+
+    head_a = save_copy(tmp_path / "head_a", "embeddings", seed=3, tied_as="lm_head.weight")
+    head_b = save_copy(tmp_path / "head_b", "embeddings", seed=4, tied_as="lm_head.weight")
+    assert swap_kind(head_a, head_b) == (SwapKind.REBUILD, "the tied embeddings changed (lm_head.weight)")
+    kind, why = swap_kind(bin_b, head_a)
+    assert kind is SwapKind.REBUILD and why.startswith("the checkpoints name their tensors differently")
+
+    untied_a, untied_b = (linked(bin_a, tmp_path / "untied_a"), linked(bin_b, tmp_path / "untied_b"))
+    assert swap_kind(untied_a, untied_b)[0] is SwapKind.RELOAD  # untied: reloaded like any other weight
+    assert model_family(bin_a) == model_family(head_b) != model_family(untied_a)
+
+
+def linked(source: Path, folder: Path) -> Path:
+    """`source`'s files linked into `folder`, with config.json saying the embeddings are not tied."""
+    folder.mkdir()
+    for item in source.iterdir():
+        if item.name != "config.json":
+            (folder / item.name).hardlink_to(item)
+    config = json.loads((source / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": False}))
+    return folder

@@ -68,7 +68,12 @@ def test_a_sampling_seed_draws_new_samples_of_the_same_prompts():
     from cluster.run import build_requests
 
     plan = build_plan(
-        RunConfig(tasks=[TaskOptions(name="ifeval", limit=3)], num_samples=2, cluster={"device": "cpu"})
+        RunConfig(
+            tasks=[TaskOptions(name="ifeval", limit=3)],
+            num_samples=2,
+            sampling={"temperature": 0.7},
+            cluster={"device": "cpu"},
+        )
     )
     renderer = PromptRenderer(plan.model, plan.config.model.chat_template, plan.config.model.revision)
     default = [p.request for p in build_requests(plan, renderer)]

@@ -1,8 +1,9 @@
-"""`rayeval sweep` over full checkpoints: saved copies of the embedded default model, one with perturbed
-weights. Two replicas score every step; each replica's engine moves from one checkpoint to the next in the
-same actor process (an in-place weight reload, or a new engine where the tied embeddings changed), and its
-outputs are those of a fresh engine on that checkpoint. Run again with a new step, the sweep evaluates only
-that step."""
+"""`rayeval sweep` over full checkpoints: saved copies of the embedded default model, some with perturbed
+weights, in safetensors and .bin files, one storing its tied embeddings as lm_head.weight. Two replicas score
+every step; each replica's engine moves from one checkpoint to the next in the same actor process (an in-place
+weight reload, checked after it, or a new engine where the tensors changed in a way a reload cannot give),
+and its outputs and scores are those of a fresh engine on that checkpoint. Run again with a new step, the
+sweep evaluates only that step."""
 
 from __future__ import annotations
 
@@ -16,32 +17,53 @@ from cluster.models import ensure_default_model
 from tests.runs import ENGINE_FLAGS, rayeval, records
 
 WEIGHTS = "model.safetensors"
+EMBEDDINGS = "model.embed_tokens.weight"
 
 
-def save_copy(folder: Path, perturb: str | None = None) -> Path:
+def save_copy(
+    folder: Path,
+    perturb: str | None = None,
+    *,
+    seed: int = 0,
+    as_bin: bool = False,
+    tied_as: str | None = None,
+) -> Path:
     """The default model's files in `folder` (linked, not copied), its weights perturbed where `perturb`
-    says which: "layers" (every 2-D weight but the embeddings) or "embeddings" (the tied embeddings only)."""
+    says which: "layers" (every 2-D weight but the embeddings) or "embeddings" (the tied embeddings only),
+    with noise drawn from `seed`. `as_bin` writes the weights as pytorch_model.bin; `tied_as` stores the tied
+    embeddings under another name (`lm_head.weight`: vLLM and transformers load either side of a tie)."""
     import torch
     from safetensors.torch import load_file, save_file
 
     source = ensure_default_model()
     folder.mkdir(parents=True)
+    rewrite = perturb is not None or as_bin or tied_as is not None
     for item in source.iterdir():
-        if item.name != WEIGHTS or perturb is None:
+        if item.name != WEIGHTS or not rewrite:
             os.link(item, folder / item.name)
-    if perturb is not None:
-        weights = load_file(source / WEIGHTS)
-        noise = torch.Generator().manual_seed(0)
-        for name, tensor in weights.items():
-            if tensor.ndim == 2 and ("embed" in name) == (perturb == "embeddings"):
-                weights[name] = tensor + 0.02 * torch.randn(tensor.shape, generator=noise).to(tensor.dtype)
+    if not rewrite:
+        return folder
+    weights = load_file(source / WEIGHTS)
+    noise = torch.Generator().manual_seed(seed)
+    for name, tensor in weights.items():
+        if perturb is not None and tensor.ndim == 2 and ("embed" in name) == (perturb == "embeddings"):
+            weights[name] = tensor + 0.02 * torch.randn(tensor.shape, generator=noise).to(tensor.dtype)
+    if tied_as is not None:
+        weights[tied_as] = weights.pop(EMBEDDINGS)
+    if as_bin:
+        torch.save(weights, folder / "pytorch_model.bin")
+    else:
         save_file(weights, folder / WEIGHTS, metadata={"format": "pt"})
     return folder
 
 
 def outputs(run_dir: Path) -> list[str]:
+    return [output for output, _ in scored(run_dir)]
+
+
+def scored(run_dir: Path) -> list[tuple[str, dict]]:
     (samples,) = run_dir.glob("samples/*/ifeval.jsonl")
-    return [r["output"] for r in records(samples)]
+    return [(r["output"], r["scores"]) for r in records(samples)]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +73,15 @@ def training_run(tmp_path_factory) -> Path:
     save_copy(run / "step_200", perturb="layers")
     save_copy(run / "step_300")
     save_copy(run / "step_400", perturb="embeddings")
+    # the tied embeddings changed between checkpoints no safetensors file names model.embed_tokens.weight in:
+    # two .bin ones, then one that stores them as lm_head.weight
+    save_copy(run / "step_450", perturb="embeddings", seed=1, as_bin=True)
+    save_copy(run / "step_460", perturb="embeddings", seed=2, as_bin=True)
+    save_copy(run / "step_470", perturb="embeddings", seed=3, tied_as="lm_head.weight")
     return run
+
+
+STEPS = (100, 200, 300, 400, 450, 460, 470)
 
 
 def test_a_full_checkpoint_sweep_moves_warm_engines_and_resumes_a_new_step(training_run, tmp_path):
@@ -71,28 +101,37 @@ def test_a_full_checkpoint_sweep_moves_warm_engines_and_resumes_a_new_step(train
     done = rayeval(*sweep)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = {s["step"]: s for s in json.loads((tmp_path / "sweep" / "sweep.json").read_text())["steps"]}
-    assert [steps[s]["status"] for s in (100, 200, 300, 400)] == ["done"] * 4
+    assert [steps[s]["status"] for s in STEPS] == ["done"] * len(STEPS)
     pids = sorted(steps[100]["engine_pids"])
-    assert len(pids) == 2 and all(sorted(steps[s]["engine_pids"]) == pids for s in (200, 300, 400))
-    loaded_by = [steps[s]["loaded_by"] for s in (100, 200, 300, 400)]
-    assert loaded_by == [["start"] * 2, ["reload"] * 2, ["reload"] * 2, ["rebuild"] * 2]
+    assert len(pids) == 2 and all(sorted(steps[s]["engine_pids"]) == pids for s in STEPS)
+    loaded_by = [steps[s]["loaded_by"] for s in STEPS]
+    assert loaded_by == [["start"] * 2, ["reload"] * 2, ["reload"] * 2, *[["rebuild"] * 2] * 4]
+    assert steps[200]["load_notes"] == ["same architecture and tokenizer; the reload check passed"] * 2
+    assert steps[460]["load_notes"] == ["the tied embeddings changed (model.embed_tokens.weight)"] * 2
+    assert all(
+        n.startswith("the checkpoints name their tensors differently") for n in steps[470]["load_notes"]
+    )
 
     first, perturbed, third = (outputs(tmp_path / "sweep" / f"step_{s}") for s in (100, 200, 300))
     assert third == first and perturbed != first  # the reload back restored the first weights exactly
-    fresh = rayeval("run", "--model", str(training_run / "step_200"), *common, "--run-id", "fresh")
-    assert fresh.returncode == 0, fresh.stderr[-3000:]
-    assert outputs(tmp_path / "fresh") == perturbed  # a reloaded engine answers as a new one would
-
-    assert outputs(tmp_path / "sweep" / "step_400") not in (first, perturbed)
+    # a reloaded engine, and one rebuilt for weights no reload could give, answer as a new one would
+    for step in (200, 460, 470):
+        fresh = rayeval(
+            "run", "--model", str(training_run / f"step_{step}"), *common, "--run-id", f"fresh_{step}"
+        )
+        assert fresh.returncode == 0, fresh.stderr[-3000:]
+        assert scored(tmp_path / f"fresh_{step}") == scored(tmp_path / "sweep" / f"step_{step}"), step
+    changed = [outputs(tmp_path / "sweep" / f"step_{s}") for s in (400, 450, 460, 470)]
+    assert all(o not in (first, perturbed) for o in changed) and len({tuple(o) for o in changed}) == 4
 
     save_copy(training_run / "step_500")
     again = rayeval(*sweep)
     assert again.returncode == 0, again.stderr[-3000:]
     steps = {s["step"]: s for s in json.loads((tmp_path / "sweep" / "sweep.json").read_text())["steps"]}
-    assert [steps[s]["requests_generated"] for s in (100, 200, 300, 400, 500)] == [0, 0, 0, 0, 4]
+    assert [steps[s]["requests_generated"] for s in (*STEPS, 500)] == [0] * len(STEPS) + [4]
     assert steps[500]["loaded_by"] == ["start"] * 2  # the only step with work started the engines on it
     assert outputs(tmp_path / "sweep" / "step_500") == first
     csv_steps = {
         line.split(",")[1] for line in (tmp_path / "sweep" / "sweep_summary.csv").read_text().splitlines()[1:]
     }
-    assert csv_steps == {"100", "200", "300", "400", "500"}
+    assert csv_steps == {str(s) for s in (*STEPS, 500)}

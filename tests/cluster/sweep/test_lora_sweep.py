@@ -1,7 +1,9 @@
 """`rayeval sweep` over LoRA adapters made here with peft for the embedded default model: every good adapter
-is scored on the same base-model engines (one engine per replica for the whole sweep), a broken one is
-skipped with its reason, a zero-initialised one reproduces the base model's greedy outputs exactly, and
-the same command again generates nothing."""
+is scored on the same base-model engines (one engine per replica for the whole sweep), one above the engines'
+LoRA rank and a broken one are skipped with their reasons, a zero-initialised one reproduces the base model's
+greedy outputs exactly, and the same command again generates nothing. With --lora-merge the same adapters run
+merged into the base weights: the rank limit no longer applies, and each random adapter merged gives the
+greedy outputs it gave served through vLLM's LoRA layers (float32)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,39 @@ from pathlib import Path
 
 import pytest
 
+from cluster.models import ensure_default_model
 from tests.cluster.run.test_lora import make_adapter
 from tests.runs import BASE_IFEVAL_ARGS, MODEL_DIR, rayeval, records
 
 
+def patterned_adapter(folder: Path, rank: int, **options: object) -> Path:
+    """A random adapter on q_proj and v_proj (the other adapters' modules, so merged steps reload in place)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(rank)
+    model = AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=torch.float32)
+    config = LoraConfig(
+        r=rank, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False, **options
+    )
+    get_peft_model(model, config).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory) -> Path:
-    """A training run's folder: step_100 zero-initialised, step_200 random, step_300 broken (rank 64)."""
+    """A training run's folder: step_100 zero-initialised, checkpoint-200 random, step_300 random of rank 32
+    (above the engines' max_lora_rank 16), step_400 random with rank_pattern and alpha_pattern, step_500
+    broken (its config's rank 64 is not its weights' 4)."""
     run = tmp_path_factory.mktemp("lora-run")
     make_adapter(run / "step_100", random_init=False)
     make_adapter(run / "checkpoint-200", random_init=True)
-    broken = run / "step_300"
+    patterned_adapter(run / "step_300", 32)
+    patterned_adapter(
+        run / "step_400", 8, rank_pattern={"v_proj": 2}, alpha_pattern={"layers.3.self_attn.q_proj": 2}
+    )
+    broken = run / "step_500"
     shutil.copytree(run / "step_100", broken)
     config = json.loads((broken / "adapter_config.json").read_text()) | {"r": 64}
     (broken / "adapter_config.json").write_text(json.dumps(config))
@@ -38,46 +62,77 @@ def base_outputs(base_ifeval_records) -> list[str]:
     return [r["output"] for r in base_ifeval_records[:3]]
 
 
-def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(lora_run, base_outputs, tmp_path):
-    common = [*COMMON, "--output-dir", str(tmp_path)]
-    done = rayeval("sweep", str(lora_run), *common, "--run-id", "sweep", "--replicas", "2")
+@pytest.fixture(scope="module")
+def served(lora_run, tmp_path_factory) -> tuple[Path, list[str]]:
+    """The sweep of the adapters served through vLLM's LoRA layers, two replicas: its folder and arguments."""
+    out = tmp_path_factory.mktemp("served")
+    args = ["sweep", str(lora_run), *COMMON, "--output-dir", str(out), "--run-id", "sweep", "--replicas", "2"]
+    done = rayeval(*args)
     assert done.returncode == 0, done.stderr[-3000:]
-
-    sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
-    by_step = {s["step"]: s for s in sweep["steps"]}
-    assert [by_step[s]["status"] for s in (100, 200, 300)] == ["done", "done", "skipped"]
-    assert "rank 64 is above the engine's max_lora_rank 16" in by_step[300]["reason"]
     assert "step 300" in done.stdout and "skipped" in done.stdout
-    # one pool of two engines served both adapters: the same two engine processes in both steps
+    return out / "sweep", args
+
+
+def outputs(root: Path, step: str, name: str) -> list[str]:
+    rows = records(root / step / "samples" / f"{MODEL_DIR}+{name}" / "ifeval.jsonl")
+    assert len(rows) == 3
+    return [r["output"] for r in rows]
+
+
+def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(served, base_outputs):
+    root, args = served
+    sweep = json.loads((root / "sweep.json").read_text())
+    by_step = {s["step"]: s for s in sweep["steps"]}
+    assert [by_step[s]["status"] for s in (100, 200, 300, 400, 500)] == [
+        "done",
+        "done",
+        "skipped",
+        "done",
+        "skipped",
+    ]
+    assert "rank 32 is above the engine's max_lora_rank 16" in by_step[300]["reason"]
+    assert "rank 64 is above the engine's max_lora_rank 16" in by_step[500]["reason"]
+    # one pool of two engines served every adapter: the same two engine processes in every step
     assert sweep["engine_starts"] == 1
-    assert sorted(by_step[100]["engine_pids"]) == sorted(by_step[200]["engine_pids"])
+    assert (
+        sorted(by_step[100]["engine_pids"])
+        == sorted(by_step[200]["engine_pids"])
+        == sorted(by_step[400]["engine_pids"])
+    )
     assert len(set(by_step[100]["engine_pids"])) == 2
 
-    zero = records(tmp_path / "sweep" / "step_100" / "samples" / f"{MODEL_DIR}+step_100" / "ifeval.jsonl")
-    tuned = records(
-        tmp_path / "sweep" / "step_200" / "samples" / f"{MODEL_DIR}+checkpoint-200" / "ifeval.jsonl"
-    )
-    assert [r["output"] for r in zero] == base_outputs and len(zero) == 3
-    assert [r["output"] for r in tuned] != base_outputs
+    assert outputs(root, "step_100", "step_100") == base_outputs
+    assert outputs(root, "step_200", "checkpoint-200") != base_outputs
 
-    summary = (tmp_path / "sweep" / "sweep_summary.csv").read_text().splitlines()
+    summary = (root / "sweep_summary.csv").read_text().splitlines()
     assert summary[0].startswith("series,step,task,metric")
-    assert {line.split(",")[1] for line in summary[1:]} == {"100", "200"}
-    assert (tmp_path / "sweep" / "ifeval.png").stat().st_size > 0
+    assert {line.split(",")[1] for line in summary[1:]} == {"100", "200", "400"}
+    assert (root / "ifeval.png").stat().st_size > 0
 
-    again = rayeval("sweep", str(lora_run), *common, "--run-id", "sweep", "--replicas", "2")
+    again = rayeval(*args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["engine_starts"] == 0
+    assert json.loads((root / "sweep.json").read_text())["engine_starts"] == 0
     assert "0 of 3 requests generated" in again.stdout
 
 
-def test_merged_adapters_run_as_checkpoints_on_the_same_engines(lora_run, base_outputs, tmp_path):
+def test_merged_adapters_run_as_checkpoints_and_answer_as_served(lora_run, served, base_outputs, tmp_path):
     done = rayeval("sweep", str(lora_run), *COMMON, "--output-dir", str(tmp_path), "--lora-merge")
     assert done.returncode == 0, done.stderr[-3000:]
     root = tmp_path / f"sweep-{lora_run.name}"
     by_step = {s["step"]: s for s in json.loads((root / "sweep.json").read_text())["steps"]}
-    assert [by_step[s]["status"] for s in (100, 200, 300)] == ["done", "done", "skipped"]
-    assert by_step[100]["loaded_by"] == ["start"] and by_step[200]["loaded_by"] == ["reload"]
-    assert by_step[100]["engine_pids"] == by_step[200]["engine_pids"]
-    zero = records(root / "step_100" / "samples" / f"{MODEL_DIR}+step_100" / "ifeval.jsonl")
-    assert [r["output"] for r in zero] == base_outputs  # B = 0: the merged weights are the base weights
+    assert [by_step[s]["status"] for s in (100, 200, 300, 400, 500)] == ["done"] * 4 + ["skipped"]
+    assert "rank 4, but adapter_config.json gives it rank 64" in by_step[500]["reason"]
+    assert [by_step[s]["loaded_by"] for s in (100, 200, 300, 400)] == [
+        ["start"],
+        ["reload"],
+        ["reload"],
+        ["reload"],
+    ]
+    assert by_step[100]["engine_pids"] == by_step[400]["engine_pids"]
+    assert (
+        outputs(root, "step_100", "step_100") == base_outputs
+    )  # B = 0: the merged weights are the base weights
+    served_root, _ = served
+    for folder, name in (("step_200", "checkpoint-200"), ("step_400", "step_400")):
+        assert outputs(root, folder, name) == outputs(served_root, folder, name), name
+    assert outputs(root, "step_300", "step_300") != base_outputs  # rank 32: merged, not served

@@ -64,3 +64,19 @@ def test_the_dry_run_lists_steps_and_skips(tmp_path, lora_run, capsys):
     with pytest.raises(SystemExit):
         main(["sweep", str(lora_run), "--steps", "1,x"])
     assert "is not a comma-separated list of steps" in capsys.readouterr().err
+
+
+def test_merged_adapters_have_no_rank_limit_and_what_the_merge_cannot_do_is_skipped(tmp_path, lora_run):
+    """The engines' max_lora_rank limits only adapters served through vLLM's LoRA layers; merged, a rank-32
+    adapter runs, and an adapter the merge does not do (DoRA) is skipped saying so, as vLLM's LoRA layers,
+    which do not serve it either, skip it when served."""
+    shutil.copytree(lora_run / "step_100", lora_run / "step_400")
+    config_file = lora_run / "step_400" / "adapter_config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"use_dora": True}))
+    merged = build_sweep_plan(config(tmp_path), lora_run, materialise_model=False, lora_merge=True)
+    assert [s.step for s in merged.steps] == [100, 200, 300]
+    (skipped,) = merged.skipped
+    assert skipped.step == 400 and "it uses DoRA (use_dora), which this merge does not do" in skipped.reason
+    plan = build_sweep_plan(config(tmp_path), lora_run, materialise_model=False)
+    reasons = {s.step: s.reason for s in plan.skipped}
+    assert "rank 32 is above" in reasons[300] and "vLLM does not serve DoRA (use_dora)" in reasons[400]
