@@ -3,6 +3,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (a failure found once is found again, and CI never meets
+# a new random case the last run did not); no per-example deadline on a 2-core machine running engines.
+settings.register_profile("rayeval", derandomize=True, deadline=None)
+settings.load_profile("rayeval")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -63,8 +63,9 @@ def sample_of(draw: st.DrawFn, kind: str, items: int) -> Draw:
         games = draw(st.lists(st.tuples(st.sampled_from((1.0, 3.0)), st.sampled_from((0.0, 0.5, 1.0))),
                               min_size=2, max_size=2))  # fmt: skip
         return sum(w * o for w, o in games), sum(w for w, _ in games)
-    if kind == "healthbench":
-        return draw(st.floats(0.0, 1.0, allow_nan=False)), 1.0
+    if kind == "healthbench":  # rubric points met over points possible: a ratio of small integers
+        possible = draw(st.integers(1, 40))
+        return draw(st.integers(0, possible)) / possible, 1.0
     ratings = draw(st.lists(st.integers(1, 10), min_size=items, max_size=items))
     return float(sum(ratings)), float(items)
 
