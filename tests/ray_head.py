@@ -40,6 +40,10 @@ class HeadNode:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
     def client_address(self) -> str:
         return f"ray://127.0.0.1:{self.client_port}"
 

@@ -17,6 +17,8 @@ HEAVY = {"ray", "vllm", "openai", "lm_eval"}
 RUNS_HEAVY = {
     "cluster.engines.actor": {"ray"},
     "cluster.engines.pool": {"ray"},
+    "cluster.engines.warm": {"ray"},
+    "cluster.sources.pools": {"ray"},
     "cluster.session": {"ray"},
     "cluster.jobs.client": {"ray"},
     "cluster.run.remote": {"ray"},

@@ -54,6 +54,10 @@ SECTION_GROUPS = {
 }
 
 
+# Values a flag passes on as written, for the setting's own validator to read (`30m` for a duration).
+PARSED_BY_THE_FIELD = frozenset({"DURATION"})
+
+
 @dataclass(frozen=True)
 class ConfigFlag:
     """One setting's flag: where its value goes in the config (`dest`, dotted) and how argparse reads it."""
@@ -139,7 +143,7 @@ def _argparse_kwargs(spec: ConfigFlag) -> dict[str, Any]:
         kwargs["choices"] = list(kind)
         if all(isinstance(choice, int) for choice in kind):  # numeric choices (a Literal of ints)
             kwargs["type"] = int
-    elif kind in (int, float):
+    elif kind in (int, float) and spec.metavar not in PARSED_BY_THE_FIELD:
         kwargs["type"] = kind
     if spec.metavar and "|" in spec.metavar and kind is int:  # a count or a word (--num-samples N|auto)
         words = [w for w in spec.metavar.split("|") if w.islower()]

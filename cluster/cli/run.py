@@ -96,6 +96,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     timeline.mark("planned")
     if args.dry_run:
         print(plan.describe())
+        if (
+            config.cluster.address and not plan.model.endpoint
+        ):  # a cluster's warm pools: which one would serve
+            from cluster.sources import explain
+
+            print(explain(plan))
         return 0
 
     from cluster.api import evaluate_plan
@@ -132,6 +138,9 @@ def report(result: RunResult) -> int:
         f"results in {result.run_dir} ({result.requests_reused} of {result.requests_total} requests reused, "
         f"{result.requests_failed} failed, {result.wall_s:.1f} s)"
     )
+    if result.engines_source.get("kind") == "warm" and not result.engines_source.get("started_by_this_run"):
+        source = result.engines_source
+        print(f"engines: warm (pool {source['pool']}; {source['start_saved_s']:.1f} s of engine start saved)")
     if result.task_errors:
         names = ", ".join(sorted(result.task_errors))
         print(

@@ -36,6 +36,11 @@ NOT_SERVE_SETTINGS = frozenset(
         "model.pin_engine_core",
         "model.custom_all_reduce",
         "cluster.replica_restarts",
+        "cluster.coordinator_node",
+        "cluster.coordinator_idle_timeout_s",
+        "cluster.forward_env",
+        "cluster.warm_pools",
+        "cluster.keep_warm_s",
     }
 )
 SERVE_GROUPS = {

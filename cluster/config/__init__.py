@@ -5,6 +5,7 @@ flag overrides (`files`), checks of single values (`values`) and validation erro
 from cluster.config.errors import COMMAND_LINE, format_validation_error
 from cluster.config.files import build_config, load_config_file
 from cluster.config.options import (
+    DEFAULT_KEEP_WARM_S,
     DEMO_LIMIT,
     DEMO_MAX_TOKENS,
     ENDPOINT_PREFIX,
@@ -13,16 +14,18 @@ from cluster.config.options import (
     JudgeOptions,
     LmEvalOptions,
     ModelOptions,
+    PoolConfig,
     RunConfig,
     RunMode,
     SamplingOptions,
     ServeConfig,
     TaskOptions,
 )
-from cluster.config.values import check_ray_address, parse_gen_kwargs
+from cluster.config.values import check_ray_address, parse_duration, parse_gen_kwargs
 
 __all__ = [
     "COMMAND_LINE",
+    "DEFAULT_KEEP_WARM_S",
     "DEMO_LIMIT",
     "DEMO_MAX_TOKENS",
     "ClusterOptions",
@@ -31,6 +34,7 @@ __all__ = [
     "JudgeOptions",
     "LmEvalOptions",
     "ModelOptions",
+    "PoolConfig",
     "RunConfig",
     "RunMode",
     "SamplingOptions",
@@ -40,5 +44,6 @@ __all__ = [
     "check_ray_address",
     "format_validation_error",
     "load_config_file",
+    "parse_duration",
     "parse_gen_kwargs",
 ]

@@ -15,7 +15,13 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cluster.config.values import ENV_NAME, check_listen_host, check_ray_address, parse_gen_kwargs
+from cluster.config.values import (
+    ENV_NAME,
+    check_listen_host,
+    check_ray_address,
+    parse_duration,
+    parse_gen_kwargs,
+)
 
 # The embedded demo model on CPU (a quick look, not a benchmark): its first 20 questions, answers cut at 256
 # tokens. Greedy SmolLM2-135M in float32 repeats itself to IFEval's 1,280-token limit on 16 of the 20 demo
@@ -25,6 +31,7 @@ DEMO_MAX_TOKENS = 256
 # --num-samples auto: the samples every question gets before adaptive N adds more (a spread needs two)
 AUTO_SAMPLES = "auto"
 ADAPTIVE_FIRST_SAMPLES = 2
+DEFAULT_KEEP_WARM_S = 600.0  # a run on a `ray start` cluster leaves its engines warm this long
 
 
 class RunMode(StrEnum):
@@ -268,6 +275,20 @@ class ClusterOptions(Strict):
         "has fetched the result (its files stay; a rerun of the run id reads them back)",
         json_schema_extra=cli("--coordinator-idle-timeout", "S"),
     )
+    warm_pools: bool = Field(
+        True,
+        description="use a warm pool of the cluster whose engines have this run's settings (`rayeval pools` "
+        "lists them) instead of starting engines; --no-warm-pools always starts the run's own",
+        json_schema_extra=cli("--warm-pools"),
+    )
+    keep_warm_s: float | None = Field(
+        None,
+        ge=0,
+        description="leave the run's engines up as a warm pool for the next run, stopped after this long "
+        "unused (e.g. 30m, 2h, 600, off) (default: 10m on a cluster given by --address, off on the local "
+        "cluster a command starts, which goes away with it)",
+        json_schema_extra=cli("--keep-warm", "DURATION"),
+    )
     forward_env: list[str] = Field(
         default_factory=list,
         description="an environment variable of this machine that the run's coordinator on the cluster "
@@ -297,6 +318,21 @@ class ClusterOptions(Strict):
         if value is not None:
             check_ray_address(value)
         return value
+
+    @property
+    def kept_warm_s(self) -> float | None:
+        """How long a run's engines stay up as a warm pool after it (None: they stop with it): --keep-warm,
+        else DEFAULT_KEEP_WARM_S on a cluster given by address and off on a local cluster the command starts
+        itself (it goes away with the command)."""
+        value = self.keep_warm_s
+        if value is None:
+            value = DEFAULT_KEEP_WARM_S if self.address else 0.0
+        return value if value > 0 else None
+
+    @field_validator("keep_warm_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return parse_duration(value, "--keep-warm") if isinstance(value, str) else value
 
     @field_validator("forward_env")
     @classmethod
@@ -667,6 +703,43 @@ class RunConfig(Strict):
 
     def enabled_tasks(self) -> list[TaskOptions]:
         return [t for t in self.tasks if t.enabled]
+
+
+class PoolConfig(Strict):
+    """`rayeval up`: a warm pool of engine replicas on a running cluster, for the runs that follow."""
+
+    model: ModelOptions = Field(default_factory=ModelOptions)
+    cluster: ClusterOptions = Field(default_factory=ClusterOptions)
+    name: str | None = Field(
+        None,
+        min_length=1,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="the pool's name (default: the model folder's name and its settings' key)",
+        json_schema_extra=cli("--name", "NAME", group="pool"),
+    )
+    idle_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="stop the pool after this long with no run using it (e.g. 30m, 2h, 600)",
+        json_schema_extra=cli("--idle-timeout", "DURATION", group="pool"),
+    )
+
+    @field_validator("idle_timeout_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return parse_duration(value, "--idle-timeout") if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _engine_model(self) -> PoolConfig:
+        if self.model.is_endpoint:
+            raise ValueError(
+                f"model.path '{self.model.path}' is an endpoint: a warm pool holds engines of a model folder or hub id"
+            )
+        return self
+
+    def run_config(self) -> RunConfig:
+        """The run config of the pool's model and cluster: the replica plan and device rules read it."""
+        return RunConfig(model=self.model, cluster=self.cluster)
 
 
 class ServeConfig(Strict):

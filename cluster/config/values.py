@@ -17,6 +17,22 @@ HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
 RAY_ADDRESS = re.compile(r"^(?:ray://)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})$")
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """Seconds from `90`, `90s`, `30m`, `2h`, `1d`; 0 for `off` or `0`. ValueError names the flag."""
+    if text.strip().lower() in ("off", "no", "none", "0"):
+        return 0.0
+    match = _DURATION.match(text.lower())
+    if match is None:
+        raise ValueError(
+            f"'{text}' is not a duration: write seconds or a number with s, m, h or d ({flag} 30m), or off"
+        )
+    return float(match[1]) * _UNIT_S[match[2] or "s"]
+
+
 def check_ray_address(value: str) -> None:
     """`auto`, `local`, host:port (the head's GCS) or ray://host:port (Ray client); ValueError otherwise."""
     if value in ("auto", "local"):

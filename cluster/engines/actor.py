@@ -294,6 +294,10 @@ class EngineActor:
             if self.engine is not None:
                 await self.engine.do_log_stats()
 
+    def alive(self) -> str:
+        """Answers while the actor lives (a warm pool's replicas are checked before a run uses them)."""
+        return self.name
+
     async def generate(self, group: PromptGroup) -> list[Completion]:
         """Run every request of the group; a request that fails is returned as a failed completion."""
         return list(await asyncio.gather(*(self._one(r) for r in group.requests)))

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -21,6 +22,9 @@ from cluster.forwarded_env import for_engines
 from cluster.plan import ExecutorKind, ReplicaLayout, ReplicaPlan
 from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
 from sharding.requests import Completion, PromptGroup
+
+if TYPE_CHECKING:
+    from cluster.engines.warm import PoolRecord
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +73,17 @@ class ReplicaPool:
         name_prefix: str = "replica",
         core_slots: tuple[int, int] | None = None,
         max_restarts: int = 0,
+        warm: str | None = None,
+        first_index: int = 0,
     ) -> None:
         """`core_slots` = (first slot, slots on the node) when another pool shares the node's cores (a local
         judge beside the model's replicas): CPU thread binding then counts both pools. `max_restarts` bounds
-        the replacements `replace` starts over the pool's life."""
+        the replacements `replace` starts over the pool's life. `warm`: the name of the warm pool these
+        replicas belong to: their actors and placement groups are then detached and named after it
+        (`engines.warm`), so they outlive this process; `first_index` numbers them after those it has."""
+        self.warm = warm
+        self.first_index = first_index
+        self.group_names: dict[str, str] = {}  # a warm pool's placement groups by replica name
         self.settings = settings
         self.name_prefix = name_prefix
         self.core_slots = core_slots
@@ -93,11 +104,35 @@ class ReplicaPool:
         self.closing = False
         self._lock = threading.Lock()  # `replace` runs in a worker thread beside the dispatcher and shutdown
 
+    @classmethod
+    def adopt(cls, record: PoolRecord, verbose: bool = False) -> ReplicaPool:
+        """The replicas of a warm pool another process started, as a pool of this process: its actors found by
+        name, its engines as they were when started, ready for the dispatcher (and for `replace`)."""
+        from ray.util.placement_group import get_placement_group
+
+        from cluster.engines.warm import NAMESPACE, actor_name
+
+        pool = cls(record.settings, record.plan, len(record.engines), record.kv_cache_gib, verbose,
+                   max_restarts=1 << 30, warm=record.name)  # fmt: skip
+        pool.layout = (
+            record.plan.layout_for([n["Resources"] for n in ray.nodes() if n.get("Alive")]) or pool.layout
+        )
+        for replica, info in record.engines.items():
+            pool.actors.append(ray.get_actor(actor_name(record.name, replica), namespace=NAMESPACE))
+            pool.infos.append(info)
+            pool.log_marks.append(engine_log(info))
+            pool.group_names[replica] = record.groups[replica]
+            pool.groups[replica] = get_placement_group(record.groups[replica])
+            pool.slots[replica] = record.slots.get(replica, (0, 1))
+        return pool
+
     def start(self, placement_timeout_s: float) -> list[EngineInfo]:
         self.layout = check_feasible(self.plan, self.count)
         self.placement_timeout_s = placement_timeout_s
-        names = [f"{self.name_prefix}-{index}" for index in range(self.count)]
-        self.groups = {name: self._placement_group() for name in names}
+        names = [
+            f"{self.name_prefix}-{index}" for index in range(self.first_index, self.first_index + self.count)
+        ]
+        self.groups = {name: self._placement_group(name) for name in names}
         try:
             ray.get([g.ready() for g in self.groups.values()], timeout=placement_timeout_s)
         except GetTimeoutError:
@@ -141,20 +176,33 @@ class ReplicaPool:
         self.log_marks = [engine_log(info) for info in self.infos]
         return self.infos
 
-    def _placement_group(self) -> PlacementGroup:
-        return placement_group(list(self.layout.bundles), strategy=self.layout.strategy)
+    def _placement_group(self, replica: str) -> PlacementGroup:
+        if self.warm is None:
+            return placement_group(list(self.layout.bundles), strategy=self.layout.strategy)
+        from cluster.engines.warm import actor_name
+
+        name = self.group_names[replica] = actor_name(self.warm, replica)
+        return placement_group(
+            list(self.layout.bundles), strategy=self.layout.strategy, name=name, lifetime="detached"
+        )
 
     def _launch(self, name: str, group: PlacementGroup, slot: tuple[int, int]) -> ray.actor.ActorHandle:
         first = self.layout.bundles[0]
         over_nodes = self.layout.executor is ExecutorKind.RAY
         # Over nodes, vLLM's Ray executor starts one GPU actor per bundle inside this placement group (the
         # engine passes it on), so the engine actor holds no GPU itself and its child tasks stay in the group.
+        options: dict[str, Any] = {}
+        if self.warm is not None:  # a warm pool's replica: it outlives this process, found by its name
+            from cluster.engines.warm import NAMESPACE, actor_name
+
+            options = {"name": actor_name(self.warm, name), "namespace": NAMESPACE, "lifetime": "detached"}
         return EngineActor.options(
             num_cpus=first.get("CPU", 0),
             num_gpus=0 if over_nodes else first.get("GPU", 0),
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=0, placement_group_capture_child_tasks=over_nodes
             ),
+            **options,
         ).remote(name, replace(self.settings, executor=self.layout.executor), self._env(*slot))
 
     def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
@@ -176,7 +224,7 @@ class ReplicaPool:
             if old is not None:
                 remove_placement_group(old)
             name = f"{dead.split('.')[0]}.{self.restarts_used}"
-            group = self.groups[name] = self._placement_group()
+            group = self.groups[name] = self._placement_group(name)
             self.slots[name] = self.slots[dead]  # the lost replica's cores, free now where it shared a host
         if not self._placed(group):
             log.warning("no room for a replacement of %s within %g s", dead, self.placement_timeout_s)

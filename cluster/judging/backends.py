@@ -86,36 +86,45 @@ class LocalJudgeBackend:
         return make_request(self.identity.spec, prompt, sampling, seed=0, sample_index=0)
 
     def start(self) -> list[Replica]:
-        from cluster.engines import ReplicaPool, engine_settings
+        """The judge's replicas from its generation source: a warm pool with its settings, or its own."""
+        from cluster.engines import engine_settings
+        from cluster.sources import SourceRequest, choose
 
         settings = engine_settings(
             self.config.model, self.model.path, self.device, max_model_len=self.options.max_model_len
         )
-        pool = ReplicaPool(
-            settings,
-            self.replica,
-            self.options.replicas,
-            self.config.model.cpu_kv_cache_gib,
-            self.verbose,
-            name_prefix="judge",
-            core_slots=self.core_slots,
+        cluster_options = self.config.cluster
+        self._pool = choose(
+            SourceRequest(
+                config=self.config,
+                settings=settings,
+                plan=self.replica,
+                count=self.options.replicas,
+                run_id=f"{self.config.run_id or 'run'}-judge",
+                verbose=self.verbose,
+                core_slots=self.core_slots,
+                name_prefix="judge",
+                warm_pools=cluster_options.warm_pools,
+                keep_warm_s=cluster_options.kept_warm_s,
+            )
         )
-        self._pool = pool
-        log.info("starting %d judge replica(s) of %s", self.options.replicas, self.model.name)
-        for info in pool.start(self.config.cluster.placement_timeout_s):
+        log.info("judge replicas of %s from %s", self.model.name, self._pool.kind.value)
+        started = self._pool.start()
+        for info in started.engines:
             log.info("%s ready in %.1f s", info.name, info.start_s)
-        return pool.replicas()
+        return started.replicas
 
     def is_transient(self, completion: Completion) -> bool:
         # An engine's failures (a prompt over max_model_len, say) recur; dead replicas stay dead.
         return False
 
     def stats(self) -> dict[str, Any]:
-        return {"kind": "local", "replicas": self.options.replicas}
+        source = self._pool.describe() if self._pool is not None else {}
+        return {"kind": "local", "replicas": self.options.replicas, "engines": source}
 
     def shutdown(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.close(0)
             self._pool = None
 
 

@@ -73,6 +73,7 @@ def run_evaluation(
         generate_missing=plan.config.mode is not RunMode.JUDGE_ONLY,
         core_slots=core_slots(plan, judge=False),
         shared=shared,
+        run_id=paths.run_id,
     )
     try:
         prepared = _prepare(plan, paths, runner, store, verbose)

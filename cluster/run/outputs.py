@@ -125,6 +125,7 @@ def write_outputs(run: FinishedRun) -> RunResult:
         requests_failed=failed,
         output_tokens=sum(r.output_tokens for r in summaries.records),
         engines=stats.engines,
+        engines_source=stats.source,
         dispatch=run.runner.dispatch,
         task_errors=info["task_errors"],
         prepare_s=run.prepare_s,
@@ -182,6 +183,9 @@ def run_info(run: FinishedRun, summaries: list[TaskSummary], failed: int, wall: 
         "prepare_s": round(run.prepare_s, 3),
         "scoring_s": round(run.writer.scoring_s, 3),
         "engines": [asdict(e) for e in stats.engines],
+        "engines_source": stats.source,  # own, warm (which pool, the start it saved), sweep or endpoint
+        # wall clock (epoch seconds) of the first request handed out and the last result: runs side by side
+        "generation_window": [stats.first_dispatch_at, stats.last_completion_at],
         "replica_restarts": run.runner.replica_restarts,  # allowed and used; dispatch.replacements says which
         "dispatch": asdict(dispatch) if dispatch else None,
         "task_errors": {s.task: s.error for s in summaries if s.error is not None},

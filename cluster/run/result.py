@@ -29,6 +29,9 @@ class RunResult:
     prepare_s: float = 0.0  # rendering prompts and building requests
     scoring_s: float = 0.0  # scoring and writing records, on the dispatch loop
     records: dict[str, Any] = field(default_factory=dict)  # task -> per-sample DataFrame, when asked for
+    engines_source: dict[str, Any] = field(
+        default_factory=dict
+    )  # where generations came from (cluster.sources)
 
 
 def load_records(run_dir: Path) -> dict[str, Any]:

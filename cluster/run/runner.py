@@ -12,20 +12,29 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from cluster import timeline
-from cluster.engines import EngineInfo, ReplicaPool, engine_settings
+from cluster.engines import EngineInfo
 from cluster.plan import RunPlan
 from cluster.progress import progress_bar
+from cluster.sources import (
+    EndpointClients,
+    GenerationSource,
+    SourceKind,
+    SourceRequest,
+    choose,
+    run_engine_settings,
+    where,
+)
 from evaluators.failures import FailureKind
 from sharding.dispatcher import Dispatcher, DispatchStats, Replica
 from sharding.requests import Completion, GenerationRequest, PromptGroup, group_prompts
 from sharding.store import ResultStore, StoreWriteError
 
 if TYPE_CHECKING:
-    from cluster.endpoints import ApiClientPool, ApiStats
+    from cluster.endpoints import ApiStats
     from cluster.run.shared import SharedReplicas
 
 log = logging.getLogger(__name__)
@@ -48,6 +57,7 @@ class RunnerStats:
     engines: list[EngineInfo] = field(default_factory=list)
     replicas_replaced: int = 0  # restarts the pool has spent (a replacement that did not start counts)
     endpoint: ApiStats | None = None  # a model behind an endpoint: its requests, retries and failures
+    source: dict[str, Any] = field(default_factory=dict)  # where the generations came from (run.sources)
     first_dispatch_at: float | None = None  # wall clock (time.time()) of the first generation dispatched
     last_completion_at: float | None = None
 
@@ -64,6 +74,7 @@ class RequestRunner:
         generate_missing: bool = True,
         core_slots: tuple[int, int] | None = None,
         shared: SharedReplicas | None = None,
+        run_id: str | None = None,
     ) -> None:
         """`generate_missing=False` (--judge-only) answers requests the store lacks with a NotGenerated failure
         instead of starting engines. `shared`: replicas that outlive this runner (a sweep's), asked for this
@@ -77,8 +88,8 @@ class RequestRunner:
         self.progress = progress
         self.retry_failed = retry_failed
         self.stats = RunnerStats()
-        self._pool: ReplicaPool | None = None
-        self._endpoint: ApiClientPool | None = None
+        self._source: GenerationSource | None = None
+        self.run_id = run_id or "run"
         self._dispatcher: Dispatcher | None = None
         self._starting: Future[Dispatcher] | None = None
         self._seen: set[str] = set()
@@ -214,54 +225,59 @@ class RequestRunner:
         return self._dispatcher
 
     def _start_pool(self) -> Dispatcher:
-        if self.plan.model.endpoint:  # the model behind an endpoint: API clients instead of engines
-            from cluster.endpoints import ApiSettings, start_api_clients
+        """The run's replicas from its generation source (`run.sources`): its own, a warm pool, a sweep's,
+        or an endpoint's clients."""
+        self._source = choose(self.source_request())
+        started = self._source.start()
+        self.stats.engines = started.engines
+        self.stats.source = self._source.describe()
+        if self._source.kind is SourceKind.OWN:
+            timeline.mark("engines ready")
+        replacer = self._replace if self._source.kind in (SourceKind.OWN, SourceKind.WARM) else None
+        return Dispatcher(started.replicas, replacer=replacer)
 
-            config = self.plan.config
-            self._endpoint = start_api_clients(
-                ApiSettings.from_endpoint_options(config.model, config.endpoint), 1
-            )
-            return Dispatcher(self._endpoint.replicas())
-        if self.shared is not None:  # a sweep's replicas: no replacements, the pool is not this run's alone
-            replicas, self.stats.engines = self.shared.replicas_for(self.plan.model.path)
-            return Dispatcher(replicas)
-        pool = new_pool(self.plan, self.verbose, self.core_slots)
-        self._pool = pool
-        self.stats.engines = start_pool(pool, self.plan)
-        timeline.mark("engines ready")
-        return Dispatcher(pool.replicas(), replacer=self._replace)
+    def source_request(self) -> SourceRequest:
+        plan, config = self.plan, self.plan.config
+        return SourceRequest(
+            config=config,
+            settings=run_engine_settings(plan, self.verbose),
+            plan=plan.replica,
+            count=config.cluster.replicas,
+            run_id=self.run_id,
+            verbose=self.verbose,
+            core_slots=self.core_slots,
+            max_restarts=config.cluster.replica_restarts,
+            endpoint=bool(plan.model.endpoint),
+            shared=self.shared,
+            warm_pools=config.cluster.warm_pools,
+            keep_warm_s=config.cluster.kept_warm_s,
+        )
 
     async def _replace(self, dead: str) -> Replica | None:
-        """The dispatcher's replacer: a new replica from the pool (blocking Ray calls, run in a thread)."""
-        pool = self._pool
-        if pool is None:
+        """The dispatcher's replacer: a new replica from the source (blocking Ray calls, run in a thread)."""
+        source = self._source
+        if source is None:
             return None
-        if pool.restarts_used < pool.max_restarts:
-            log.info(
-                "starting a replacement for %s (restart %d of %d)",
-                dead,
-                pool.restarts_used + 1,
-                pool.max_restarts,
-            )
-        found = await asyncio.to_thread(pool.replace, dead)
-        self.stats.replicas_replaced = pool.restarts_used
+        log.info("starting a replacement for %s", dead)
+        found = await source.replace(dead)
+        self.stats.source = source.describe()
         if found is None:
             return None
         replica, info = found
         self.stats.engines.append(info)
-        log.info("%s ready on %s in %.1f s, in place of %s", info.name, _where(info), info.start_s, dead)
+        log.info("%s ready on %s in %.1f s, in place of %s", info.name, where(info), info.start_s, dead)
         return replica
 
     def endpoint_stats(self) -> ApiStats | None:
         """The calls made to the model's endpoint so far (None for a model on engines)."""
-        if self._endpoint is not None:
-            self.stats.endpoint = self._endpoint.stats()
+        if isinstance(self._source, EndpointClients) and self._source.clients is not None:
+            self.stats.endpoint = self._source.clients.stats()
         return self.stats.endpoint
 
     @property
     def replica_restarts(self) -> dict[str, int]:
-        if self._pool is not None:  # a replacement still starting has spent its restart too
-            self.stats.replicas_replaced = self._pool.restarts_used
+        if self._source is not None:  # a replacement still starting has spent its restart too
+            self.stats.replicas_replaced = int(self._source.describe().get("restarts_used", 0))
         return {"allowed": self.plan.config.cluster.replica_restarts, "used": self.stats.replicas_replaced}
 
     def close(self) -> None:
@@ -269,57 +285,15 @@ class RequestRunner:
             wait([self._starting])  # a start still in flight must finish before its pool can be shut down
         if self._dispatcher is not None:
             self._dispatcher.cancel_replacements()
-        if self._pool is not None:
-            self.stats.replicas_replaced = self._pool.restarts_used
-            self._pool.shutdown()
-            self._pool = None
-        if self._endpoint is not None:
-            self.stats.endpoint = self._endpoint.stats()
-            self._endpoint.shutdown()
-            self._endpoint = None
+        if self._source is not None:
+            self.replica_restarts  # noqa: B018 - records the restarts used before the pool goes
+            self.endpoint_stats()
+            self.stats.source = self._source.describe()
+            self._source.close(self.stats.generated)
+            self._source = None
         # a replacement still starting in a worker thread ends once the pool is shut down
         self._loop.run_until_complete(self._loop.shutdown_default_executor())
         self._loop.close()
-
-
-def new_pool(
-    plan: RunPlan,
-    verbose: bool,
-    core_slots: tuple[int, int] | None = None,
-    max_loras: int = 1,
-    model_path: str | None = None,
-) -> ReplicaPool:
-    """The pool of the plan's replicas (not started): the engine settings come from its model options, the
-    model from `model_path` where given (a sweep's checkpoint), else the plan's."""
-    config = plan.config
-    settings = engine_settings(config.model, model_path or plan.model.path, plan.device, log_stats=verbose)
-    # LoRA layers only where requests carry an adapter (a merged adapter's plan has none)
-    lora_rank = settings.max_lora_rank if plan.adapter is not None else 0
-    return ReplicaPool(
-        replace(settings, max_loras=max_loras, max_lora_rank=lora_rank),
-        plan.replica,
-        config.cluster.replicas,
-        config.model.cpu_kv_cache_gib,
-        verbose,
-        core_slots=core_slots,
-        max_restarts=config.cluster.replica_restarts,
-    )
-
-
-def start_pool(pool: ReplicaPool, plan: RunPlan) -> list[EngineInfo]:
-    """Start the pool's engines and log where each is."""
-    log.info("starting %d engine replica(s) of %s", pool.count, plan.replica.describe())
-    engines = list(pool.start(plan.config.cluster.placement_timeout_s))
-    for info in engines:
-        log.info(
-            "%s ready on %s in %.1f s (vLLM %s, executor %s)",
-            info.name,
-            _where(info),
-            info.start_s,
-            info.vllm_version,
-            info.executor,
-        )
-    return engines
 
 
 def _deliver(
@@ -328,9 +302,3 @@ def _deliver(
     results[completion.request_id] = completion
     if on_completion is not None:
         on_completion(completion)
-
-
-def _where(info: EngineInfo) -> str:
-    """The replica's node, or its bundles' nodes where they are several (a replica over nodes)."""
-    nodes = list(dict.fromkeys(info.nodes)) or [info.node_id]
-    return f"node {nodes[0][:8]}" if len(nodes) == 1 else f"nodes {', '.join(n[:8] for n in nodes)}"

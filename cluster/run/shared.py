@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 
-from cluster.engines import EngineInfo, ReplicaPool
+from cluster.engines import EngineInfo, ReplicaPool, engine_settings
 from cluster.plan import RunPlan
-from cluster.run.runner import new_pool, start_pool
+from cluster.sources import SourceRequest, start_logged, with_lora_slots
 from sharding.dispatcher import Replica
 
 
@@ -31,13 +31,28 @@ class SharedReplicas:
         """The replicas, serving `model_path` (started on first call, moved to it when they serve another)."""
         with self._lock:
             if self.pool is None:
-                self.pool = new_pool(self.plan, self.verbose, max_loras=self.max_loras, model_path=model_path)
-                infos = start_pool(self.pool, self.plan)
+                request = self._request(model_path)
+                self.pool = ReplicaPool(request.settings, request.plan, request.count,
+                                        request.config.model.cpu_kv_cache_gib, self.verbose)  # fmt: skip
+                infos = start_logged(self.pool, request)
             elif self.pool.settings.model != model_path:
                 infos = self._move(model_path)
             else:
                 infos = list(self.pool.infos)
             return self.pool.replicas(), infos
+
+    def _request(self, model_path: str) -> SourceRequest:
+        """The engines of the sweep's model options on `model_path`, LoRA layers where its steps carry adapters."""
+        config = self.plan.config
+        settings = engine_settings(config.model, model_path, self.plan.device, log_stats=self.verbose)
+        return SourceRequest(
+            config=config,
+            settings=with_lora_slots(settings, self.max_loras, self.plan.adapter is not None),
+            plan=self.plan.replica,
+            count=config.cluster.replicas,
+            run_id="sweep",
+            verbose=self.verbose,
+        )
 
     def _move(self, model_path: str) -> list[EngineInfo]:
         assert self.pool is not None

@@ -66,7 +66,8 @@ def judge_data(separate_hosts: SeparateCluster) -> str:
 def client_run_argv(hosts: SeparateCluster, judge_url: str, judge_data: str) -> list[str]:
     return ["run", "--address", hosts.ray.client_address, "--tasks", "ifeval,healthbench", "--limit", "8",
             "--data-path", f"healthbench={judge_data}", *ENGINE_FLAGS, "--max-num-seqs", "1",
-            "--judge", "openai:standin", *JUDGED, judge_url, "--output-dir", RUNS, "--run-id", RUN_ID]  # fmt: skip
+            "--judge", "openai:standin", *JUDGED, judge_url, "--output-dir", RUNS, "--run-id", RUN_ID,
+            "--keep-warm", "off"]  # the worker's one CPU is wanted by a later test's engine  # fmt: skip
 
 
 def wait_for_lines(path: Path, count: int, process: subprocess.Popen[str], timeout_s: float = 600) -> None:

@@ -1,0 +1,261 @@
+"""Warm pools: engine replicas that outlive the run that started them, so the next run on the cluster starts
+generating at once instead of starting engines.
+
+A pool is a set of detached, named `EngineActor`s in the `rayeval` namespace, each in a detached, named
+placement group, plus its record in the one `PoolRegistry` actor of the cluster (detached, no CPU). A pool is
+keyed by its `PoolKey`: the model and every engine setting that changes outputs; a run uses a pool only when
+the keys are equal, and `PoolKey.differences` says why another pool does not serve it. A run holds a lease
+on the pool while it uses it (renewed every few seconds, so the lease of a run that was killed lapses); a
+pool nobody holds for its idle timeout is stopped by the registry: its actors killed, its placement groups
+removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import ray
+
+from cluster.engines.actor import EngineInfo
+from cluster.engines.settings import EngineSettings
+from cluster.plan import ReplicaPlan
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "rayeval"
+REGISTRY_NAME = "rayeval-pools"
+LEASE_S = 30.0  # a lease not renewed for this long has lapsed (its run is gone)
+RENEW_S = 5.0
+# Engine settings that do not change what an engine answers: a pool whose settings differ only in these serves.
+NOT_IN_KEY = frozenset({"log_stats", "pin_engine_core", "executor", "max_loras"})
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """What decides a pool's outputs: the engine settings that change them (the model, its revision, dtype,
+    context length, batch limits, parallelism, eager or compiled, chunked prefill, LoRA) and the device."""
+
+    settings: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, settings: EngineSettings) -> PoolKey:
+        values = asdict(settings)
+        return cls(tuple((f.name, values[f.name]) for f in fields(settings) if f.name not in NOT_IN_KEY))
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.settings, default=str).encode()).hexdigest()[:12]
+
+    def differences(self, wanted: PoolKey) -> list[str]:
+        """Each setting where this pool's key differs from the one `wanted`: `dtype 'float32' (wanted
+        'bfloat16')`."""
+        theirs = dict(wanted.settings)
+        return [
+            f"{name} {value!r} (wanted {theirs.get(name)!r})"
+            for name, value in self.settings
+            if theirs.get(name) != value
+        ]
+
+    def describe(self) -> str:
+        shown = dict(self.settings)
+        return ", ".join(
+            f"{name}={shown[name]}" for name in ("model", "dtype", "max_model_len", "max_num_seqs", "device")
+        )
+
+
+def default_pool_name(settings: EngineSettings) -> str:
+    """The model folder's name and the key's digest: `SmolLM2-135M-Instruct-3f2a9c1b07de`."""
+    model = re.sub(r"[^A-Za-z0-9._-]+", "-", settings.model.rstrip("/").rsplit("/", 1)[-1]).strip("-")
+    return f"{model[:40] or 'model'}-{PoolKey.of(settings).digest}"
+
+
+def actor_name(pool: str, replica: str) -> str:
+    return f"rayeval-pool-{pool}-{replica}"
+
+
+@dataclass
+class PoolRecord:
+    """A pool as the registry holds it: enough for any run to attach to it, replace a replica, or stop it."""
+
+    name: str
+    key: PoolKey
+    settings: EngineSettings
+    plan: ReplicaPlan
+    kv_cache_gib: int
+    idle_timeout_s: float
+    engines: dict[str, EngineInfo] = field(default_factory=dict)  # by replica name
+    groups: dict[str, str] = field(default_factory=dict)  # replica name -> its placement group's name
+    slots: dict[str, tuple[int, int]] = field(default_factory=dict)  # replica name -> its slot on its host
+    created_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.time)
+    requests_served: int = 0
+    leases: dict[str, float] = field(default_factory=dict)  # run id -> when it last renewed
+
+    def live_leases(self, now: float) -> list[str]:
+        return [run for run, renewed in self.leases.items() if now - renewed < LEASE_S]
+
+    def idle_since(self, now: float) -> float | None:
+        """When it was last used, or None while a run holds it."""
+        return None if self.live_leases(now) else self.last_used
+
+    def nodes(self) -> list[str]:
+        return sorted({info.node_ip or info.node_id for info in self.engines.values()})
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class PoolRegistry:
+    """The cluster's warm pools. Stops a pool that nobody has used for its idle timeout."""
+
+    def __init__(self) -> None:
+        self.pools: dict[str, PoolRecord] = {}
+        self._lock = threading.Lock()
+        threading.Thread(target=self._reap_forever, name="rayeval-pool-reaper", daemon=True).start()
+
+    def put(self, record: PoolRecord) -> None:
+        with self._lock:
+            self.pools[record.name] = record
+
+    def get(self, name: str) -> PoolRecord | None:
+        with self._lock:
+            return self.pools.get(name)
+
+    def all(self) -> list[PoolRecord]:
+        with self._lock:
+            return list(self.pools.values())
+
+    def acquire(self, digest: str, run_id: str, name: str | None = None) -> PoolRecord | None:
+        """A lease on the pool `name`, or on any pool whose key has this digest (the least busy first)."""
+        now = time.time()
+        with self._lock:
+            found = [
+                p for p in self.pools.values() if (name is None or p.name == name) and p.key.digest == digest
+            ]
+            if not found:
+                return None
+            pool = min(found, key=lambda p: len(p.live_leases(now)))
+            pool.leases[run_id] = now
+            return pool
+
+    def renew(self, name: str, run_id: str) -> bool:
+        with self._lock:
+            pool = self.pools.get(name)
+            if pool is None:
+                return False
+            pool.leases[run_id] = time.time()
+            return True
+
+    def release(self, name: str, run_id: str, served: int) -> None:
+        with self._lock:
+            pool = self.pools.get(name)
+            if pool is not None:
+                pool.leases.pop(run_id, None)
+                pool.requests_served += served
+                pool.last_used = time.time()
+
+    def replaced(self, name: str, dead: str, info: EngineInfo, group: str) -> None:
+        with self._lock:
+            pool = self.pools.get(name)
+            if pool is not None:
+                pool.engines.pop(dead, None)
+                pool.groups.pop(dead, None)
+                pool.engines[info.name] = info
+                pool.groups[info.name] = group
+                pool.slots[info.name] = pool.slots.pop(dead, (0, 1))
+
+    def remove(self, name: str) -> PoolRecord | None:
+        """Take the pool out of the registry and stop it."""
+        with self._lock:
+            pool = self.pools.pop(name, None)
+        if pool is not None:
+            stop_pool_actors(pool)
+        return pool
+
+    def _reap_forever(self) -> None:
+        while True:
+            time.sleep(2.0)
+            with (
+                self._lock
+            ):  # taken out under the lock: a run acquiring it meanwhile sees it gone, not stopping
+                idle = [p for p in self.pools.values() if self._idle_out(p, time.time())]
+                for pool in idle:
+                    del self.pools[pool.name]
+            for pool in idle:
+                log.warning("warm pool %s unused for %g s: stopping it", pool.name, pool.idle_timeout_s)
+                stop_pool_actors(pool)
+
+    @staticmethod
+    def _idle_out(pool: PoolRecord, now: float) -> bool:
+        return not pool.live_leases(now) and now - pool.last_used > pool.idle_timeout_s
+
+
+def stop_pool_actors(pool: PoolRecord) -> None:
+    """Kill the pool's engine actors (each stops its engine first, within 30 s) and remove their groups."""
+    from ray.util.placement_group import get_placement_group, remove_placement_group
+
+    actors = []
+    for replica in pool.engines:
+        try:
+            actors.append(ray.get_actor(actor_name(pool.name, replica), namespace=NAMESPACE))
+        except ValueError:
+            continue
+    if actors:
+        ray.wait([a.shutdown.remote() for a in actors], num_returns=len(actors), timeout=30)
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    for group in pool.groups.values():
+        try:
+            remove_placement_group(get_placement_group(group))
+        except ValueError:
+            continue
+
+
+def registry(create: bool = True) -> Any:
+    """The cluster's pool registry actor (started, detached, on first need); None when there is none and
+    `create` is off."""
+    try:
+        return ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)
+    except ValueError:
+        if not create:
+            return None
+    return PoolRegistry.options(
+        name=REGISTRY_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote()
+
+
+def pools_here() -> list[PoolRecord]:
+    """Every warm pool of the connected cluster."""
+    found = registry(create=False)
+    return [] if found is None else list(ray.get(found.all.remote()))
+
+
+class Lease:
+    """A run's hold on a pool: renewed in the background until `release`."""
+
+    def __init__(self, registry_actor: Any, pool: str, run_id: str) -> None:
+        self.registry = registry_actor
+        self.pool = pool
+        self.run_id = run_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="rayeval-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(RENEW_S):
+            try:
+                self.registry.renew.remote(self.pool, self.run_id)
+            except Exception:  # noqa: BLE001 - a Ray session going away ends the run anyway
+                return
+
+    def release(self, served: int) -> None:
+        self._stop.set()
+        try:
+            ray.get(self.registry.release.remote(self.pool, self.run_id, served), timeout=30)
+        except Exception as exc:  # noqa: BLE001 - the lease lapses by itself; the run's results are written
+            log.warning("could not release pool %s (%s); its lease lapses in %g s", self.pool, exc, LEASE_S)

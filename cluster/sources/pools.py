@@ -1,0 +1,131 @@
+"""Warm pools for people: `rayeval up` starts one on a running cluster, `rayeval pools` lists them, `rayeval
+down` stops them, and a dry run says which pool would serve a run and why the others would not."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import ray
+
+from cluster.config import PoolConfig
+from cluster.engines import ReplicaPool, engine_settings
+from cluster.engines.warm import PoolKey, PoolRecord, default_pool_name, pools_here, registry
+from cluster.errors import ClusterError
+from cluster.plan import RunPlan, build_model_plan, resolve_device
+from cluster.session import joined_session
+from cluster.sources.registry import (
+    SourceRequest,
+    register_pool,
+    run_engine_settings,
+    start_logged,
+    with_lora_slots,
+)
+
+DEFAULT_ADDRESS = "auto"  # a warm pool lives on a running cluster: this machine's `ray start` one by default
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    """What `rayeval pools` shows of one pool."""
+
+    name: str
+    model: str
+    key: str
+    replicas: int
+    nodes: tuple[str, ...]
+    idle_since: float | None  # epoch seconds; None while a run uses it
+    requests_served: int
+    in_use_by: tuple[str, ...]
+    idle_timeout_s: float
+    started: bool = False  # `up` started it now (else it was there already)
+
+    @classmethod
+    def of(cls, record: PoolRecord, started: bool = False) -> PoolRow:
+        now = time.time()
+        return cls(
+            name=record.name,
+            model=record.settings.model,
+            key=record.key.digest,
+            replicas=len(record.engines),
+            nodes=tuple(record.nodes()),
+            idle_since=record.idle_since(now),
+            requests_served=record.requests_served,
+            in_use_by=tuple(record.live_leases(now)),
+            idle_timeout_s=record.idle_timeout_s,
+            started=started,
+        )
+
+
+def up(config: PoolConfig, verbose: bool = False) -> PoolRow:
+    """Start a warm pool of `config.cluster.replicas` replicas on the cluster and return; a pool of the
+    same settings that is already there is returned as it is."""
+    with joined_session(config.cluster.address or DEFAULT_ADDRESS, verbose):
+        run_config = config.run_config()
+        device = resolve_device(run_config, ray.cluster_resources().get("GPU", 0) > 0)
+        plan = build_model_plan(run_config, device)
+        settings = with_lora_slots(
+            engine_settings(config.model, plan.model.path, device), 1, plan.adapter is not None
+        )
+        name = config.name or default_pool_name(settings)
+        key = PoolKey.of(settings)
+        for record in pools_here():
+            if record.key == key:
+                return PoolRow.of(record)
+            if record.name == name:
+                raise ClusterError(
+                    f"A warm pool named {name} runs with other settings ({'; '.join(record.key.differences(key))}). "
+                    "Give another --name, or `rayeval down " + name + "` first."
+                )
+        pool = ReplicaPool(settings, plan.replica, config.cluster.replicas, config.model.cpu_kv_cache_gib, verbose,
+                           warm=name)  # fmt: skip
+        request = SourceRequest(
+            run_config, settings, plan.replica, config.cluster.replicas, run_id=f"up-{name}"
+        )
+        start_logged(pool, request)
+        return PoolRow.of(register_pool(registry(), pool, config.idle_timeout_s), started=True)
+
+
+def list_pools(address: str | None, verbose: bool = False) -> list[PoolRow]:
+    with joined_session(address or DEFAULT_ADDRESS, verbose):
+        return [PoolRow.of(record) for record in pools_here()]
+
+
+def down(address: str | None, names: list[str], every: bool, verbose: bool = False) -> list[str]:
+    """Stop the named pools (or every pool); returns the names stopped. An unknown name is an error."""
+    with joined_session(address or DEFAULT_ADDRESS, verbose):
+        known = {record.name for record in pools_here()}
+        wanted = sorted(known) if every else names
+        unknown = [name for name in wanted if name not in known]
+        if unknown:
+            raise ClusterError(
+                f"No warm pool named {', '.join(unknown)} on this cluster (its pools: {', '.join(sorted(known)) or 'none'})."
+            )
+        found = registry(create=False)
+        for name in wanted:
+            ray.get(found.remove.remote(name))
+        return wanted
+
+
+def explain(plan: RunPlan) -> str:
+    """For a dry run on a cluster: which warm pool would serve the run's engines, and why each other one
+    would not (the settings that differ)."""
+    config = plan.config
+    if not config.cluster.warm_pools:
+        return "warm pools: not used (--no-warm-pools)"
+    key = PoolKey.of(run_engine_settings(plan))
+    with joined_session(config.cluster.address, verbose=False):
+        records = pools_here()
+    serving = [
+        f"warm pool {r.name} would serve this run ({len(r.engines)} replicas)"
+        for r in records
+        if r.key == key
+    ]
+    others = [
+        f"warm pool {r.name} would not: {'; '.join(r.key.differences(key))}" for r in records if r.key != key
+    ]
+    if not serving:
+        kept = config.cluster.kept_warm_s
+        then = f"kept warm {kept:g} s after it" if kept else "stopped when it ends"
+        serving = [f"no warm pool has these engine settings: the run starts its own ({then})"]
+    return "\n".join(serving + others)

@@ -1,0 +1,389 @@
+"""Where a run's generations come from, behind one interface: the run's own engine replicas, a warm pool on
+the cluster, a sweep's shared replicas, or an OpenAI-compatible endpoint.
+
+Each `GenerationSource` hands the dispatcher its `Replica`s (`start`), may replace one that died
+(`replace`), says what it was for summary.json (`describe`) and lets go of what it holds (`close`). The
+sources are registered by kind with `@source(kind)`, each builder holding the rule for when its kind serves
+a request; `choose` asks them in `SourceKind`'s order, so the run's own replicas, last, serve whatever no
+other does.
+The model under test (`run.runner.RequestRunner`) and a local judge (`judging.backends.LocalJudgeBackend`)
+both get theirs from `choose`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cluster import timeline
+from cluster.engines import EngineInfo, EngineSettings, ReplicaPool
+from cluster.plan import ReplicaPlan, RunPlan
+from sharding.dispatcher import Replica
+
+if TYPE_CHECKING:
+    from cluster.config import RunConfig
+    from cluster.endpoints import ApiClientPool
+    from cluster.engines.warm import Lease, PoolRecord
+
+
+class SharedEngines(Protocol):
+    """A sweep's replicas (`run.SharedReplicas`): moved to a model, shared by the sweep's steps."""
+
+    def replicas_for(self, model_path: str) -> tuple[list[Replica], list[EngineInfo]]: ...
+
+
+log = logging.getLogger(__name__)
+
+
+class SourceKind(StrEnum):
+    ENDPOINT = "endpoint"  # API client actors of an OpenAI-compatible endpoint
+    SWEEP = "sweep"  # a sweep's replicas, shared by its steps
+    WARM = "warm"  # a warm pool on the cluster, outliving the run
+    OWN = "own"  # replicas the run starts and stops
+
+
+@dataclass(frozen=True)
+class SourceRequest:
+    """What a run (or a local judge) asks of its source: engines of `settings` laid out as `plan`."""
+
+    config: RunConfig
+    settings: EngineSettings
+    plan: ReplicaPlan
+    count: int
+    run_id: str
+    verbose: bool = False
+    core_slots: tuple[int, int] | None = None
+    name_prefix: str = "replica"
+    max_restarts: int = 0
+    endpoint: bool = False  # the model under test is behind an OpenAI-compatible endpoint
+    shared: SharedEngines | None = None  # a sweep's replicas
+    warm_pools: bool = True  # whether a matching warm pool may serve
+    keep_warm_s: float | None = None  # start the engines as a warm pool kept this long when idle
+
+
+@dataclass
+class Started:
+    replicas: list[Replica]
+    engines: list[EngineInfo] = field(default_factory=list)
+
+
+class GenerationSource(Protocol):
+    kind: SourceKind
+
+    def start(self) -> Started: ...
+
+    async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def close(self, served: int) -> None: ...
+
+
+Builder = Callable[[SourceRequest], GenerationSource | None]
+_SOURCES: dict[SourceKind, Builder] = {}
+
+
+def source(kind: SourceKind) -> Callable[[Builder], Builder]:
+    """Register a source kind's builder: it returns a source where it serves the request, else None."""
+
+    def register(builder: Builder) -> Builder:
+        _SOURCES[kind] = builder
+        return builder
+
+    return register
+
+
+def choose(request: SourceRequest) -> GenerationSource:
+    """The first source, in SourceKind's order, that serves the request (the run's own replicas serve any)."""
+    for kind in SourceKind:
+        found = _SOURCES[kind](request)
+        if found is not None:
+            return found
+    raise RuntimeError("no generation source serves this run")  # OwnReplicas always does
+
+
+class EndpointClients:
+    kind = SourceKind.ENDPOINT
+
+    def __init__(self, request: SourceRequest) -> None:
+        self.request = request
+        self.clients: ApiClientPool | None = None
+
+    def start(self) -> Started:
+        from cluster.endpoints import ApiSettings, start_api_clients
+
+        config = self.request.config
+        self.clients = start_api_clients(ApiSettings.from_endpoint_options(config.model, config.endpoint), 1)
+        return Started(self.clients.replicas())
+
+    async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind.value}
+
+    def close(self, served: int) -> None:
+        if self.clients is not None:
+            self.clients.shutdown()
+
+
+@source(SourceKind.ENDPOINT)
+def _endpoint(request: SourceRequest) -> GenerationSource | None:
+    return EndpointClients(request) if request.endpoint else None
+
+
+class SweepReplicas:
+    """A sweep's replicas, moved to this step's model; no replacements: they are not this run's alone."""
+
+    kind = SourceKind.SWEEP
+
+    def __init__(self, request: SourceRequest, shared: SharedEngines) -> None:
+        self.request = request
+        self.shared = shared
+
+    def start(self) -> Started:
+        replicas, engines = self.shared.replicas_for(self.request.settings.model)
+        return Started(replicas, engines)
+
+    async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind.value}
+
+    def close(self, served: int) -> None:
+        return None  # the sweep closes them after its last step
+
+
+@source(SourceKind.SWEEP)
+def _sweep(request: SourceRequest) -> GenerationSource | None:
+    return SweepReplicas(request, request.shared) if request.shared is not None else None
+
+
+class OwnReplicas:
+    """Engine replicas this run starts, replaces within its restarts, and stops."""
+
+    kind = SourceKind.OWN
+
+    def __init__(self, request: SourceRequest, count: int | None = None, first_index: int = 0) -> None:
+        self.request = request
+        self.pool = ReplicaPool(
+            request.settings,
+            request.plan,
+            request.count if count is None else count,
+            request.config.model.cpu_kv_cache_gib,
+            request.verbose,
+            name_prefix=request.name_prefix,
+            core_slots=request.core_slots,
+            max_restarts=request.max_restarts,
+            first_index=first_index,
+        )
+
+    def start(self) -> Started:
+        engines = start_logged(self.pool, self.request)
+        return Started(self.pool.replicas(), engines)
+
+    async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
+        return await asyncio.to_thread(self.pool.replace, dead)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "restarts_used": self.pool.restarts_used}
+
+    def close(self, served: int) -> None:
+        self.pool.shutdown()
+
+
+class WarmReplicas:
+    """A warm pool of the cluster whose key equals the run's (`engines.warm`): its replicas, under a lease
+    renewed while the run goes on; replicas found dead are replaced in the pool, and the run starts its own
+    for the replicas it asks beyond the pool's. With `keep_warm_s` and no such pool, the run starts its
+    engines as a new pool that stays up when it ends."""
+
+    kind = SourceKind.WARM
+
+    def __init__(self, request: SourceRequest, registry: Any, record: PoolRecord | None) -> None:
+        self.request = request
+        self.registry = registry
+        self.record = record
+        self.pool: ReplicaPool | None = None
+        self.extra: OwnReplicas | None = None
+        self.lease: Lease | None = None
+        self.start_saved_s = 0.0
+        self.started_pool = record is None
+        self.found_dead = 0  # the pool's replicas found dead when the run began, replaced then
+
+    def start(self) -> Started:
+        from cluster.engines.warm import Lease
+
+        record = self.record or self._new_pool()
+        self.record = record
+        self.lease = Lease(self.registry, record.name, self.request.run_id)
+        self.pool = ReplicaPool.adopt(record, self.request.verbose)
+        # each replica found dead may be replaced once, then the run's own restarts apply
+        self.pool.max_restarts = len(record.engines) + self.request.max_restarts
+        if not self.started_pool:
+            self._replace_the_dead()
+            self.start_saved_s = max((info.start_s for info in self.pool.infos), default=0.0)
+            log.info("engines: warm (pool %s, %.1f s of engine start saved)", record.name, self.start_saved_s)
+        timeline.mark("engines ready")
+        replicas, engines = self.pool.replicas(), list(self.pool.infos)
+        beyond = self.request.count - len(replicas)
+        if beyond > 0:
+            log.info("the run asks %d replicas, pool %s has %d: starting %d more", self.request.count,
+                     record.name, len(replicas), beyond)  # fmt: skip
+            self.extra = OwnReplicas(self.request, beyond, first_index=len(replicas))
+            more = self.extra.start()
+            replicas, engines = replicas + more.replicas, engines + more.engines
+        return Started(replicas, engines)
+
+    def _new_pool(self) -> PoolRecord:
+        """The run's engines started as a warm pool, kept `keep_warm_s` after its last use."""
+        from cluster.engines.warm import default_pool_name
+
+        request = self.request
+        name = default_pool_name(request.settings)
+        pool = ReplicaPool(request.settings, request.plan, request.count, request.config.model.cpu_kv_cache_gib,
+                           request.verbose, core_slots=request.core_slots, warm=name)  # fmt: skip
+        start_logged(pool, request)
+        record = register_pool(self.registry, pool, request.keep_warm_s or 0.0)
+        acquired = self.registry.acquire.remote(record.key.digest, request.run_id, name)
+        import ray
+
+        return ray.get(acquired)
+
+    def _replace_the_dead(self) -> None:
+        """Replicas of the pool whose actor died since it was last used: replaced now, their cause said."""
+        import ray
+
+        from cluster.engines.pool import dead_actor_cause
+
+        assert self.pool is not None
+        for actor, info, log_place in list(
+            zip(self.pool.actors, self.pool.infos, self.pool.log_marks, strict=True)
+        ):
+            try:
+                ray.get(actor.alive.remote(), timeout=30)
+                continue
+            except Exception as exc:  # noqa: BLE001 - any failure to answer means the replica is gone
+                cause = asyncio.run(dead_actor_cause(f"{type(exc).__name__}", log_place))
+            log.warning("pool %s: %s had died (%s); replacing it", self.record.name, info.name, cause)
+            self.found_dead += 1
+            found = self.pool.replace(info.name)
+            index = self.pool.infos.index(info)
+            del self.pool.actors[index], self.pool.infos[index], self.pool.log_marks[index]
+            if found is not None:
+                self._registered(info.name, found[1])
+
+    def _registered(self, dead: str, info: EngineInfo) -> None:
+        import ray
+
+        assert self.pool is not None and self.record is not None
+        ray.get(self.registry.replaced.remote(self.record.name, dead, info, self.pool.group_names[info.name]))
+
+    async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
+        if self.extra is not None and dead not in {i.name for i in (self.pool.infos if self.pool else [])}:
+            return await self.extra.replace(dead)
+        assert self.pool is not None
+        found = await asyncio.to_thread(self.pool.replace, dead)
+        if found is not None:
+            await asyncio.to_thread(self._registered, dead, found[1])
+        return found
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "pool": self.record.name if self.record else None,
+            "started_by_this_run": self.started_pool,
+            "start_saved_s": round(self.start_saved_s, 3),
+            "own_replicas_beyond_the_pool": self.extra.pool.count if self.extra else 0,
+            "replaced_when_found_dead": self.found_dead,
+            "restarts_used": (self.pool.restarts_used - self.found_dead if self.pool else 0)
+            + (self.extra.pool.restarts_used if self.extra else 0),
+        }
+
+    def close(self, served: int) -> None:
+        if self.lease is not None:
+            self.lease.release(served)
+        if self.extra is not None:
+            self.extra.close(served)
+
+
+def register_pool(registry: Any, pool: ReplicaPool, idle_timeout_s: float) -> PoolRecord:
+    """Enter a started warm pool in the cluster's registry."""
+    import ray
+
+    from cluster.engines.warm import PoolKey, PoolRecord
+
+    assert pool.warm is not None
+    record = PoolRecord(
+        name=pool.warm,
+        key=PoolKey.of(pool.settings),
+        settings=pool.settings,
+        plan=pool.plan,
+        kv_cache_gib=pool.kv_cache_gib,
+        idle_timeout_s=idle_timeout_s,
+        engines={info.name: info for info in pool.infos},
+        groups=dict(pool.group_names),
+        slots=dict(pool.slots),
+    )
+    ray.get(registry.put.remote(record))
+    return record
+
+
+@source(SourceKind.WARM)
+def _warm(request: SourceRequest) -> GenerationSource | None:
+    """A warm pool with the run's key, where the run may use one; or a new one, where it is to keep warm."""
+    if not request.warm_pools and request.keep_warm_s is None:
+        return None
+    import ray
+
+    from cluster.engines.warm import PoolKey, registry
+
+    found = registry(create=request.keep_warm_s is not None)
+    if found is None:
+        return None
+    record = None
+    if request.warm_pools:
+        record = ray.get(found.acquire.remote(PoolKey.of(request.settings).digest, request.run_id))
+    if record is None and request.keep_warm_s is None:
+        return None
+    return WarmReplicas(request, found, record)
+
+
+@source(SourceKind.OWN)
+def _own(request: SourceRequest) -> GenerationSource | None:
+    return OwnReplicas(request)
+
+
+def start_logged(pool: ReplicaPool, request: SourceRequest) -> list[EngineInfo]:
+    """Start the pool's engines and log where each is."""
+    log.info("starting %d engine replica(s) of %s", pool.count, request.plan.describe())
+    engines = list(pool.start(request.config.cluster.placement_timeout_s))
+    for info in engines:
+        log.info("%s ready on %s in %.1f s (vLLM %s, executor %s)", info.name, where(info), info.start_s,
+                 info.vllm_version, info.executor)  # fmt: skip
+    return engines
+
+
+def where(info: EngineInfo) -> str:
+    """The replica's node, or its bundles' nodes where they are several (a replica over nodes)."""
+    nodes = list(dict.fromkeys(info.nodes)) or [info.node_id]
+    return f"node {nodes[0][:8]}" if len(nodes) == 1 else f"nodes {', '.join(n[:8] for n in nodes)}"
+
+
+def run_engine_settings(plan: RunPlan, verbose: bool = False) -> EngineSettings:
+    """The engines a run's model under test asks for (what its warm pool's key is made from)."""
+    from cluster.engines import engine_settings
+
+    config = plan.config
+    settings = engine_settings(config.model, plan.model.path, plan.device, log_stats=verbose)
+    return with_lora_slots(settings, 1, plan.adapter is not None)
+
+
+def with_lora_slots(settings: EngineSettings, max_loras: int, adapter: bool) -> EngineSettings:
+    """LoRA layers only where requests carry an adapter (a merged adapter's plan has none)."""
+    return replace(settings, max_loras=max_loras, max_lora_rank=settings.max_lora_rank if adapter else 0)

@@ -1,0 +1,79 @@
+"""The plain parts of warm pools: which engine settings key a pool (and which do not), the differences a
+dry run names, pool names, durations, and how long a run's engines stay warm by default. No Ray."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cluster.cli import main
+from cluster.config import ModelOptions, build_config, parse_duration
+from cluster.engines import engine_settings
+from cluster.engines.warm import PoolKey, default_pool_name
+
+
+def settings(**options: object):
+    return engine_settings(ModelOptions(**options), "/models/SmolLM2-135M-Instruct", "cpu")
+
+
+def test_a_pool_is_keyed_by_every_setting_that_changes_outputs_and_no_other():
+    base = settings(max_model_len=1024, dtype="float32")
+    quieter = replace(
+        base, log_stats=True, pin_engine_core=False, max_loras=4
+    )  # how it runs, not what it says
+    assert PoolKey.of(quieter) == PoolKey.of(base) and PoolKey.of(quieter).digest == PoolKey.of(base).digest
+    for changed in (
+        replace(base, dtype="bfloat16"),
+        replace(base, max_model_len=768),
+        replace(base, max_num_seqs=8),
+        replace(base, enforce_eager=False),
+        replace(base, model="/models/other"),
+        replace(base, max_lora_rank=16),
+        replace(base, tensor_parallel_size=2),
+        replace(base, chunked_prefill=True),
+    ):
+        assert PoolKey.of(changed).digest != PoolKey.of(base).digest
+    assert PoolKey.of(base).differences(PoolKey.of(replace(base, max_model_len=768, dtype="bfloat16"))) == [
+        "dtype 'float32' (wanted 'bfloat16')",
+        "max_model_len 1024 (wanted 768)",
+    ]
+
+
+def test_a_pool_is_named_after_its_model_and_key():
+    base = settings()
+    assert default_pool_name(base) == f"SmolLM2-135M-Instruct-{PoolKey.of(base).digest}"
+    assert default_pool_name(replace(base, model="Qwen/Qwen2.5-7B-Instruct")).startswith(
+        "Qwen2.5-7B-Instruct-"
+    )
+
+
+def test_durations_read_as_people_write_them():
+    assert [parse_duration(text, "--x") for text in ("90", "90s", "30m", "2h", "1d", "1.5m", "off", "0")] == [
+        90, 90, 1800, 7200, 86400, 90, 0, 0,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="'soon' is not a duration.*--x 30m"):
+        parse_duration("soon", "--x")
+
+
+def test_a_run_keeps_its_engines_warm_by_default_only_on_a_cluster_it_did_not_start(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert build_config({}, {}, "t").cluster.kept_warm_s is None  # the local cluster goes away with the run
+    assert build_config({}, {"cluster.address": "auto"}, "t").cluster.kept_warm_s == 600
+    assert (
+        build_config({}, {"cluster.address": "auto", "cluster.keep_warm_s": "off"}, "t").cluster.kept_warm_s
+        is None
+    )
+    assert build_config({}, {"cluster.keep_warm_s": "30m"}, "t").cluster.kept_warm_s == 1800
+
+
+def test_pool_commands_refuse_what_they_cannot_do(capsys):
+    assert main(["down"]) == 2
+    assert (
+        "rayeval down needs the pools to stop (`rayeval pools` names them) or --all"
+        in capsys.readouterr().err
+    )
+    assert main(["up", "--model", "openai:gpt-4.1", "--address", "auto"]) == 2
+    assert "a warm pool holds engines of a model folder or hub id" in capsys.readouterr().err
+    assert main(["up", "--idle-timeout", "later", "--address", "auto"]) == 2
+    assert "'later' is not a duration" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""Warm pools on a real `ray start --head` cluster (token auth on, 2 CPUs) with real engines of the embedded
+model: `rayeval up` starts one, runs with its engine settings generate on it without starting an engine and
+answer as a cold run does (float32 greedy, against the shared base run), two runs at once share it, a run
+with other settings is not served by it (and a dry run says why), a pool replica killed between runs is
+replaced by the next run, `--keep-warm` leaves a run's engines up for their idle time, and `down` stops a
+pool. The pool's replica starts once for the whole module; the kept-warm run and the replacement start one
+engine each."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ray_head import HeadNode, start_head
+from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, MODEL_DIR, engine_actor_pids, rayeval, records
+
+pytestmark = pytest.mark.slow
+
+POOL = "smol-f32"
+POOL_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"]  # BASE_IFEVAL_ARGS' engines
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[HeadNode]:
+    node = start_head(num_cpus=2)
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="module")
+def pool(head: HeadNode) -> Iterator[HeadNode]:
+    started = rayeval("up", *POOL_FLAGS, "--name", POOL, "--idle-timeout", "1h", "--address", head.gcs_address,
+                      env=head.client_env())  # fmt: skip
+    assert started.returncode == 0, started.stderr[-3000:]
+    assert started.stdout.startswith(f"warm pool {POOL} started: 1 replica(s) of ")
+    yield head
+
+
+def run_on(head: HeadNode, tmp_path: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return rayeval("run", *BASE_IFEVAL_ARGS, "--limit", str(BASE_IFEVAL_LIMIT), "--address", head.gcs_address,
+                   "--output-dir", str(tmp_path), "--run-id", run_id, *extra, env=head.client_env())  # fmt: skip
+
+
+def summary_of(tmp_path: Path, run_id: str) -> dict:
+    return json.loads((tmp_path / run_id / "summary.json").read_text())["run"]
+
+
+def pools_listed(head: HeadNode) -> dict[str, list[str]]:
+    listed = rayeval("pools", "--address", head.gcs_address, env=head.client_env())
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    return {row.split("\t")[0]: row.split("\t") for row in listed.stdout.splitlines()[1:] if "\t" in row}
+
+
+def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
+    pool: HeadNode, tmp_path, base_ifeval_records
+):
+    head = pool
+    before = engine_actor_pids()
+    for run_id in ("warm-1", "warm-2"):
+        done = run_on(head, tmp_path, run_id)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"engines: warm (pool {POOL};" in done.stdout and "s of engine start saved" in done.stdout
+        source = summary_of(tmp_path, run_id)["engines_source"]
+        assert source["kind"] == "warm" and source["pool"] == POOL and not source["started_by_this_run"]
+        assert source["start_saved_s"] > 0
+        rows = records(tmp_path / run_id / "samples" / MODEL_DIR / "ifeval.jsonl")
+        assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]  # float32 greedy
+    assert engine_actor_pids() == before  # no engine started, none stopped
+    (row,) = pools_listed(head).values()
+    assert row[0] == POOL and row[3] == "1" and int(row[6]) == 2 * BASE_IFEVAL_LIMIT and row[7] == "-"
+
+
+def test_two_runs_at_once_share_the_pool_and_neither_waits_for_the_other(pool: HeadNode, tmp_path):
+    head = pool
+    argv = ["run", "--tasks", "ifeval", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+            "--no-progress", "--max-tokens", "32", "--address", head.gcs_address, "--output-dir", str(tmp_path)]  # fmt: skip
+    runs = {
+        run_id: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cluster.cli",
+                *argv,
+                "--run-id",
+                run_id,
+                "--limit",
+                "16",
+                "--temperature",
+                "0.7",
+                "--seed",
+                seed,
+            ],
+            env=head.client_env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for run_id, seed in (("side-a", "1"), ("side-b", "2"))
+    }
+    for run_id, process in runs.items():
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+        rows = records(tmp_path / run_id / "samples" / MODEL_DIR / "ifeval.jsonl")
+        assert sorted(r["doc_id"] for r in rows) == list(range(16)) and all(r["error"] is None for r in rows)
+        assert summary_of(tmp_path, run_id)["engines_source"]["pool"] == POOL
+    (a_start, a_end), (b_start, b_end) = (summary_of(tmp_path, r)["generation_window"] for r in runs)
+    assert a_start < b_end and b_start < a_end  # their generation overlapped: neither waited for the other
+
+
+def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: HeadNode, tmp_path):
+    head = pool
+    dry = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "5s", "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert (
+        "no warm pool has these engine settings: the run starts its own (kept warm 5 s after it)"
+        in dry.stdout
+    )
+    assert f"warm pool {POOL} would not: max_model_len 1024 (wanted 768)" in dry.stdout
+    same = run_on(head, tmp_path, "same", "--dry-run")
+    assert f"warm pool {POOL} would serve this run (1 replicas)" in same.stdout
+
+    done = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "5s")
+    assert done.returncode == 0, done.stderr[-3000:]
+    source = summary_of(tmp_path, "other")["engines_source"]
+    assert source["kind"] == "warm" and source["started_by_this_run"] and source["pool"] != POOL
+    listed = pools_listed(head)
+    assert set(listed) == {POOL, source["pool"]}  # the run's engines stay up as a pool of their own...
+    deadline = time.time() + 60
+    while time.time() < deadline and source["pool"] in listed:
+        time.sleep(2)
+        listed = pools_listed(head)
+    assert set(listed) == {POOL}  # ...until their idle time is over
+
+
+def test_a_dead_pool_replica_is_replaced_by_the_next_run(pool: HeadNode, tmp_path, base_ifeval_records):
+    head = pool
+    (victim,) = engine_actor_pids()
+    os.kill(victim, signal.SIGKILL)
+    done = run_on(head, tmp_path, "after-kill")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"pool {POOL}: replica-0 had died" in done.stderr and "replacing it" in done.stderr
+    rows = records(tmp_path / "after-kill" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]
+    (replacement,) = engine_actor_pids()
+    assert replacement != victim
+    assert pools_listed(head)[POOL][3] == "1"  # still one replica: the replacement, registered in the pool
+
+
+def test_down_stops_the_pool_and_its_engines(pool: HeadNode):
+    head = pool
+    unknown = rayeval("down", "no-such-pool", "--address", head.gcs_address, env=head.client_env())
+    assert (
+        unknown.returncode == 1
+        and f"No warm pool named no-such-pool on this cluster (its pools: {POOL})" in unknown.stderr
+    )
+    stopped = rayeval("down", "--all", "--address", head.gcs_address, env=head.client_env())
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert stopped.stdout.strip() == f"stopped 1 warm pool(s): {POOL}"
+    deadline = time.time() + 30
+    while time.time() < deadline and engine_actor_pids():
+        time.sleep(0.5)
+    assert engine_actor_pids() == [] and pools_listed(head) == {}
