@@ -80,6 +80,7 @@ def start_head(num_cpus: int = 2, timeout_s: float = 90) -> HeadNode:
         **os.environ,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(token_path),
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",  # a test cluster has nothing to drain on its stop
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     command = [

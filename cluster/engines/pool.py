@@ -83,7 +83,8 @@ class ReplicaPool:
         (`engines.warm`), so they outlive this process; `first_index` numbers them after those it has."""
         self.warm = warm
         self.first_index = first_index
-        self.group_names: dict[str, str] = {}  # a warm pool's placement groups by replica name
+        self.group_ids: dict[str, str] = {}  # a warm pool's placement groups (hex ids) by replica name
+        self.missing: list[str] = []  # an adopted pool's replicas whose actors were gone
         self.settings = settings
         self.name_prefix = name_prefix
         self.core_slots = core_slots
@@ -108,9 +109,7 @@ class ReplicaPool:
     def adopt(cls, record: PoolRecord, verbose: bool = False) -> ReplicaPool:
         """The replicas of a warm pool another process started, as a pool of this process: its actors found by
         name, its engines as they were when started, ready for the dispatcher (and for `replace`)."""
-        from ray.util.placement_group import get_placement_group
-
-        from cluster.engines.warm import NAMESPACE, actor_name
+        from cluster.engines.warm import NAMESPACE, actor_name, placement_group_of
 
         pool = cls(record.settings, record.plan, len(record.engines), record.kv_cache_gib, verbose,
                    max_restarts=1 << 30, warm=record.name)  # fmt: skip
@@ -118,12 +117,16 @@ class ReplicaPool:
             record.plan.layout_for([n["Resources"] for n in ray.nodes() if n.get("Alive")]) or pool.layout
         )
         for replica, info in record.engines.items():
-            pool.actors.append(ray.get_actor(actor_name(record.name, replica), namespace=NAMESPACE))
+            pool.group_ids[replica] = record.groups[replica]
+            pool.groups[replica] = placement_group_of(record.groups[replica])
+            pool.slots[replica] = record.slots.get(replica, (0, 1))
+            try:
+                pool.actors.append(ray.get_actor(actor_name(record.name, replica), namespace=NAMESPACE))
+            except ValueError:  # its actor is gone (a dead actor's name is free): for the caller to replace
+                pool.missing.append(replica)
+                continue
             pool.infos.append(info)
             pool.log_marks.append(engine_log(info))
-            pool.group_names[replica] = record.groups[replica]
-            pool.groups[replica] = get_placement_group(record.groups[replica])
-            pool.slots[replica] = record.slots.get(replica, (0, 1))
         return pool
 
     def start(self, placement_timeout_s: float) -> list[EngineInfo]:
@@ -181,10 +184,14 @@ class ReplicaPool:
             return placement_group(list(self.layout.bundles), strategy=self.layout.strategy)
         from cluster.engines.warm import actor_name
 
-        name = self.group_names[replica] = actor_name(self.warm, replica)
-        return placement_group(
-            list(self.layout.bundles), strategy=self.layout.strategy, name=name, lifetime="detached"
+        group = placement_group(
+            list(self.layout.bundles),
+            strategy=self.layout.strategy,
+            name=actor_name(self.warm, replica),
+            lifetime="detached",
         )
+        self.group_ids[replica] = group.id.hex()  # names are per Ray namespace: the pool keeps ids
+        return group
 
     def _launch(self, name: str, group: PlacementGroup, slot: tuple[int, int]) -> ray.actor.ActorHandle:
         first = self.layout.bundles[0]

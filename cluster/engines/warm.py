@@ -91,7 +91,7 @@ class PoolRecord:
     kv_cache_gib: int
     idle_timeout_s: float
     engines: dict[str, EngineInfo] = field(default_factory=dict)  # by replica name
-    groups: dict[str, str] = field(default_factory=dict)  # replica name -> its placement group's name
+    groups: dict[str, str] = field(default_factory=dict)  # replica name -> its placement group's id (hex)
     slots: dict[str, tuple[int, int]] = field(default_factory=dict)  # replica name -> its slot on its host
     created_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
@@ -197,7 +197,7 @@ class PoolRegistry:
 
 def stop_pool_actors(pool: PoolRecord) -> None:
     """Kill the pool's engine actors (each stops its engine first, within 30 s) and remove their groups."""
-    from ray.util.placement_group import get_placement_group, remove_placement_group
+    from ray.util.placement_group import remove_placement_group
 
     actors = []
     for replica in pool.engines:
@@ -211,9 +211,17 @@ def stop_pool_actors(pool: PoolRecord) -> None:
         ray.kill(actor, no_restart=True)
     for group in pool.groups.values():
         try:
-            remove_placement_group(get_placement_group(group))
-        except ValueError:
+            remove_placement_group(placement_group_of(group))
+        except Exception:  # noqa: BLE001 - already removed, or its node gone
             continue
+
+
+def placement_group_of(hex_id: str) -> Any:
+    """A placement group by its id (a name would be looked up in the caller's Ray namespace only)."""
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup
+
+    return PlacementGroup(PlacementGroupID(bytes.fromhex(hex_id)))
 
 
 def registry(create: bool = True) -> Any:

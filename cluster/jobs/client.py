@@ -92,14 +92,24 @@ class JobsClient:
         with self._reported(), _address_variables_unset():
             self.client = JobSubmissionClient(self.address)
 
-    def submit(self, spec: JobSpec) -> str:
+    def submit(self, spec: JobSpec, agent_wait_s: float = 60.0) -> str:
+        """Submit the job. A head that started moments ago may have no job agent registered yet (Ray answers
+        "No available agent to submit job, please try again later"): asked again, seconds apart, for
+        `agent_wait_s`."""
+        deadline = time.monotonic() + agent_wait_s
         with self._reported():
-            return self.client.submit_job(
-                entrypoint=spec.entrypoint,
-                submission_id=spec.job_id,
-                runtime_env=spec.runtime_env() or None,
-                metadata={"submitted_by": "rayeval"},
-            )
+            while True:
+                try:
+                    return self.client.submit_job(
+                        entrypoint=spec.entrypoint,
+                        submission_id=spec.job_id,
+                        runtime_env=spec.runtime_env() or None,
+                        metadata={"submitted_by": "rayeval"},
+                    )
+                except RuntimeError as exc:
+                    if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(2.0)
 
     def follow(self, job_id: str, out: TextIO = sys.stdout) -> JobDetails:
         """Print the job's log as it is written until the job ends; returns its final details."""

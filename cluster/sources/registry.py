@@ -225,9 +225,11 @@ class WarmReplicas:
         self.pool = ReplicaPool.adopt(record, self.request.verbose)
         # each replica found dead may be replaced once, then the run's own restarts apply
         self.pool.max_restarts = len(record.engines) + self.request.max_restarts
+        self.pool.placement_timeout_s = self.request.config.cluster.placement_timeout_s
         if not self.started_pool:
-            self._replace_the_dead()
-            self.start_saved_s = max((info.start_s for info in self.pool.infos), default=0.0)
+            self._replace_the_dead()  # a replica started again now saved nothing
+            kept = [info for info in self.pool.infos if info.name in record.engines]
+            self.start_saved_s = max((info.start_s for info in kept), default=0.0)
             log.info("engines: warm (pool %s, %.1f s of engine start saved)", record.name, self.start_saved_s)
         timeline.mark("engines ready")
         replicas, engines = self.pool.replicas(), list(self.pool.infos)
@@ -259,30 +261,30 @@ class WarmReplicas:
         """Replicas of the pool whose actor died since it was last used: replaced now, their cause said."""
         import ray
 
-        from cluster.engines.pool import dead_actor_cause
+        from cluster.engines.pool import dead_actor_cause, engine_log
 
-        assert self.pool is not None
-        for actor, info, log_place in list(
-            zip(self.pool.actors, self.pool.infos, self.pool.log_marks, strict=True)
-        ):
+        assert self.pool is not None and self.record is not None
+        dead = {name: "its actor is gone" for name in self.pool.missing}
+        for actor, info in zip(list(self.pool.actors), list(self.pool.infos), strict=True):
             try:
                 ray.get(actor.alive.remote(), timeout=30)
-                continue
             except Exception as exc:  # noqa: BLE001 - any failure to answer means the replica is gone
-                cause = asyncio.run(dead_actor_cause(f"{type(exc).__name__}", log_place))
-            log.warning("pool %s: %s had died (%s); replacing it", self.record.name, info.name, cause)
+                dead[info.name] = type(exc).__name__
+                index = self.pool.infos.index(info)
+                del self.pool.actors[index], self.pool.infos[index], self.pool.log_marks[index]
+        for name, message in dead.items():
+            cause = asyncio.run(dead_actor_cause(message, engine_log(self.record.engines[name])))
+            log.warning("pool %s: %s had died (%s); replacing it", self.record.name, name, cause)
             self.found_dead += 1
-            found = self.pool.replace(info.name)
-            index = self.pool.infos.index(info)
-            del self.pool.actors[index], self.pool.infos[index], self.pool.log_marks[index]
+            found = self.pool.replace(name)
             if found is not None:
-                self._registered(info.name, found[1])
+                self._registered(name, found[1])
 
     def _registered(self, dead: str, info: EngineInfo) -> None:
         import ray
 
         assert self.pool is not None and self.record is not None
-        ray.get(self.registry.replaced.remote(self.record.name, dead, info, self.pool.group_names[info.name]))
+        ray.get(self.registry.replaced.remote(self.record.name, dead, info, self.pool.group_ids[info.name]))
 
     async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         if self.extra is not None and dead not in {i.name for i in (self.pool.infos if self.pool else [])}:
@@ -327,7 +329,7 @@ def register_pool(registry: Any, pool: ReplicaPool, idle_timeout_s: float) -> Po
         kv_cache_gib=pool.kv_cache_gib,
         idle_timeout_s=idle_timeout_s,
         engines={info.name: info for info in pool.infos},
-        groups=dict(pool.group_names),
+        groups=dict(pool.group_ids),
         slots=dict(pool.slots),
     )
     ray.get(registry.put.remote(record))

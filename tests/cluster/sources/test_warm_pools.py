@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.ray_head import HeadNode, start_head
-from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, MODEL_DIR, engine_actor_pids, rayeval, records
+from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, MODEL_DIR, rayeval, records
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +53,24 @@ def summary_of(tmp_path: Path, run_id: str) -> dict:
     return json.loads((tmp_path / run_id / "summary.json").read_text())["run"]
 
 
+ENGINES = """
+import json, sys
+from ray.util.state import list_actors
+import cluster
+cluster.connect(sys.argv[1])
+alive = list_actors(sys.argv[1], filters=[("class_name", "=", "EngineActor"), ("state", "=", "ALIVE")], detail=True)
+print(json.dumps(sorted(actor.pid for actor in alive)))
+"""
+
+
+def engine_pids(head: HeadNode) -> list[int]:
+    """The live engine actors of this module's cluster, by pid (Ray's state API)."""
+    done = subprocess.run([sys.executable, "-c", ENGINES, head.gcs_address], capture_output=True, text=True,
+                          env=head.client_env(), timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def pools_listed(head: HeadNode) -> dict[str, list[str]]:
     listed = rayeval("pools", "--address", head.gcs_address, env=head.client_env())
     assert listed.returncode == 0, listed.stderr[-3000:]
@@ -63,7 +81,7 @@ def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
     pool: HeadNode, tmp_path, base_ifeval_records
 ):
     head = pool
-    before = engine_actor_pids()
+    before = engine_pids(head)
     for run_id in ("warm-1", "warm-2"):
         done = run_on(head, tmp_path, run_id)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -73,7 +91,7 @@ def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
         assert source["start_saved_s"] > 0
         rows = records(tmp_path / run_id / "samples" / MODEL_DIR / "ifeval.jsonl")
         assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]  # float32 greedy
-    assert engine_actor_pids() == before  # no engine started, none stopped
+    assert engine_pids(head) == before  # no engine started, none stopped
     (row,) = pools_listed(head).values()
     assert row[0] == POOL and row[3] == "1" and int(row[6]) == 2 * BASE_IFEVAL_LIMIT and row[7] == "-"
 
@@ -117,23 +135,23 @@ def test_two_runs_at_once_share_the_pool_and_neither_waits_for_the_other(pool: H
 
 def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: HeadNode, tmp_path):
     head = pool
-    dry = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "5s", "--dry-run")
+    dry = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "20s", "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert (
-        "no warm pool has these engine settings: the run starts its own (kept warm 5 s after it)"
+        "no warm pool has these engine settings: the run starts its own (kept warm 20 s after it)"
         in dry.stdout
     )
     assert f"warm pool {POOL} would not: max_model_len 1024 (wanted 768)" in dry.stdout
     same = run_on(head, tmp_path, "same", "--dry-run")
     assert f"warm pool {POOL} would serve this run (1 replicas)" in same.stdout
 
-    done = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "5s")
+    done = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "20s")
     assert done.returncode == 0, done.stderr[-3000:]
     source = summary_of(tmp_path, "other")["engines_source"]
     assert source["kind"] == "warm" and source["started_by_this_run"] and source["pool"] != POOL
     listed = pools_listed(head)
     assert set(listed) == {POOL, source["pool"]}  # the run's engines stay up as a pool of their own...
-    deadline = time.time() + 60
+    deadline = time.time() + 120
     while time.time() < deadline and source["pool"] in listed:
         time.sleep(2)
         listed = pools_listed(head)
@@ -142,14 +160,14 @@ def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: He
 
 def test_a_dead_pool_replica_is_replaced_by_the_next_run(pool: HeadNode, tmp_path, base_ifeval_records):
     head = pool
-    (victim,) = engine_actor_pids()
+    (victim,) = engine_pids(head)
     os.kill(victim, signal.SIGKILL)
     done = run_on(head, tmp_path, "after-kill")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"pool {POOL}: replica-0 had died" in done.stderr and "replacing it" in done.stderr
     rows = records(tmp_path / "after-kill" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]
-    (replacement,) = engine_actor_pids()
+    (replacement,) = engine_pids(head)
     assert replacement != victim
     assert pools_listed(head)[POOL][3] == "1"  # still one replica: the replacement, registered in the pool
 
@@ -165,6 +183,6 @@ def test_down_stops_the_pool_and_its_engines(pool: HeadNode):
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert stopped.stdout.strip() == f"stopped 1 warm pool(s): {POOL}"
     deadline = time.time() + 30
-    while time.time() < deadline and engine_actor_pids():
+    while time.time() < deadline and engine_pids(head):
         time.sleep(0.5)
-    assert engine_actor_pids() == [] and pools_listed(head) == {}
+    assert engine_pids(head) == [] and pools_listed(head) == {}
