@@ -45,3 +45,10 @@ def base_ifeval_records(base_ifeval_run) -> list[dict]:
     rows = records(base_ifeval_run / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert [r["doc_id"] for r in rows] == list(range(BASE_IFEVAL_LIMIT))
     return rows
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the test run's shared cluster (tests/warm_cluster.py), if a test started it."""
+    from tests.warm_cluster import stop_warm_cluster
+
+    stop_warm_cluster()

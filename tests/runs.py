@@ -22,15 +22,34 @@ BASE_IFEVAL_SAMPLES = 4  # greedy: N = 4 asked is one draw, one request per ques
 
 
 def rayeval(
-    *args: str, timeout: int = 900, env: dict[str, str] | None = None
+    *args: str, timeout: int = 900, env: dict[str, str] | None = None, local: bool = False
 ) -> subprocess.CompletedProcess[str]:
+    """`rayeval ARGS` in a subprocess. A `run` that names no cluster goes to the test run's shared cluster and
+    its warm pools (tests/warm_cluster.py), unless `local` asks for the local cluster the command starts."""
+    base = {**os.environ}
+    if args[:1] == ("run",) and not local and _shared_cluster_serves(args):
+        from tests.warm_cluster import warm_cluster
+
+        shared = warm_cluster()
+        args, base = (*args, *shared.run_args()), shared.env()
     return subprocess.run(
         [sys.executable, "-m", "cluster.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
-        env={**os.environ, **(env or {})},
+        env={**base, **(env or {})},
+    )
+
+
+def _shared_cluster_serves(args: tuple[str, ...]) -> bool:
+    """A run that names no cluster of its own, and starts something (a dry run starts nothing)."""
+    from tests.warm_cluster import enabled
+
+    return (
+        enabled()
+        and not {"--address", "--dry-run", "--help"} & set(args)
+        and not os.environ.get("RAY_ADDRESS")
     )
 
 
@@ -60,8 +79,12 @@ def wait_for_records(proc: subprocess.Popen[str], store: Path, count: int) -> No
 
 
 def engine_actor_pids() -> list[int]:
+    """The engine actors running on this machine, less those of the test run's shared cluster."""
+    from tests.warm_cluster import shared_pids
+
     found = subprocess.run(["pgrep", "-f", "ray::EngineActor"], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in found]
+    shared = shared_pids()
+    return [int(pid) for pid in found if int(pid) not in shared]
 
 
 def records(path: Path) -> list[dict]:

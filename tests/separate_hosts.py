@@ -68,10 +68,14 @@ SWITCH = "switch"
 HOST_NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 # Run in the host's fresh mount and UTS namespaces: "$1" home, "$2" tmp, "$3" hosts file, "$4" name, "$5" cwd.
 # /etc/hosts first: the backing folders may lie under the machine's /tmp, hidden once /tmp is bound over.
+# "$6": this checkout's path under /tmp, where it lies there (a CI clone may): bound into the host's own /tmp at
+# the same path first, so that the host's /tmp hides everything of the machine's but the checkout and its venv.
 ENTER = (
-    'mount --bind "$3" /etc/hosts && mount --bind "$1" /home && mount --bind "$2" /tmp'
-    ' && mount -t tmpfs -o mode=1777 shm /dev/shm && hostname "$4" && cd "$5" && shift 5 && exec "$@"'
+    'mount --bind "$3" /etc/hosts && mount --bind "$1" /home'
+    ' && { [ -z "$6" ] || { mkdir -p "$2/$6" && mount --bind "/tmp/$6" "$2/$6"; }; } && mount --rbind "$2" /tmp'
+    ' && mount -t tmpfs -o mode=1777 shm /dev/shm && hostname "$4" && cd "$5" && shift 6 && exec "$@"'
 )
+CHECKOUT_UNDER_TMP = str(REPO.relative_to("/tmp")) if REPO.is_relative_to("/tmp") else ""
 JOIN = 'echo $$ > "$1" && shift && exec "$@"'  # into the cpuset before `ip netns exec` hides /sys/fs/cgroup
 HIDDEN_PREFIXES = ("RAY_", "RAYEVAL_", "PYTEST_", "XDG_")
 HIDDEN_NAMES = {"HOME", "PWD", "OLDPWD", "TMPDIR", "TMP", "TEMP", "PYTHONPATH", "VIRTUAL_ENV"}
@@ -144,7 +148,7 @@ class Host:
             "ip", "netns", "exec", self.netns,
             "unshare", "--mount", "--uts", "--propagation", "private", "--",
             "sh", "-c", ENTER, "enter", str(self.home), str(self.tmp), str(self.hosts_file), self.name, cwd,
-            *argv,
+            CHECKOUT_UNDER_TMP, *argv,
         ]  # fmt: skip
 
     def popen(

@@ -15,7 +15,7 @@ from tests.runs import rayeval
 
 
 def refused(*argv: str) -> str:
-    done = rayeval("run", "--limit", "2", *argv, timeout=120)
+    done = rayeval("run", "--limit", "2", *argv, timeout=120, local=True)  # the checks of a local cluster
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "started a local Ray cluster" not in done.stderr
     return done.stderr

@@ -17,16 +17,17 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
+from tests.ray_head import start_head
 from tests.runs import (
     ENGINE_FLAGS,
     MODEL_DIR,
     engine_actor_pids,
-    ray_cli,
     rayeval,
     records,
     start_in_background,
     wait_for_records,
 )
+from tests.warm_cluster import shared_pids
 
 pytestmark = pytest.mark.slow
 
@@ -147,9 +148,7 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
         *ENGINE_FLAGS,
     ]  # fmt: skip  (two sequences in flight, so completions arrive a pair at a time and the cut lands mid-run)
     store = tmp_path / "cut" / "cache" / "completions.jsonl"
-    port = "6391"
-    subprocess.run([ray_cli(), "start", "--head", "--port", port, "--num-cpus", "2", "--include-dashboard", "false"],
-                   check=True, capture_output=True)  # fmt: skip
+    head = start_head(num_cpus=2)
     try:
         # Without --address rayeval starts its own cluster, even with a `ray start` cluster on the machine.
         proc = start_in_background(argv)
@@ -159,9 +158,9 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
         done_before = len(store.read_text().splitlines())
         assert proc.returncode != 0 and 3 <= done_before < 10, err[-2000:]
         assert "started a local Ray cluster" in err
-        resumed = rayeval(*argv, "--address", "auto")  # as inside `ray job submit` on the cluster
+        resumed = rayeval(*argv, "--address", head.gcs_address, env=head.client_env())  # as a job's run
     finally:
-        subprocess.run([ray_cli(), "stop", "--force"], capture_output=True, check=False)
+        head.stop()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "connected to Ray cluster" in resumed.stderr
     assert f"10 requests, {done_before} reused" in resumed.stderr
@@ -220,10 +219,11 @@ def test_losing_every_replica_fails_clearly_and_loses_nothing(tmp_path):
     assert proc.returncode == 1, err[-3000:]
     assert "Every engine replica died (replica-0:" in err and "Traceback" not in err
     # its engine core (forked from the actor's forkserver, so not the actor's child) ended with it
+    shared = shared_pids()  # the shared test cluster's pools keep their engine cores
     cores = [
         p
         for p in psutil.process_iter(["name", "status"])
-        if (p.info["name"] or "").startswith("VLLM::Engine")
+        if (p.info["name"] or "").startswith("VLLM::Engine") and p.pid not in shared
     ]
     assert all(p.info["status"] == psutil.STATUS_ZOMBIE for p in cores), cores  # a zombie has ended
     kept = records(store)

@@ -1,0 +1,96 @@
+"""One Ray cluster for the whole test run, holding warm pools of the engines most tests ask for, so that a
+test's `rayeval run` generates at once instead of starting Ray and an engine (about 20 s each on two cores).
+
+It is rayeval's own warm-pool feature used as a user would: a `ray start --head` cluster (token auth on),
+`rayeval up` once per engine setting the tests share (ENGINE_FLAGS' engines, and BASE_IFEVAL_ARGS' float32
+ones), and `tests.runs.rayeval("run", ...)` adding `--address` of this cluster with `--keep-warm off`: a run
+whose engine settings match a pool generates on it, any other starts its own engines on this cluster and
+stops them after. The cluster starts with the first run that needs it and stops when the test run ends
+(`pytest_sessionfinish` in tests/conftest.py). Tests whose subject is an engine's start or death, or the
+local cluster a command starts itself, opt out with `rayeval(..., local=True)` (or start their own
+cluster); `RAYEVAL_TESTS_LOCAL=1` turns the shared cluster off for a whole test run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+from tests.ray_head import HeadNode, start_head
+
+ENGINE_POOL = ["--enforce-eager", "--max-model-len", "1024"]  # tests.runs.ENGINE_FLAGS' engine settings
+POOLS = {
+    "tests-auto": ENGINE_POOL,
+    "tests-float32": [*ENGINE_POOL, "--dtype", "float32"],  # tests.runs.BASE_IFEVAL_ARGS'
+}
+CPUS = 8  # Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them
+
+
+@dataclass
+class WarmCluster:
+    head: HeadNode
+
+    def run_args(self) -> list[str]:
+        return ["--address", self.head.gcs_address, "--keep-warm", "off"]
+
+    def env(self) -> dict[str, str]:
+        return self.head.client_env()
+
+
+_cluster: WarmCluster | None = None
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get("RAYEVAL_TESTS_LOCAL", "") != "1"
+
+
+def warm_cluster() -> WarmCluster:
+    """The test run's shared cluster with its pools, started on first use."""
+    global _cluster
+    with _lock:
+        if _cluster is None:
+            head = start_head(num_cpus=CPUS)
+            try:
+                for name, flags in POOLS.items():
+                    up(head, name, flags)
+            except BaseException:
+                head.stop()
+                raise
+            _cluster = WarmCluster(head)
+        return _cluster
+
+
+def up(head: HeadNode, name: str, flags: list[str]) -> None:
+    argv = [sys.executable, "-m", "cluster.cli", "up", *flags, "--name", name, "--idle-timeout", "1d",
+            "--address", head.gcs_address]  # fmt: skip
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env=head.client_env(), timeout=600, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"`rayeval up` for the tests' pool {name} failed:\n{done.stderr[-3000:]}")
+
+
+def shared_pids() -> set[int]:
+    """Every process of the shared cluster (its raylets, pools' engines and their cores): tests that look for
+    their own engine processes by name leave these out."""
+    import psutil
+
+    with _lock:
+        if _cluster is None:
+            return set()
+        try:
+            return {p.pid for p in psutil.Process(_cluster.head.process.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            return set()
+
+
+def stop_warm_cluster() -> None:
+    global _cluster
+    with _lock:
+        if _cluster is not None:
+            _cluster.head.stop()
+            _cluster = None
