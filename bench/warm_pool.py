@@ -1,0 +1,138 @@
+"""Warm pools: a run on engines that are already up, against the same run starting its own engines, and
+against a `vllm serve` that is already up with a 64-thread client, in paired turns on one `ray start` cluster.
+
+    python bench/warm_pool.py --out bench/results/warm-pool.jsonl                  # both workloads, 2 turns
+    python bench/warm_pool.py --out ... --workloads second-run --repeats 3
+
+Workloads (every side the same prompts, greedy, the same engine settings: the embedded SmolLM2, the dtype
+rayeval resolves on this CPU, max_model_len 2048, max_num_seqs 64, eager, no chunked prefill, 1 GiB KV cache):
+- `second-run`: IFEval's first 20 prompts, 256 tokens (the demo's size). `cold`: `rayeval run --address
+  CLUSTER --no-warm-pools --keep-warm off` (it starts and stops its engine); `warm`: the same command
+  without those flags, on a pool `rayeval up` started before the turns. Each row: the process's wall time
+  from start to exit, and its timeline (`--profile-startup`): when the first result came, when its engines
+  were ready.
+- `serve-up`: IFEval's first 100 prompts, 512 tokens. `warm` as above (scored, files written) against
+  `vllm-serve-up`: the seed tools' 64-thread `openai` client process against a `vllm serve` started and
+  answering before the clock starts (no scoring); each side's wall is its client process's.
+Rows go to --out (JSONL) with the commit, the dtype and whether this CPU computes bfloat16 natively.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.serve_speed import free_port, timed, vllm_serve_side, write_row  # noqa: E402
+
+WORKLOADS = {"second-run": (20, 256), "serve-up": (100, 512)}
+ENGINE = ["--max-model-len", "2048", "--max-num-seqs", "64", "--enforce-eager", "--kv-cache-gib", "1"]
+
+
+class Cluster:
+    """A `ray start --head` cluster of this machine (token auth on, its own temp dir and ports)."""
+
+    def __init__(self) -> None:
+        self.temp = Path(tempfile.mkdtemp(prefix="wp", dir="/tmp"))
+        token = self.temp / "auth_token"
+        token.write_text(secrets.token_hex(32))
+        self.port = free_port()
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+        self.env.pop("RAY_ADDRESS", None)
+        ray = str(Path(sys.executable).parent / "ray")
+        self.process = subprocess.Popen(
+            [ray, "start", "--head", "--block", f"--port={self.port}", "--num-cpus=2", f"--temp-dir={self.temp}",
+             "--include-dashboard=false", "--disable-usage-stats"],
+            env={**self.env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.address = f"127.0.0.1:{self.port}"
+        self.rayeval("pools")  # waits until the cluster answers
+
+    def rayeval(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        address = () if args[0] == "run" and "--address" in args else ("--address", self.address)
+        deadline = time.monotonic() + timeout
+        while True:
+            done = subprocess.run([sys.executable, "-m", "cluster.cli", *args, *address], capture_output=True,
+                                  text=True, env=self.env, check=False)  # fmt: skip
+            if done.returncode == 0 or args[0] != "pools" or time.monotonic() > deadline:
+                return done
+            time.sleep(1)
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def rayeval_side(cluster: Cluster, work: Path, limit: int, max_tokens: int, dtype: str, cold: bool) -> dict:
+    run_id = f"r{time.time_ns()}"
+    own = ["--no-warm-pools", "--keep-warm", "off"] if cold else []
+    command = [sys.executable, "-m", "cluster.cli", "run", "--address", cluster.address, "--tasks", "ifeval",
+               "--limit", str(limit), "--max-tokens", str(max_tokens), "--dtype", dtype, *ENGINE, *own,
+               "--no-progress", "--profile-startup", "--output-dir", str(work), "--run-id", run_id]  # fmt: skip
+    wall, done = timed(command, cluster.env)
+    run = json.loads((work / run_id / "summary.json").read_text())["run"]
+    timeline = run["timeline"]
+    return {"wall_s": wall, "first_result_s": timeline.get("first result"),
+            "engines_ready_s": timeline.get("engines ready"), "engines_source": run["engines_source"],
+            "generation_s": run["generation_s"], "timeline": timeline}  # fmt: skip
+
+
+def main() -> None:
+    from cluster.engines import cpu_has_native_bf16
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True, help="JSONL file the rows are appended to")
+    parser.add_argument("--workloads", default="second-run,serve-up")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="turns; each turn runs every side, order rotated"
+    )
+    args = parser.parse_args()
+    native = cpu_has_native_bf16()
+    dtype = "bfloat16" if native else "float32"  # what `--dtype auto` resolves to on this CPU
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    common = {"dtype": dtype, "cpu_native_bf16": native, "commit": commit.stdout.strip()}
+    cluster = Cluster()
+    try:
+        up = cluster.rayeval("up", "--dtype", dtype, *ENGINE, "--name", "bench")
+        if up.returncode != 0:
+            raise SystemExit(f"rayeval up failed:\n{up.stderr[-3000:]}")
+        for workload in args.workloads.split(","):
+            limit, max_tokens = WORKLOADS[workload]
+            sides = ["cold", "warm"] if workload == "second-run" else ["warm", "vllm-serve-up"]
+            for turn in range(args.repeats):
+                for side in sides[turn % 2 :] + sides[: turn % 2]:
+                    with tempfile.TemporaryDirectory(prefix="warm-pool-") as folder:
+                        if side == "vllm-serve-up":
+                            row = vllm_serve_side(Path(folder), limit, max_tokens, dtype=dtype)
+                            row["wall_s"] = row.pop("client_s")
+                        else:
+                            row = rayeval_side(
+                                cluster, Path(folder), limit, max_tokens, dtype, cold=side == "cold"
+                            )
+                    row = {"workload": workload, "side": side, "turn": turn, "limit": limit,
+                           "max_tokens": max_tokens, **row, **common}  # fmt: skip
+                    write_row(args.out, row)
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
