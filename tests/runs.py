@@ -65,10 +65,10 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start_in_background(argv: list[str]) -> subprocess.Popen[str]:
+def start_in_background(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=_default_sigint)  # fmt: skip
+                            preexec_fn=_default_sigint, env=env)  # fmt: skip
 
 
 def wait_for_records(proc: subprocess.Popen[str], store: Path, count: int) -> None:

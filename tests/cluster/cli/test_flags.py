@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.cli import build_parser
-from cluster.cli.flags import config_flags, overrides
+from cluster.cli.flags import PARSED_BY_THE_FIELD, config_flags, overrides
 from cluster.config import RunConfig, RunMode, build_config
 
 
@@ -33,9 +33,12 @@ def test_each_flag_sets_the_field_it_names():
         if spec.consts or "bool" in str(kind) or "list" in str(kind) or "Literal" in str(kind):
             continue
         number = "int" in str(kind) or "float" in str(kind)
+        as_written = spec.metavar in PARSED_BY_THE_FIELD  # a duration's text, for the field to read
         args = parser.parse_args(["run", spec.flag, "7" if number else "x"])
-        expected = 7 if number else ["x"] if spec.dest == "tasks" else "x"
+        expected = "7" if as_written else 7 if number else ["x"] if spec.dest == "tasks" else "x"
         assert overrides(args) == {spec.dest: expected}, spec.flag
+        if as_written:
+            assert build_config({}, overrides(args), "flags").cluster.keep_warm_s == 7.0
 
 
 def test_the_mode_flags_set_the_mode_and_exclude_each_other(capsys):

@@ -48,6 +48,8 @@ from tests.judge_api_standin import JudgeApiStandin, Outage, Served, dealt, mess
 
 KEY_ENV = "RAYEVAL_TEST_JUDGE_KEY"
 SAMPLING = SamplingSpec(temperature=0.0, max_tokens=64)
+# a group's samples are requests of their own only when sampled: greedy ones are one draw, one request
+SAMPLED = SamplingSpec(temperature=0.7, max_tokens=64)
 
 
 def chat(question: int) -> list[dict[str, str]]:
@@ -62,12 +64,12 @@ def verdict(messages: list[dict]) -> str:
 
 
 def groups_of(messages: list[list[dict[str, str]]], sizes: list[int]) -> list[PromptGroup]:
-    """One group per conversation with `size` samples each, as the judging stage builds them."""
+    """One group per conversation with `size` sampled requests each."""
     groups = []
     for conversation, size in zip(messages, sizes, strict=True):
         prompt = json.dumps(conversation)
         requests = [
-            make_request("judge", prompt, SAMPLING, seed=i, sample_index=i, kind="chat") for i in range(size)
+            make_request("judge", prompt, SAMPLED, seed=i, sample_index=i, kind="chat") for i in range(size)
         ]
         groups.append(build_group(prompt, requests))
     return groups

@@ -1,6 +1,7 @@
 """Warm pools on a real `ray start --head` cluster (token auth on, 2 CPUs) with real engines of the embedded
 model: `rayeval up` starts one, runs with its engine settings generate on it without starting an engine and
-answer as a cold run does (float32 greedy, against the shared base run), two runs at once share it, a run
+answer as a cold run does (float32 greedy, against the shared base run), two runs at once share it (and a
+third, killed mid-way, leaves it healthy), a run
 with other settings is not served by it (and a dry run says why), a pool replica killed between runs is
 replaced by the next run, `--keep-warm` leaves a run's engines up for their idle time, and `down` stops a
 pool. The pool's replica starts once for the whole module; the kept-warm run and the replacement start one
@@ -20,7 +21,15 @@ from pathlib import Path
 import pytest
 
 from tests.ray_head import HeadNode, start_head
-from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, MODEL_DIR, rayeval, records
+from tests.runs import (
+    BASE_IFEVAL_ARGS,
+    BASE_IFEVAL_LIMIT,
+    MODEL_DIR,
+    rayeval,
+    records,
+    start_in_background,
+    wait_for_records,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -96,33 +105,20 @@ def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
     assert row[0] == POOL and row[3] == "1" and int(row[6]) == 2 * BASE_IFEVAL_LIMIT and row[7] == "-"
 
 
-def test_two_runs_at_once_share_the_pool_and_neither_waits_for_the_other(pool: HeadNode, tmp_path):
+def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_healthy(
+    pool: HeadNode, tmp_path
+):
+    """Three runs start together on the one-replica pool; the third is SIGKILLed once it has results. The
+    other two finish with every sample once, their generation overlapping (neither waited for the other), and
+    the pool serves the tests after this one."""
     head = pool
     argv = ["run", "--tasks", "ifeval", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
-            "--no-progress", "--max-tokens", "32", "--address", head.gcs_address, "--output-dir", str(tmp_path)]  # fmt: skip
-    runs = {
-        run_id: subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cluster.cli",
-                *argv,
-                "--run-id",
-                run_id,
-                "--limit",
-                "16",
-                "--temperature",
-                "0.7",
-                "--seed",
-                seed,
-            ],
-            env=head.client_env(),
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
-        for run_id, seed in (("side-a", "1"), ("side-b", "2"))
-    }
+            "--no-progress", "--max-tokens", "32", "--address", head.gcs_address, "--output-dir", str(tmp_path),
+            "--limit", "16", "--temperature", "0.7"]  # fmt: skip
+    runs = {run_id: start_in_background([*argv, "--run-id", run_id, "--seed", seed], env=head.client_env())
+            for run_id, seed in (("side-a", "1"), ("side-b", "2"), ("killed", "3"))}  # fmt: skip
+    wait_for_records(runs["killed"], tmp_path / "killed" / "cache" / "completions.jsonl", 2)
+    os.killpg(runs.pop("killed").pid, signal.SIGKILL)
     for run_id, process in runs.items():
         _, err = process.communicate(timeout=600)
         assert process.returncode == 0, err[-3000:]
