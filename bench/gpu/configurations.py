@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from bench.gpu.placement import SidePlace, place_sides, side_env, visible_gpus
 from bench.gpu.rows import as_one_turn, dispatch_timeline, paired_row, repeated, result_row, throughput
-from bench.gpu.settings import A_REPEATS, DEADLINE, GPU_MEMORY, SAFE_ENV, SMOKE, WORK, config_command
+from bench.gpu.settings import A_DTYPE, A_REPEATS, DEADLINE, GPU_MEMORY, SAFE_ENV, SMOKE, WORK, config_command
 from bench.gpu.workloads import (
     A_MAX_MODEL_LEN,
     A_OUTPUT_TOKENS,
@@ -241,6 +241,7 @@ def run_rayeval_vs_vllm() -> dict:
     return paired_row(
         "rayeval-1-vs-vllm", turns,
         engine_start_s={side: round(t[0]["engine_start_s"], 1) for side, t in turns.items()},
+        dtype=A_DTYPE,
         gpus_visible=len(gpus),
         gpus={role: place.gpu for role, place in places.items()},
         gpu_memory_utilization={role: place.gpu_memory_utilization for role, place in places.items()},
@@ -269,6 +270,7 @@ def run_vllm_scaling_paired() -> dict:
     turns = _take_turns({role: ("vllm-turns", place) for role, place in places.items()}, play)
     return paired_row(
         "vllm-2-vs-1", turns,
+        dtype=A_DTYPE,
         alone_on_gpu=[t["gpu"] for t in turns["vllm-1"]],
         each_gpu_s=[t["each_s"] for t in turns["vllm-2"]],
     )  # fmt: skip
@@ -294,6 +296,7 @@ def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], 
     return paired_row(
         name, turns,
         engine_start_s=round(max(e.start_s for e in runner.stats.engines), 1),
+        dtype=runner.stats.engines[0].dtype,
         alone_on=[f"replica-{k % 2}" for k in range(len(turns[sides[0]]))],
         engine_core_cpus=[list(e.engine_core_cpus) for e in runner.stats.engines],
         dispatch_per_turn={side: [t["dispatch"] for t in side_turns] for side, side_turns in turns.items()},
@@ -420,7 +423,7 @@ def run_asyncllm() -> dict:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    args = AsyncEngineArgs(model=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
+    args = AsyncEngineArgs(model=str(RANDOM_MODEL), dtype=A_DTYPE, max_model_len=A_MAX_MODEL_LEN,
                            max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, enforce_eager=SMOKE,
                            gpu_memory_utilization=GPU_MEMORY, disable_log_stats=True)  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=A_OUTPUT_TOKENS, ignore_eos=True,
@@ -516,6 +519,7 @@ def run_ifeval(replicas: int, name: str, engine_stats: bool = False) -> dict:
         failed=result.requests_failed,
         prompt_level_strict_acc=round(strict.mean, 4),
         engine_core_cpus=[list(e.engine_core_cpus) for e in result.engines],
+        dtype=result.engines[0].dtype,
         **dispatch_timeline(result.dispatch),
     )
     return row
