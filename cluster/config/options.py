@@ -124,7 +124,7 @@ class ModelOptions(Strict):
         ge=1,
         description="sequences batched per engine step; the dispatcher keeps at least this many in flight per "
         f"replica (default: {CPU_MAX_NUM_SEQS} on CPU; on GPU what vllm.LLM uses on that card, e.g. 1024 on an "
-        "H100 or H200, 256 on smaller cards)",
+        "H100, H200 or B200, 256 on an A100 or a smaller card)",
         json_schema_extra=cli("--max-num-seqs", "N"),
     )
     max_num_batched_tokens: int | None = Field(

@@ -33,7 +33,7 @@ def test_help_says_which_max_num_seqs_default_applies_on_cpu_and_on_gpu(run_help
     assert (
         "--max-num-seqs N sequences batched per engine step; the dispatcher keeps at least this many in flight "
         f"per replica (default: {CPU_MAX_NUM_SEQS} on CPU; on GPU what vllm.LLM uses on that card, e.g. 1024 "
-        "on an H100 or H200, 256 on smaller cards)"
+        "on an H100, H200 or B200, 256 on an A100 or a smaller card)"
     ) in run_help
 
 
