@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Packs what bench/gpu (python -m bench.gpu) needs on the lent GPU machine (no registry there, 64 MiB per
 # call): vLLM 0.26 and Ray through ../shared/gpu/pack.sh, plus gpu-extras/: the wheels rayeval's IFEval
-# path and the embedded default model need beyond them, and IFEval's 541 prompts
-# (RAYEVAL_IFEVAL_DATA=~/gw/x/gpu-extras/ifeval.jsonl).
+# path and the embedded default model need beyond them, and IFEval's 541 prompts (~/gw/x/gpu-extras/ifeval.jsonl:
+# the bench scripts read it from RAYEVAL_IFEVAL_DATA; `rayeval run` ignores that variable and takes
+# --data-path ifeval=$HOME/gw/x/gpu-extras/ifeval.jsonl).
 # usage, from the project root, after `make setup`: bash bench/gpu_pack.sh   -> .gpu/p0 .. .gpu/pK
 # The upload and the benchmark command are in docs/BENCHMARKS.md ("How to re-run").
 set -euo pipefail

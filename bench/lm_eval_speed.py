@@ -5,8 +5,9 @@
 
 Tasks: the local-data lm-eval tasks of tests/lm_eval_local.py (GSM8K generate_until 0-shot, a GSM8K
 multiple-choice log-likelihood task, GSM8K solutions as loglikelihood_rolling documents), so nothing is
-downloaded. Both sides use the embedded SmolLM2-135M-Instruct, bf16, max_model_len 2048, max_num_seqs 64,
-1 GiB KV cache per engine, compiled (not eager) engines, greedy decoding.
+downloaded. Both sides use the embedded SmolLM2-135M-Instruct in the dtype rayeval resolves `--dtype` to
+(default auto: bfloat16 where the CPU computes it natively, else float32; bench/dtypes.py), max_model_len 2048,
+max_num_seqs 64, 1 GiB KV cache per engine, compiled (not eager) engines, greedy decoding.
 
 Measured per configuration, each in its own process:
 - wall: the whole command, start to exit (`lm_eval ...` vs `rayeval run ...`), what a user waits for;
@@ -35,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.dtypes import dtype_fields, side_dtype  # noqa: E402
 from tests.lm_eval_local import LOCAL_TASKS, lm_eval_vllm_env, write_local_tasks  # noqa: E402
 
 OUT = REPO / "bench" / "out"
@@ -179,6 +181,24 @@ def count_tokens(model: str, texts: list[str]) -> int:
     return sum(len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts)
 
 
+def measure(args: argparse.Namespace, model: str, tasks_dir: Path, work: Path) -> list[dict]:
+    """Every configuration's row, lm-eval dp=1 first; both sides in the dtype rayeval resolves `--dtype` to."""
+    lm_eval_dtype = f",dtype={side_dtype(args.dtype, 'cpu')}"
+    rayeval_dtype = ("--dtype", args.dtype)
+    rows = [
+        run_lm_eval(model, tasks_dir, args.limit, 1, work, timeout=3600, engine_args=lm_eval_dtype),
+        run_rayeval(tasks_dir, args.limit, 1, work, extra=rayeval_dtype),
+        run_rayeval(tasks_dir, args.limit, 2, work, extra=rayeval_dtype),
+    ]
+    if args.batch_sensitivity:
+        rows.append(run_lm_eval(model, tasks_dir, args.limit, 1, work, timeout=3600, max_num_seqs=32,
+                                engine_args=lm_eval_dtype))  # fmt: skip
+    if not args.skip_dp2:
+        rows.append(run_lm_eval(model, tasks_dir, args.limit, 2, work, timeout=args.dp2_timeout,
+                                engine_args=lm_eval_dtype))  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -189,7 +209,10 @@ def main() -> None:
     parser.add_argument(
         "--batch-sensitivity",
         action="store_true",
-        help="also run lm-eval with max_num_seqs=32: how much its own bf16 outputs move with the batch size",
+        help="also run lm-eval with max_num_seqs=32: how much its own outputs move with the batch size",
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="rayeval's --dtype; both sides run in what it resolves to"
     )
     args = parser.parse_args()
 
@@ -201,15 +224,7 @@ def main() -> None:
     tasks_dir = write_local_tasks(
         work / "tasks", SHARED / "data" / "gsm8k" / "test.jsonl", rows=max(args.limit, 200)
     )
-    rows = [
-        run_lm_eval(model, tasks_dir, args.limit, 1, work, timeout=3600),
-        run_rayeval(tasks_dir, args.limit, 1, work),
-        run_rayeval(tasks_dir, args.limit, 2, work),
-    ]
-    if args.batch_sensitivity:
-        rows.append(run_lm_eval(model, tasks_dir, args.limit, 1, work, timeout=3600, max_num_seqs=32))
-    if not args.skip_dp2:
-        rows.append(run_lm_eval(model, tasks_dir, args.limit, 2, work, timeout=args.dp2_timeout))
+    rows = measure(args, model, tasks_dir, work)
     reference = rows[0]
     reference_outputs = reference.get("outputs", {}).get("gsm8k_local")
     for row in rows:
@@ -222,7 +237,8 @@ def main() -> None:
                 row["wall_s"] / reference["wall_s"] if "wall_s" in reference else None
             )
     OUT.mkdir(parents=True, exist_ok=True)
-    record = {"limit": args.limit, "tasks": LOCAL_TASKS, "cpus": os.cpu_count(), "rows": rows}
+    record = {"limit": args.limit, "tasks": LOCAL_TASKS, "cpus": os.cpu_count(), **dtype_fields(args.dtype, "cpu"),
+              "rows": rows}  # fmt: skip
     (OUT / "lm_eval_speed.json").write_text(json.dumps(record, indent=2, default=str))
     print(
         "| config | wall s | engine load s | eval s | gen tokens | tok/s | wall vs lm-eval | same outputs |"

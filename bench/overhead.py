@@ -1,7 +1,8 @@
 """Sharding overhead: rayeval (1 and 2 replicas) against one plain `vllm.LLM.generate` call.
 
 Same 200 prompts (IFEval, chat template applied), same sampling (greedy, fixed max_tokens), same engine
-settings. Each configuration runs in its own process so they do not share an engine or memory.
+settings, in the dtype rayeval's `--dtype auto` resolves to on this CPU (bench/dtypes.py; each result records
+it). Each configuration runs in its own process so they do not share an engine or memory.
 
     python bench/overhead.py                 # all three, prints a Markdown table and writes bench/out/*.json
     python bench/overhead.py --mode vllm     # one configuration only (what the driver calls)
@@ -22,11 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent / "out"
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # bench.dtypes, when run as `python bench/overhead.py`
+OUT = REPO / "bench" / "out"
 PROMPTS = 200
 MAX_TOKENS = 128
 MAX_NUM_SEQS = 64
 MAX_MODEL_LEN = 2048
+DTYPE = "auto"  # rayeval's --dtype; `LLM.generate` gets what rayeval resolves it to
 
 
 def plan_prompts() -> tuple[str, list[str]]:
@@ -47,9 +51,11 @@ def run_vllm() -> dict:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
+    from bench.dtypes import side_dtype
+
     model, prompts = plan_prompts()
     began = time.perf_counter()
-    llm = LLM(model=model, max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, dtype="bfloat16",
+    llm = LLM(model=model, max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, dtype=side_dtype(DTYPE, "cpu"),
               enable_prefix_caching=True)  # fmt: skip
     start_s = time.perf_counter() - began
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, seed=1234)
@@ -57,7 +63,8 @@ def run_vllm() -> dict:
     outputs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - began
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"mode": "vllm", "generation_s": wall, "engine_start_s": start_s, "output_tokens": tokens}
+    return {"mode": "vllm", "generation_s": wall, "engine_start_s": start_s, "output_tokens": tokens,
+            "dtype": side_dtype(DTYPE, "cpu")}  # fmt: skip
 
 
 def run_rayeval(replicas: int) -> dict:
@@ -66,7 +73,7 @@ def run_rayeval(replicas: int) -> dict:
 
     run_id = f"overhead-{replicas}r-{int(time.time())}"
     config = RunConfig(
-        model=ModelOptions(max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS),
+        model=ModelOptions(max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, dtype=DTYPE),
         tasks=[TaskOptions(name="ifeval", limit=PROMPTS)],
         sampling=SamplingOptions(max_tokens=MAX_TOKENS),
         cluster=ClusterOptions(replicas=replicas),
@@ -81,6 +88,7 @@ def run_rayeval(replicas: int) -> dict:
         "output_tokens": result.output_tokens,
         "total_wall_s": result.wall_s,
         "driver_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "dtype": result.engines[0].dtype,
     }
 
 

@@ -50,24 +50,27 @@ class Referee:
     A child that exits early fails the measurement at once, naming its role and exit status."""
 
     def __init__(self, folder: Path, children: dict[str, subprocess.Popen]) -> None:
+        """`children` by role; the caller may add to it until the first turn (sides started one by one)."""
         self.folder = folder
         self.children = children
-        self._turns = dict.fromkeys(children, 0)
+        self._turns: dict[str, int] = {}
 
-    def wait_ready(self) -> None:
-        for role in self.children:
+    def wait_ready(self, roles: list[str] | None = None) -> None:
+        """Wait until the named roles (every child by default) have their engines up."""
+        for role in self.children if roles is None else roles:
             self._wait(self.folder / f"{role}.ready", READY_TIMEOUT_S, f"{role} to start its engine")
 
     def turn(self, instructions: dict[str, dict]) -> dict[str, dict]:
         """Give each named role its instruction at once; each one's result when all have finished."""
         for role, instruction in instructions.items():
-            _write(self.folder / f"{role}.{self._turns[role]}.go", json.dumps(instruction))
+            _write(self.folder / f"{role}.{self._turns.get(role, 0)}.go", json.dumps(instruction))
         results = {}
         for role in instructions:
-            done = self.folder / f"{role}.{self._turns[role]}.done"
-            self._wait(done, TURN_TIMEOUT_S, f"{role}'s turn {self._turns[role]}")
+            number = self._turns.get(role, 0)
+            done = self.folder / f"{role}.{number}.done"
+            self._wait(done, TURN_TIMEOUT_S, f"{role}'s turn {number}")
             results[role] = json.loads(done.read_text())
-            self._turns[role] += 1
+            self._turns[role] = number + 1
         return results
 
     def stop(self) -> None:

@@ -10,14 +10,17 @@ the row of a pair gives rayeval's wall time over the peer's. Comparisons:
 - `lm-eval`: `lm_eval --model vllm` (its `simple_evaluate`, as its CLI calls it; data_parallel_size =
   `--replicas`) against `rayeval run --replicas R` over the same lm-eval task definitions on local data:
   GSM8K mean@4 (`repeats: 4`, generate_until), GSM8K multiple choice (log-likelihood) and lm-eval's IFEval
-  (generation, 256 tokens). Both sides with rayeval's engine settings (bfloat16, max_model_len 2048,
-  max_num_seqs 64; on CPU eager, no chunked prefill, 1 GiB KV cache, bound cores). The row counts, per task, the documents whose prediction (text, or likeliest choice)
+  (generation, 256 tokens). Both sides with rayeval's engine settings (the dtype rayeval resolves `--dtype`
+  to, bench/dtypes.py; max_model_len 2048, max_num_seqs 64; on CPU eager, no chunked prefill, 1 GiB KV cache,
+  bound cores). The row counts, per task, the documents whose prediction (text, or likeliest choice)
   equals the other side's.
 - `seed-tools`: `vllm serve` plus 64 threads of the `openai` client over IFEval's first `--limit` chat
   prompts, scored with rayeval's IFEval scorer in the client's process (the wall: server start + client),
   against `rayeval run --tasks ifeval`; rayeval's CPU engine settings on both (eager, no chunked prefill).
 - `ray-data`: Ray Data LLM (`ray.data.llm.build_processor` over a `vLLMEngineProcessorConfig`, concurrency =
   `--replicas`) over the same chat prompts (no scoring, no store), against `rayeval run --tasks ifeval`.
+Every side runs in the dtype rayeval resolves `--dtype` to (default auto: on CPU bfloat16 where the CPU computes
+it natively, else float32); each row records it and the CPU.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.dtypes import check_engine_dtype, dtype_fields, side_dtype  # noqa: E402
 from bench.lm_eval_speed import run_lm_eval, run_rayeval  # noqa: E402
 from bench.paired import abba, pair_ratios  # noqa: E402
 from bench.serve_speed import (  # noqa: E402
@@ -56,8 +60,8 @@ if __name__ == "__main__":
     import ray
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
     model, conversations, max_tokens, replicas, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    env = json.loads(sys.argv[6])
-    engine = dict(dtype="bfloat16", max_model_len=2048, max_num_seqs=64)
+    env, dtype = json.loads(sys.argv[6]), sys.argv[7]
+    engine = dict(dtype=dtype, max_model_len=2048, max_num_seqs=64)
     extra = {}
     if device == "cpu":  # no GPU asked for: one CPU bundle per engine, rayeval's CPU engine settings
         engine |= dict(enforce_eager=True, enable_chunked_prefill=False, max_num_batched_tokens=2048,
@@ -89,11 +93,12 @@ def rayeval_ifeval(args: argparse.Namespace, work: Path) -> dict:
     command = [sys.executable, "-m", "cluster.cli", "run", "--tasks", "ifeval", "--limit", str(args.limit),
                "--max-tokens", str(args.max_tokens), "--replicas", str(args.replicas), "--no-progress",
                "--output-dir", str(work), "--run-id", run_id, "--max-model-len", "2048", "--max-num-seqs", "64",
-               *(["--model", args.model] if args.model else []),
+               "--dtype", args.dtype, *(["--model", args.model] if args.model else []),
                *(["--data-path", IFEVAL_DATA] if IFEVAL_DATA else [])]  # fmt: skip
     wall, _ = timed(command)
     run_dir = work / run_id
     run = json.loads((run_dir / "summary.json").read_text())["run"]
+    check_engine_dtype(run, args.engine_dtype)
     tokens = output_tokens(run_dir)
     results = json.loads((run_dir / "results.json").read_text())["results"]["ifeval"]
     return {"wall_s": wall, "generation_s": run["generation_s"], "output_tokens": tokens,
@@ -101,7 +106,9 @@ def rayeval_ifeval(args: argparse.Namespace, work: Path) -> dict:
 
 
 def seed_tools(args: argparse.Namespace, work: Path) -> dict:
-    return vllm_serve_side(work, args.limit, args.max_tokens, args.model, device=args.device, score=True)
+    return vllm_serve_side(
+        work, args.limit, args.max_tokens, args.model, args.engine_dtype, args.device, score=True
+    )
 
 
 def ray_data(args: argparse.Namespace, work: Path) -> dict:
@@ -111,7 +118,7 @@ def ray_data(args: argparse.Namespace, work: Path) -> dict:
     conversations.write_text(json.dumps(chat_messages(args.limit)))
     env = {"HF_HUB_OFFLINE": "1", **(cpu_engine_env() if args.device == "cpu" else {})}
     command = [sys.executable, "-c", RAY_DATA, resolve_model(args.model).path, str(conversations),
-               str(args.max_tokens), str(args.replicas), args.device, json.dumps(env)]  # fmt: skip
+               str(args.max_tokens), str(args.replicas), args.device, json.dumps(env), args.engine_dtype]  # fmt: skip
     wall, done = timed(command, env)
     return {"wall_s": wall, "execute_s": round(float(printed(done.stdout, "EXECUTE_S")), 2),
             "output_tokens": int(printed(done.stdout, "TOKENS")), "rows": int(printed(done.stdout, "ROWS"))}  # fmt: skip
@@ -120,7 +127,7 @@ def ray_data(args: argparse.Namespace, work: Path) -> dict:
 def lm_eval_peer(args: argparse.Namespace, work: Path) -> dict:
     from cluster.models import resolve_model
 
-    engine = ",dtype=bfloat16"
+    engine = f",dtype={args.engine_dtype}"
     if (
         args.device == "cpu"
     ):  # rayeval's CPU engine settings, and its core binding (lm-eval passes os.environ on)
@@ -132,7 +139,7 @@ def lm_eval_peer(args: argparse.Namespace, work: Path) -> dict:
 
 
 def rayeval_lm_eval(args: argparse.Namespace, work: Path) -> dict:
-    extra = ["--model", args.model] if args.model else []
+    extra = ["--dtype", args.dtype, *(["--model", args.model] if args.model else [])]
     return _lm_eval_row(
         run_rayeval(args.tasks_dir, args.limit, args.replicas, work, args.lm_eval_tasks, extra)
     )
@@ -207,11 +214,15 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     parser.add_argument(
+        "--dtype", default="auto", help="rayeval's --dtype; every side runs in what it resolves to"
+    )
+    parser.add_argument(
         "--lm-eval-tasks", default=",".join(LM_EVAL_TASKS), help="the lm-eval comparison's tasks"
     )
     parser.add_argument("--gsm8k", type=Path, default=SHARED_GSM8K, help="GSM8K's test split (JSONL)")
     args = parser.parse_args()
     args.lm_eval_tasks = tuple(args.lm_eval_tasks.split(","))
+    args.engine_dtype = side_dtype(args.dtype, args.device)
     from tests.lm_eval_local import write_local_tasks
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -221,7 +232,7 @@ def main() -> None:
         for name in args.comparisons.split(","):
             row = compare(name, args, work)
             row |= {"limit": args.limit, "max_tokens": args.max_tokens, "replicas": args.replicas,
-                    "device": args.device}  # fmt: skip
+                    "device": args.device, **dtype_fields(args.dtype, args.device)}  # fmt: skip
             write_row(args.out, row)
 
 

@@ -3,7 +3,8 @@
     python bench/serve_speed.py --out bench/results/serve-speed.jsonl            # CPU, 100 IFEval prompts
     python bench/serve_speed.py --out $OUT/serve.jsonl --device gpu --model PATH --limit 500
 
-Sides, one engine replica each, greedy, the model's chat template:
+Sides, one engine replica each, greedy, the model's chat template, every one in the dtype rayeval resolves
+`--dtype` to (default auto; bench/dtypes.py), recorded in each row with the CPU:
 - `local`: `rayeval run` on its own replica (engine started by the run);
 - `serve`: `rayeval run --model openai:NAME` against `rayeval serve` (Ray Serve's LLM app) started first;
 - `vllm-serve`: plain `vllm serve` with the seed tools' client, 64 threads of the `openai` client sending the
@@ -33,6 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.dtypes import check_engine_dtype, dtype_fields, side_dtype  # noqa: E402
 
 NAME = "served"
 IFEVAL_DATA = os.environ.get(
@@ -67,16 +70,19 @@ def output_tokens(run_dir: Path) -> int:
     return sum(json.loads(line)["output_tokens"] for line in samples.read_text().splitlines() if line.strip())
 
 
-def timed_run(command: list[str], run_dir: Path) -> dict:
+def timed_run(command: list[str], run_dir: Path, dtype: str) -> dict:
+    """A `rayeval run` timed from start to exit; its engines (where it has its own) checked to run in `dtype`."""
     wall, _ = timed(command)
     tokens = output_tokens(run_dir)
     run = json.loads((run_dir / "summary.json").read_text())["run"]
+    check_engine_dtype(run, dtype)
     return {"wall_s": wall, "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
             "generation_s": run["generation_s"], "timeline": run.get("timeline")}  # fmt: skip
 
 
 def side_local(args: argparse.Namespace, work: Path) -> dict:
-    return timed_run(rayeval_cmd("run", *engine_flags(args), *run_flags(args, work, "local")), work / "local")
+    command = rayeval_cmd("run", *engine_flags(args), *run_flags(args, work, "local"))
+    return timed_run(command, work / "local", args.engine_dtype)
 
 
 def wait_for_api(url: str, server: subprocess.Popen, timeout_s: float = 900) -> None:
@@ -127,7 +133,7 @@ def side_serve(args: argparse.Namespace, work: Path) -> dict:
     server, start_s = start_server(serve, url, ready_line=f"serving {NAME} ")
     try:
         run = ["run", "--model", f"openai:{NAME}", "--base-url", url, *run_flags(args, work, "serve")]
-        return {"server_start_s": start_s, **timed_run(rayeval_cmd(*run), work / "serve")}
+        return {"server_start_s": start_s, **timed_run(rayeval_cmd(*run), work / "serve", args.engine_dtype)}
     finally:
         stop_server(server)
 
@@ -215,13 +221,14 @@ def vllm_serve_command(model: str | None, dtype: str, device: str) -> tuple[str,
 
 
 def vllm_serve_side(
-    work: Path, limit: int, max_tokens: int, model: str | None = None, dtype: str = "bfloat16",
+    work: Path, limit: int, max_tokens: int, model: str | None = None, dtype: str | None = None,
     device: str = "cpu", score: bool = False,
 ) -> dict:  # fmt: skip
     """`vllm serve` and the seed tools' client: a process of 64 threads of the `openai` client over IFEval's
     first `limit` chat prompts (scored by rayeval's IFEval scorer in that process when `score`). `client_s`:
-    the client's process from start to exit; `wall_s`: the server's start plus that."""
-    url, command, env = vllm_serve_command(model, dtype, device)
+    the client's process from start to exit; `wall_s`: the server's start plus that. `dtype`: by default what
+    rayeval's `--dtype auto` resolves to on the device."""
+    url, command, env = vllm_serve_command(model, dtype or side_dtype("auto", device), device)
     conversations = work / "conversations.json"
     conversations.write_text(json.dumps(chat_messages(limit)))
     server, start_s = start_server(command, url, env)
@@ -240,7 +247,7 @@ def vllm_serve_side(
 
 def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
     """The client's wall time (the server's start apart), as the other sides' rows give theirs."""
-    row = vllm_serve_side(work, args.limit, args.max_tokens, args.model, args.dtype, args.device)
+    row = vllm_serve_side(work, args.limit, args.max_tokens, args.model, args.engine_dtype, args.device)
     client_s = row.pop("client_s")
     return row | {"wall_s": client_s, "tokens_per_s": round(row["output_tokens"] / client_s, 1)}
 
@@ -248,11 +255,14 @@ def side_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
 def side_rayeval_on_vllm_serve(args: argparse.Namespace, work: Path) -> dict:
     """`rayeval run --model openai:NAME` against plain `vllm serve`: rayeval's endpoint client on the seed
     tools' server, where Ray Serve cannot run (the GPU machine lacks its HTTP stack)."""
-    url, command, env = vllm_serve_command(args.model, args.dtype, args.device)
+    url, command, env = vllm_serve_command(args.model, args.engine_dtype, args.device)
     server, start_s = start_server(command, url, env)
     try:
         run = ["run", "--model", f"openai:{NAME}", "--base-url", url, *run_flags(args, work, "on-vllm-serve")]
-        return {"server_start_s": start_s, **timed_run(rayeval_cmd(*run), work / "on-vllm-serve")}
+        return {
+            "server_start_s": start_s,
+            **timed_run(rayeval_cmd(*run), work / "on-vllm-serve", args.engine_dtype),
+        }
     finally:
         stop_server(server)
 
@@ -270,9 +280,12 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2)")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument(
+        "--dtype", default="auto", help="rayeval's --dtype; every side runs in what it resolves to"
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     args = parser.parse_args()
+    args.engine_dtype = side_dtype(args.dtype, args.device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for side in args.sides.split(","):
         with tempfile.TemporaryDirectory(prefix="serve-speed-") as folder:  # a side named twice runs anew
@@ -280,7 +293,7 @@ def main() -> None:
             row |= {
                 "limit": args.limit,
                 "max_tokens": args.max_tokens,
-                "dtype": args.dtype,
+                **dtype_fields(args.dtype, args.device),
                 "device": args.device,
             }
             write_row(args.out, row)

@@ -21,6 +21,7 @@ from evaluators.passk import PassAtKTable, pass_at_k_table
 from evaluators.records import SampleRecord
 from evaluators.stats import MetricSummary, ScoredItem, summarize
 from evaluators.tasks.base import Task
+from evaluators.tokens import TokenCounts
 
 # Where a task reports both: which interval is the one to quote, and why.
 HEADLINE_INTERVAL = (
@@ -53,6 +54,7 @@ class TaskSummary:
     statistics: list[TaskStatistic] = field(default_factory=list)  # judged tasks: LC win rate, bootstrap CIs
     adaptive: AdaptiveReport | None = None  # adaptive N: samples per question, rounds, why it stopped
     one_draw: str | None = None  # greedy decoding with N > 1 asked: why the samples are one draw (N = 1)
+    tokens: TokenCounts | None = None  # its records' prompt and output tokens (evaluators.tokens)
 
 
 def summarize_task(
@@ -275,7 +277,8 @@ def _fmt(value: float, digits: int) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-def render_table(summaries: list[TaskSummary]) -> str:
+def render_table(summaries: list[TaskSummary], footer: str | None = None) -> str:
+    """The results table, and `footer` (the run's tokens) as its last line."""
     from rich.console import Console
     from rich.table import Table
 
@@ -321,4 +324,5 @@ def render_table(summaries: list[TaskSummary]) -> str:
             )
     console = Console(width=140, record=True, file=io.StringIO())
     console.print(table)
-    return console.export_text()
+    text = console.export_text()
+    return text if footer is None else f"{text}{footer}\n"

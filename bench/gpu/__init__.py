@@ -38,8 +38,14 @@ The `-vs-` configurations compare two ways of generating in turns on engines tha
 on these hosts a vCPU's speed drifts by up to 2x within seconds, so configurations run minutes apart differ
 by the host as much as by what they do; pairs of turns seconds apart, in ABBA order, give a ratio per pair.
 
+`rayeval-1-vs-vllm` runs on one GPU as on several: with two or more visible (CUDA_VISIBLE_DEVICES, else
+`nvidia-smi -L`) each side has a GPU of its own, on one the sides share it with half its memory each, started
+one after the other; the row's `gpus` and `gpu_memory_utilization` say which. `vllm-2` and `vllm-2-vs-1`
+compare one GPU with two and refuse fewer.
+
 The modules, by job: `settings` (the environment variables every process reads, and how the driver starts a
-configuration's process), `workloads` (the random model, A's prompts and requests, B's run configuration),
+configuration's process), `placement` (the GPU and memory share of each side of a paired configuration),
+`workloads` (the random model, A's prompts and requests, B's run configuration),
 `configurations` (what each `--config NAME` runs), `rows` (the JSON row each configuration prints),
 `samplers` (CPU and GPU use sampled by the driver while a configuration runs) and `driver` (the command line,
 the child processes, the call's time budget, the ratios and the files written).

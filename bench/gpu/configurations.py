@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from bench.gpu.placement import SidePlace, place_sides, side_env, visible_gpus
 from bench.gpu.rows import as_one_turn, dispatch_timeline, paired_row, repeated, result_row, throughput
-from bench.gpu.settings import A_REPEATS, DEADLINE, SAFE_ENV, SMOKE, WORK, config_command
+from bench.gpu.settings import A_DTYPE, A_REPEATS, DEADLINE, GPU_MEMORY, SAFE_ENV, SMOKE, WORK, config_command
 from bench.gpu.workloads import (
     A_MAX_MODEL_LEN,
     A_OUTPUT_TOKENS,
@@ -102,10 +103,11 @@ def run_vllm_data_parallel() -> dict:
 
     shutil.rmtree(WORK / "barrier", ignore_errors=True)
     env = {**os.environ, **SAFE_ENV}
+    places = place_sides(["shard-0", "shard-1"], _two_gpus("vllm-2"))
     children = [
         subprocess.Popen(
             config_command(f"vllm-shard-{i}"),
-            env={**env, "CUDA_VISIBLE_DEVICES": str(i)} if not SMOKE else env,
+            env={**env, **side_env(places[f"shard-{i}"])},
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -131,36 +133,48 @@ def run_vllm_data_parallel() -> dict:
     return row
 
 
+def _two_gpus(name: str) -> list[str]:
+    """The visible GPUs, for a configuration that compares one GPU with two: refused on fewer than two."""
+    gpus = visible_gpus()
+    if len(gpus) < 2 and not SMOKE:
+        raise RuntimeError(f"{name} compares one GPU with two, and this machine shows {len(gpus)}: {gpus}")
+    return gpus
+
+
 # Paired configurations (bench/paired.py): both sides' engines start once, then `--repeats` pairs of turns
 # (fewer if the configuration's share of `--budget-s` runs out first: `pairs` in the row) in ABBA order, fresh
 # prompts each turn; each pair gives one ratio (its median and range in the row).
-# rayeval-1-vs-vllm: `LLM.generate` on GPU 1 against one rayeval replica on GPU 0 (two processes).
+# rayeval-1-vs-vllm: `LLM.generate` against one rayeval replica (two processes): each on a GPU of its own where
+# two are visible, else both on the one GPU with half its memory each, started one after the other
+# (bench.gpu.placement); the row says where (`gpus`, `gpu_memory_utilization`).
 # rayeval-2-vs-1: one rayeval pool of 2 replicas; each pair, one pass on one replica (which one alternates)
 # and one on both; ifeval-2-vs-1 the same on workload B's requests. vllm-2-vs-1: two `LLM` processes, one per
 # GPU; each pair, one of them alone on all the prompts (which one alternates) and both at once on half each.
 TURNS = WORK / "turns"
 
 
-def _take_turns(sides: dict[str, tuple[str, str]], play: Callable[[Referee], dict]) -> dict:
-    """Start one `--config` process per role (role: (config, GPU index)), let `play` hand out the turns once
-    every engine is up, and stop them. Each child's stdout goes to TURNS/<role>.out, its stderr to ours."""
+def _take_turns(sides: dict[str, tuple[str, SidePlace]], play: Callable[[Referee], dict]) -> dict:
+    """Start one `--config` process per role (role: (config, its place)), let `play` hand out the turns once
+    every engine is up, and stop them. A side whose GPU holds another side's engine starts once that engine is
+    up (bench.gpu.placement). Each child's stdout goes to TURNS/<role>.out, its stderr to ours."""
     import shutil
 
     from bench.paired import Referee
 
     shutil.rmtree(TURNS, ignore_errors=True)
     TURNS.mkdir(parents=True)
-    children = {}
-    for role, (config, gpu) in sides.items():
-        env = {**os.environ, **SAFE_ENV, "RAYEVAL_TURN_ROLE": role}
-        if not SMOKE:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
-        with (TURNS / f"{role}.out").open("w") as stdout:
-            children[role] = subprocess.Popen(  # own process group: a kill reaches its engine processes too
-                config_command(config), env=env, stdout=stdout, start_new_session=True
-            )
+    children: dict[str, subprocess.Popen] = {}
     referee = Referee(TURNS, children)
     try:
+        for role, (config, place) in sides.items():
+            referee.wait_ready([r for r in children if sides[r][1].gpu == place.gpu])
+            env = {**os.environ, **SAFE_ENV, **side_env(place), "RAYEVAL_TURN_ROLE": role}
+            with (TURNS / f"{role}.out").open("w") as stdout:
+                children[role] = (
+                    subprocess.Popen(  # own process group: a kill reaches its engine processes too
+                        config_command(config), env=env, stdout=stdout, start_new_session=True
+                    )
+                )
         referee.wait_ready()
         played = play(referee)
         referee.stop()
@@ -221,11 +235,16 @@ def run_rayeval_vs_vllm() -> dict:
                 turns[role].append(referee.turn({role: {"seed": k, "shard": 0, "shards": 1}})[role])
         return turns
 
-    turns = _take_turns({"vllm": ("vllm-turns", "1"), "rayeval-1": ("rayeval-1-turns", "0")}, play)
+    gpus = visible_gpus()
+    places = place_sides(["rayeval-1", "vllm"], gpus)
+    turns = _take_turns({role: (f"{role}-turns", places[role]) for role in ("vllm", "rayeval-1")}, play)
     return paired_row(
         "rayeval-1-vs-vllm", turns,
         engine_start_s={side: round(t[0]["engine_start_s"], 1) for side, t in turns.items()},
-        gpus={"vllm": 1, "rayeval-1": 0},
+        dtype=A_DTYPE,
+        gpus_visible=len(gpus),
+        gpus={role: place.gpu for role, place in places.items()},
+        gpu_memory_utilization={role: place.gpu_memory_utilization for role, place in places.items()},
         engine_core_cpus=turns["rayeval-1"][0]["engine_core_cpus"],
         dispatch_per_turn=[t["dispatch"] for t in turns["rayeval-1"]],
     )  # fmt: skip
@@ -247,9 +266,11 @@ def run_vllm_scaling_paired() -> dict:
                     turns["vllm-2"].append(as_one_turn(list(referee.turn(orders).values())))
         return turns
 
-    turns = _take_turns({f"gpu{i}": ("vllm-turns", str(i)) for i in range(2)}, play)
+    places = place_sides(["gpu0", "gpu1"], _two_gpus("vllm-2-vs-1"))
+    turns = _take_turns({role: ("vllm-turns", place) for role, place in places.items()}, play)
     return paired_row(
         "vllm-2-vs-1", turns,
+        dtype=A_DTYPE,
         alone_on_gpu=[t["gpu"] for t in turns["vllm-1"]],
         each_gpu_s=[t["each_s"] for t in turns["vllm-2"]],
     )  # fmt: skip
@@ -275,6 +296,7 @@ def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], 
     return paired_row(
         name, turns,
         engine_start_s=round(max(e.start_s for e in runner.stats.engines), 1),
+        dtype=runner.stats.engines[0].dtype,
         alone_on=[f"replica-{k % 2}" for k in range(len(turns[sides[0]]))],
         engine_core_cpus=[list(e.engine_core_cpus) for e in runner.stats.engines],
         dispatch_per_turn={side: [t["dispatch"] for t in side_turns] for side, side_turns in turns.items()},
@@ -401,9 +423,9 @@ def run_asyncllm() -> dict:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    args = AsyncEngineArgs(model=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
+    args = AsyncEngineArgs(model=str(RANDOM_MODEL), dtype=A_DTYPE, max_model_len=A_MAX_MODEL_LEN,
                            max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, enforce_eager=SMOKE,
-                           gpu_memory_utilization=0.3 if SMOKE else 0.9, disable_log_stats=True)  # fmt: skip
+                           gpu_memory_utilization=GPU_MEMORY, disable_log_stats=True)  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=A_OUTPUT_TOKENS, ignore_eos=True,
                             output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
 
@@ -497,6 +519,7 @@ def run_ifeval(replicas: int, name: str, engine_stats: bool = False) -> dict:
         failed=result.requests_failed,
         prompt_level_strict_acc=round(strict.mean, 4),
         engine_core_cpus=[list(e.engine_core_cpus) for e in result.engines],
+        dtype=result.engines[0].dtype,
         **dispatch_timeline(result.dispatch),
     )
     return row

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from bench.gpu.settings import A_REPEATS
+from bench.gpu.settings import A_DTYPE, A_REPEATS
 
 if TYPE_CHECKING:
     from sharding.dispatcher import DispatchStats
@@ -23,6 +23,7 @@ def throughput(name: str, seconds: float, tokens: int, requests: int, start_s: f
         "requests": requests,
         "output_tok_per_s": round(tokens / seconds, 1),
         "engine_start_s": round(start_s, 1),
+        "dtype": A_DTYPE,  # workload B's rows replace it with what their engines ran in
     }
 
 

@@ -22,6 +22,13 @@ A_REPEATS = int(os.environ.get("RAYEVAL_BENCH_REPEATS", "1"))
 # child reads here; a paired configuration then takes fewer than `--repeats` pairs rather than be cut off with
 # none (a call's `timeout` would otherwise kill a pair half way), and the driver stops what overruns the call.
 DEADLINE = float(os.environ["RAYEVAL_BENCH_DEADLINE"]) if "RAYEVAL_BENCH_DEADLINE" in os.environ else None
+# Workload A's dtype on every side (`vllm.LLM`, AsyncLLM and rayeval alike), recorded in each row; workload B
+# runs rayeval's `auto`, and its rows record what its engines resolved that to.
+A_DTYPE = "bfloat16"
+# The share of its GPU's memory one engine may take (vLLM's gpu_memory_utilization), for `vllm.LLM` and
+# rayeval alike; the sides of a paired configuration that share a GPU each get their part of it through this
+# variable (bench.gpu.placement).
+GPU_MEMORY = float(os.environ.get("RAYEVAL_BENCH_GPU_MEMORY", "0.3" if SMOKE else "0.9"))
 # Keep NVLink multicast off on shared hosts (the lent machine's rule), also in every child process.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 

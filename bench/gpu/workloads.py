@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.gpu.settings import DEVICE, SMOKE, WORK
+from bench.gpu.settings import A_DTYPE, DEVICE, GPU_MEMORY, SMOKE, WORK
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -75,8 +75,8 @@ def a_llm() -> LLM:
     """Workload A's `vllm.LLM` on the random model, with the engine settings rayeval's plan gets too."""
     from vllm import LLM
 
-    return LLM(model=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
-               max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, gpu_memory_utilization=0.3 if SMOKE else 0.9,
+    return LLM(model=str(RANDOM_MODEL), dtype=A_DTYPE, max_model_len=A_MAX_MODEL_LEN,
+               max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=True, gpu_memory_utilization=GPU_MEMORY,
                enforce_eager=SMOKE)  # fmt: skip
 
 
@@ -86,9 +86,9 @@ def rayeval_a_plan(replicas: int, tp: int, pin_engine_core: bool = True) -> RunP
     from cluster.plan import build_model_plan
 
     config = RunConfig(
-        model=ModelOptions(path=str(RANDOM_MODEL), dtype="bfloat16", max_model_len=A_MAX_MODEL_LEN,
+        model=ModelOptions(path=str(RANDOM_MODEL), dtype=A_DTYPE, max_model_len=A_MAX_MODEL_LEN,
                            max_num_seqs=MAX_NUM_SEQS, tensor_parallel_size=tp, enforce_eager=SMOKE,
-                           pin_engine_core=pin_engine_core),
+                           gpu_memory_utilization=GPU_MEMORY, pin_engine_core=pin_engine_core),
         cluster=ClusterOptions(replicas=replicas, device=DEVICE),
     )  # fmt: skip
     return build_model_plan(config, device=DEVICE)

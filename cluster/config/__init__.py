@@ -5,6 +5,7 @@ flag overrides (`files`), checks of single values (`values`) and validation erro
 from cluster.config.errors import COMMAND_LINE, format_validation_error
 from cluster.config.files import build_config, load_config_file
 from cluster.config.options import (
+    CPU_MAX_NUM_SEQS,
     DEFAULT_KEEP_WARM_S,
     DEMO_LIMIT,
     DEMO_MAX_TOKENS,
@@ -25,6 +26,7 @@ from cluster.config.values import check_ray_address, parse_duration, parse_gen_k
 
 __all__ = [
     "COMMAND_LINE",
+    "CPU_MAX_NUM_SEQS",
     "DEFAULT_KEEP_WARM_S",
     "DEMO_LIMIT",
     "DEMO_MAX_TOKENS",

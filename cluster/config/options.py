@@ -31,6 +31,10 @@ DEMO_MAX_TOKENS = 256
 # --num-samples auto: the samples every question gets before adaptive N adds more (a spread needs two)
 AUTO_SAMPLES = "auto"
 ADAPTIVE_FIRST_SAMPLES = 2
+# Sequences per engine step on CPU when --max-num-seqs is not given. On GPU the engine takes vLLM's offline
+# default for the card (1024 on an H200): there, 64 made a 541 x 4 IFEval run's generation take 31.1 s
+# against 20.5 s at 1024 (docs/BENCHMARKS.md).
+CPU_MAX_NUM_SEQS = 64
 DEFAULT_KEEP_WARM_S = 600.0  # a run on a `ray start` cluster leaves its engines warm this long
 
 
@@ -115,11 +119,12 @@ class ModelOptions(Strict):
         description="context length per sequence; longer prompts fail and are counted",
         json_schema_extra=cli("--max-model-len", "TOKENS"),
     )
-    max_num_seqs: int = Field(
-        64,
+    max_num_seqs: int | None = Field(
+        None,
         ge=1,
         description="sequences batched per engine step; the dispatcher keeps at least this many in flight per "
-        "replica",
+        f"replica (default: {CPU_MAX_NUM_SEQS} on CPU; on GPU what vllm.LLM uses on that card, e.g. 1024 on an "
+        "H100, H200 or B200, 256 on an A100 or a smaller card)",
         json_schema_extra=cli("--max-num-seqs", "N"),
     )
     max_num_batched_tokens: int | None = Field(

@@ -15,6 +15,8 @@ _EXPORTS = {
         "engine_dtype",
         "engine_chunked_prefill",
         "engine_lora_args",
+        "engine_args",
+        "engine_max_num_seqs",
         "cpu_has_native_bf16",
     ),
     "pool": (

@@ -24,7 +24,7 @@ from cluster.engines.cores import bind_this_node, replica_slot
 from cluster.engines.forkserver import engine_core_forked, start_engine_core_server
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.reload_check import ReloadCheck
-from cluster.engines.settings import EngineSettings, engine_chunked_prefill, engine_dtype, engine_lora_args
+from cluster.engines.settings import EngineSettings, engine_args
 from cluster.forwarded_env import ForwardedEnv
 from cluster.models.checkpoints import SwapKind
 from cluster.plan import ExecutorKind
@@ -219,28 +219,7 @@ class EngineActor:
         from vllm.usage.usage_lib import UsageContext
 
         s = self.settings
-        args = AsyncEngineArgs(
-            model=s.model,
-            revision=s.revision,
-            dtype=engine_dtype(s),
-            max_model_len=s.max_model_len,
-            max_num_seqs=s.max_num_seqs,
-            tensor_parallel_size=s.tensor_parallel_size,
-            pipeline_parallel_size=s.pipeline_parallel_size,
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            enforce_eager=s.enforce_eager,
-            enable_prefix_caching=True,
-            enable_chunked_prefill=engine_chunked_prefill(s),
-            distributed_executor_backend=None if s.executor is ExecutorKind.SINGLE else s.executor.value,
-            disable_log_stats=not s.log_stats,
-            max_num_batched_tokens=s.max_num_batched_tokens,
-            **engine_lora_args(s),
-            # A replica over nodes: its tensor-parallel group spans nodes, where vLLM's custom all-reduce
-            # (GPU peer access within one node) cannot serve it; raylets sharing one host would try it anyway.
-            disable_custom_all_reduce=s.executor is ExecutorKind.RAY
-            if s.custom_all_reduce is None
-            else not s.custom_all_reduce,
-        )
+        args = AsyncEngineArgs(**engine_args(s))
         # An evaluation is offline batch work: take vllm.LLM's scheduler defaults, not the engine-context
         # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill, docs/BENCHMARKS.md).
         config = args.create_engine_config(UsageContext.LLM_CLASS)

@@ -4,8 +4,9 @@ place, and the per-device choices vLLM's own defaults get wrong for an evaluatio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from cluster.config import ModelOptions
+from cluster.config import CPU_MAX_NUM_SEQS, ModelOptions
 from cluster.plan import ExecutorKind
 
 
@@ -17,7 +18,7 @@ class EngineSettings:
     revision: str | None
     dtype: str
     max_model_len: int
-    max_num_seqs: int
+    max_num_seqs: int | None  # None: vLLM's offline (LLM class) default for the device, read from the engine
     tensor_parallel_size: int
     pipeline_parallel_size: int
     gpu_memory_utilization: float
@@ -52,7 +53,7 @@ def engine_settings(
         revision=options.revision,
         dtype=options.dtype,
         max_model_len=max_model_len or options.max_model_len,
-        max_num_seqs=options.max_num_seqs,
+        max_num_seqs=engine_max_num_seqs(options, device),
         tensor_parallel_size=options.tensor_parallel_size,
         pipeline_parallel_size=options.pipeline_parallel_size,
         gpu_memory_utilization=options.gpu_memory_utilization,
@@ -64,6 +65,42 @@ def engine_settings(
         custom_all_reduce=options.custom_all_reduce,
         max_lora_rank=options.max_lora_rank if options.lora else 0,
     )
+
+
+def engine_args(s: EngineSettings) -> dict[str, Any]:
+    """vLLM's engine arguments (`AsyncEngineArgs`) for the settings. A None passes through as None, which vLLM
+    reads as its own default: for max_num_seqs and max_num_batched_tokens, the offline (LLM class) defaults of
+    the device the engine runs on, since the actor builds its config for that usage context."""
+    return dict(
+        model=s.model,
+        revision=s.revision,
+        dtype=engine_dtype(s),
+        max_model_len=s.max_model_len,
+        max_num_seqs=s.max_num_seqs,
+        tensor_parallel_size=s.tensor_parallel_size,
+        pipeline_parallel_size=s.pipeline_parallel_size,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        enforce_eager=s.enforce_eager,
+        enable_prefix_caching=True,
+        enable_chunked_prefill=engine_chunked_prefill(s),
+        distributed_executor_backend=None if s.executor is ExecutorKind.SINGLE else s.executor.value,
+        disable_log_stats=not s.log_stats,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        **engine_lora_args(s),
+        # A replica over nodes: its tensor-parallel group spans nodes, where vLLM's custom all-reduce
+        # (GPU peer access within one node) cannot serve it; raylets sharing one host would try it anyway.
+        disable_custom_all_reduce=s.executor is ExecutorKind.RAY
+        if s.custom_all_reduce is None
+        else not s.custom_all_reduce,
+    )
+
+
+def engine_max_num_seqs(options: ModelOptions, device: str) -> int | None:
+    """--max-num-seqs where given; else CPU_MAX_NUM_SEQS on CPU and, elsewhere, None: vLLM's offline default
+    for the card, which only the engine knows (the pool sizes its dispatch windows from `EngineInfo`)."""
+    if options.max_num_seqs is not None:
+        return options.max_num_seqs
+    return CPU_MAX_NUM_SEQS if device == "cpu" else None
 
 
 def engine_lora_args(settings: EngineSettings) -> dict[str, object]:

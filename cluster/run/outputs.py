@@ -34,6 +34,7 @@ from evaluators.report import (
     summary_json,
     write_samples,
 )
+from evaluators.tokens import RunTokens, run_tokens
 
 if TYPE_CHECKING:
     from cluster.judging import JudgeStats
@@ -100,7 +101,9 @@ def write_outputs(run: FinishedRun) -> RunResult:
     judged_dir = run.judging.samples.directory if run.judging is not None else run.writer.directory
     _warn_failures(summaries.every, {s.task: judged_dir for s in summaries.judged}, run.writer.directory)
     wall = time.perf_counter() - run.started
+    tokens = _tokens(run, summaries)
     info = run_info(run, summaries.every, failed, wall)
+    info["tokens"] = tokens.to_json()
     if run.judging is not None:
         info["judge"] = judge_info(run.judging, run.runner)
         _write_json(run.judging.paths.summary, summary_json(summaries.judged, info))
@@ -110,7 +113,7 @@ def write_outputs(run: FinishedRun) -> RunResult:
         run.paths.results_json,
         results_json(summaries.every, config.model_dump(mode="json"), run.plan.model_label, time.time()),
     )
-    table = render_table(summaries.every)
+    table = render_table(summaries.every, tokens.footer())
     run.paths.results_txt.write_text(table)
     stats = run.runner.stats
     return RunResult(
@@ -157,6 +160,18 @@ def _summarize(run: FinishedRun) -> _Summaries:
             result.records += records
         result.every += run.lm_eval_output.summaries
     return result
+
+
+def _tokens(run: FinishedRun, summaries: _Summaries) -> RunTokens:
+    """The run's token counts from its records (generated now: what its store took in during this run), each
+    task's set on its summary."""
+    store = run.runner.store
+    tokens = run_tokens(
+        summaries.records, store.added_ids if store is not None else set(), run.runner.stats.generation_s
+    )
+    for summary in summaries.every:
+        summary.tokens = tokens.per_task.get(summary.task)
+    return tokens
 
 
 def run_info(run: FinishedRun, summaries: list[TaskSummary], failed: int, wall: float) -> dict[str, Any]:

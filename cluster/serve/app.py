@@ -202,13 +202,14 @@ def llm_config(config: ServeConfig, model_path: str, name: str, device: str) -> 
     engine: dict[str, Any] = {
         "dtype": engine_dtype(settings),
         "max_model_len": settings.max_model_len,
-        "max_num_seqs": settings.max_num_seqs,
         "tensor_parallel_size": settings.tensor_parallel_size,
         "pipeline_parallel_size": settings.pipeline_parallel_size,
         "enforce_eager": settings.enforce_eager,
     }
     if settings.revision:
         engine["revision"] = settings.revision
+    if settings.max_num_seqs is not None:  # None on GPU: vLLM's own default for the card
+        engine["max_num_seqs"] = settings.max_num_seqs
     if config.lora_modules:  # every replica loads every adapter from its own disk when it starts
         modules = [
             {"name": n, "path": str(Path(p).expanduser().resolve())} for n, p in config.lora_modules.items()

@@ -98,3 +98,18 @@ def test_greedy_samples_are_one_request_whose_earlier_id_a_store_still_answers(t
     assert (found.request_id, found.text, found.output_tokens) == (request.request_id, "the greedy answer", 3)
     assert store.is_done(request.request_id, retry_failed=True)
     store.close()
+
+
+def test_the_store_knows_which_completions_this_run_added(tmp_path):
+    path = tmp_path / "cache" / "completions.jsonl"
+    first = ResultStore(path)
+    first.add([Completion("a", text="A"), Completion("b", error="boom")])
+    assert first.added_ids == {"a", "b"}
+    first.close()
+    resumed = ResultStore(path)  # a resumed run: what it reads back is not its own
+    assert resumed.added_ids == set()
+    resumed.add([Completion("a", text="again")])  # stored already: not added
+    resumed.add([Completion("c", error="replica died", retryable=True)])  # not kept, not added
+    resumed.add([Completion("b", text="B now"), Completion("d", text="D")])  # a retried failure and a new one
+    assert resumed.added_ids == {"b", "d"}
+    resumed.close()

@@ -26,6 +26,17 @@ def test_help_states_each_fields_own_default(run_help):
     assert f"(default {defaults.sampling.seed})" in run_help and "(default runs)" in run_help
 
 
+def test_help_says_which_max_num_seqs_default_applies_on_cpu_and_on_gpu(run_help):
+    from cluster.config import CPU_MAX_NUM_SEQS
+
+    assert RunConfig().model.max_num_seqs is None  # the device decides (cluster.engines.engine_max_num_seqs)
+    assert (
+        "--max-num-seqs N sequences batched per engine step; the dispatcher keeps at least this many in flight "
+        f"per replica (default: {CPU_MAX_NUM_SEQS} on CPU; on GPU what vllm.LLM uses on that card, e.g. 1024 "
+        "on an H100, H200 or B200, 256 on an A100 or a smaller card)"
+    ) in run_help
+
+
 def test_each_flag_sets_the_field_it_names():
     parser = build_parser()
     for spec in config_flags():

@@ -174,6 +174,24 @@ def test_cpu_engines_run_eagerly_and_without_chunked_prefill_unless_asked():
     assert engine_chunked_prefill(cpu) is False and engine_chunked_prefill(gpu) is None
 
 
+def test_max_num_seqs_is_vllms_default_for_the_card_on_gpu_and_64_on_cpu_unless_asked():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from cluster.config import CPU_MAX_NUM_SEQS, ModelOptions
+    from cluster.engines import engine_args, engine_settings
+
+    cpu, gpu = (engine_settings(ModelOptions(), "m", device) for device in ("cpu", "gpu"))
+    assert cpu.max_num_seqs == CPU_MAX_NUM_SEQS == 64 and gpu.max_num_seqs is None
+    for device in ("cpu", "gpu"):
+        assert engine_settings(ModelOptions(max_num_seqs=256), "m", device).max_num_seqs == 256
+    # vLLM's own engine arguments, as the actor builds them: on GPU the choice is left to vLLM, which fills
+    # it in for the card when the actor creates the engine config (LLM class: 1024 on an H100 or H200)
+    on_cpu, on_gpu = AsyncEngineArgs(**engine_args(cpu)), AsyncEngineArgs(**engine_args(gpu))
+    assert on_cpu.max_num_seqs == 64 and on_gpu.max_num_seqs is None
+    assert on_gpu.max_num_batched_tokens is None and on_gpu.enforce_eager is False
+    assert on_cpu.enforce_eager is True and on_cpu.enable_chunked_prefill is False
+
+
 def test_auto_dtype_on_cpu_is_bfloat16_only_where_the_cpu_computes_it_natively(tmp_path):
     from dataclasses import replace
 

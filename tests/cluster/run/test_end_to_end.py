@@ -168,6 +168,14 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
     rows = records(tmp_path / "cut" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert sorted(r["doc_id"] for r in rows) == list(range(10))
     assert len(store.read_text().splitlines()) == 10
+    # the resumed run's tokens: all ten records in the totals; as generated (and in its tokens per second)
+    # only what it appended to the store after the first run's completions
+    tokens = json.loads((tmp_path / "cut" / "summary.json").read_text())["run"]["tokens"]
+    appended = records(store)[done_before:]
+    assert tokens["output_tokens"] == sum(r["output_tokens"] for r in rows)
+    assert tokens["generated"]["output_tokens"] == sum(c["output_tokens"] for c in appended) > 0
+    assert tokens["generated"]["output_tokens"] < tokens["output_tokens"]
+    assert "(the rest read back from the run's store)" in resumed.stdout
 
 
 @pytest.fixture(scope="module")

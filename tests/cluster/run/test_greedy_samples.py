@@ -67,3 +67,13 @@ def test_a_store_written_when_greedy_samples_were_n_requests_is_read_back(base_i
     resumed = records(tmp_path / "old" / "samples" / MODEL_DIR / "ifeval.jsonl")
     base = records(base_ifeval_run / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert [(r["output"], r["scores"]) for r in resumed] == [(r["output"], r["scores"]) for r in base]
+    # read back, not generated: the base run's token totals, none generated, no tokens per second
+    tokens = run["tokens"]
+    totals = (sum(r["prompt_tokens"] for r in base), sum(r["output_tokens"] for r in base))
+    assert (tokens["prompt_tokens"], tokens["output_tokens"]) == totals
+    assert tokens["generated"] == {"prompt_tokens": 0, "output_tokens": 0} and tokens["per_replica"] == {}
+    assert tokens["output_tokens_per_s"] is None
+    assert (
+        f"tokens: {totals[0]:,} prompt, {totals[1]:,} output; no output tokens generated in this run"
+        in done.stdout
+    )

@@ -1,4 +1,5 @@
-"""`rayeval serve`'s settings refused before anything starts (no Ray, no engine)."""
+"""`rayeval serve`'s settings: refused before anything starts (no Ray, no engine), and the engine arguments
+they become per device."""
 
 from __future__ import annotations
 
@@ -68,3 +69,15 @@ def test_the_help_says_where_the_api_listens_and_that_a_running_serve_keeps_its_
     assert "0.0.0.0 opens it to the network" in help_text and "(default 127.0.0.1)" in help_text
     assert "A cluster whose Serve already runs keeps its own host" in help_text
     assert "--api-key-env VAR" in help_text and "only its SHA-256 digest reaches the cluster" in help_text
+
+
+def test_serve_engines_take_vllms_max_num_seqs_on_gpu_and_64_on_cpu() -> None:
+    from cluster.config import CPU_MAX_NUM_SEQS, ServeConfig
+    from cluster.serve.app import llm_config
+
+    cpu, gpu = (
+        llm_config(ServeConfig(), "/models/m", "m", device).engine_kwargs for device in ("cpu", "gpu")
+    )
+    assert cpu["max_num_seqs"] == CPU_MAX_NUM_SEQS and "max_num_seqs" not in gpu  # vLLM picks for the card
+    asked = ServeConfig(model={"max_num_seqs": 512})
+    assert llm_config(asked, "/models/m", "m", "gpu").engine_kwargs["max_num_seqs"] == 512

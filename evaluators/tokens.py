@@ -1,0 +1,113 @@
+"""A run's token counts, from its per-sample records: prompt and output tokens per task, per replica and for
+the run, and the output tokens per second of its generation phase.
+
+Each request counts once: records that share a request (a greedy question's N samples are one draw; two tasks
+may pose the same prompt) share its tokens. A record of an lm-eval document names all of its requests (one per
+answer choice) and holds their summed tokens; it counts as one request under that joined id.
+
+A resumed run reads some outputs back from its store instead of generating them. Those count in the task and
+run totals (the results are made of them) but not in `generated`, `per_replica` or the tokens per second, which
+count only what this run's replicas generated, over this run's generation seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from evaluators.records import SampleRecord
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: TokenCounts) -> TokenCounts:
+        return TokenCounts(self.prompt_tokens + other.prompt_tokens, self.output_tokens + other.output_tokens)
+
+
+@dataclass(frozen=True)
+class RunTokens:
+    total: TokenCounts  # every request behind the run's records, read back or generated
+    generated: TokenCounts  # the requests this run generated
+    generation_s: float  # the run's generation seconds (its dispatch phases, summed)
+    per_task: dict[str, TokenCounts] = field(default_factory=dict)  # read back or generated
+    # generated in this run, by the record's replica (an lm-eval document whose requests ran on several
+    # replicas counts under their joined names)
+    per_replica: dict[str, TokenCounts] = field(default_factory=dict)
+
+    @property
+    def output_tokens_per_s(self) -> float | None:
+        """Output tokens generated in this run per second of its generation; None when it generated none."""
+        if self.generated.output_tokens == 0 or self.generation_s <= 0:
+            return None
+        return self.generated.output_tokens / self.generation_s
+
+    def to_json(self) -> dict[str, object]:
+        """summary.json's `run.tokens`."""
+        rate = self.output_tokens_per_s
+        return {
+            "prompt_tokens": self.total.prompt_tokens,
+            "output_tokens": self.total.output_tokens,
+            "generated": _counts_json(self.generated),
+            "generation_s": round(self.generation_s, 3),
+            "output_tokens_per_s": None if rate is None else round(rate, 1),
+            "per_replica": {name: _counts_json(counts) for name, counts in sorted(self.per_replica.items())},
+            "counted": "each request once; generated, per_replica and output_tokens_per_s count only the "
+            "requests this run generated (a resumed run's outputs read back from its store count in the "
+            "totals only), over this run's generation seconds",
+        }
+
+    def footer(self) -> str:
+        """The results table's last line: the run's tokens and the generation phase's speed."""
+        head = f"tokens: {self.total.prompt_tokens:,} prompt, {self.total.output_tokens:,} output"
+        rate = self.output_tokens_per_s
+        if rate is None:
+            return f"{head}; no output tokens generated in this run"
+        generated = self.generated.output_tokens
+        part = "" if generated == self.total.output_tokens else " (the rest read back from the run's store)"
+        return (
+            f"{head}; generated in this run: {generated:,} output tokens in {self.generation_s:.1f} s of "
+            f"generation = {rate:,.1f} tokens/s{part}"
+        )
+
+
+def _counts_json(counts: TokenCounts) -> dict[str, int]:
+    return {"prompt_tokens": counts.prompt_tokens, "output_tokens": counts.output_tokens}
+
+
+def request_key(record: SampleRecord) -> str:
+    """The request (or, for an lm-eval document, the requests) behind a record; a record without one stands
+    for itself."""
+    return record.request_id or f"{record.task}/{record.doc_id}/{record.sample_index}"
+
+
+def generated_now(record: SampleRecord, generated_ids: Collection[str]) -> bool:
+    """Whether this run generated the record's output (any of its requests, for an lm-eval document)."""
+    return any(part in generated_ids for part in record.request_id.split(",") if part)
+
+
+def sum_tokens(records: Iterable[SampleRecord]) -> TokenCounts:
+    """The tokens of the records' requests, each request once."""
+    unique = {request_key(r): TokenCounts(r.prompt_tokens, r.output_tokens) for r in records}
+    return sum(unique.values(), TokenCounts())
+
+
+def run_tokens(records: list[SampleRecord], generated_ids: Collection[str], generation_s: float) -> RunTokens:
+    """The run's token counts from its records; `generated_ids` are the request ids this run generated (the
+    rest were read back from its store)."""
+    generated = [r for r in records if generated_now(r, generated_ids)]
+    by_task: dict[str, list[SampleRecord]] = {}
+    by_replica: dict[str, list[SampleRecord]] = {}
+    for record in records:
+        by_task.setdefault(record.task, []).append(record)
+    for record in generated:
+        by_replica.setdefault(record.replica, []).append(record)
+    return RunTokens(
+        total=sum_tokens(records),
+        generated=sum_tokens(generated),
+        generation_s=generation_s,
+        per_task={task: sum_tokens(rows) for task, rows in by_task.items()},
+        per_replica={replica: sum_tokens(rows) for replica, rows in by_replica.items()},
+    )

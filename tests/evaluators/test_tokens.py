@@ -1,0 +1,78 @@
+"""A run's token counts from its records: each request once, reused outputs in the totals only, and the
+tokens per second over the generation seconds of what this run generated."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluators.records import SampleRecord
+from evaluators.report import render_table, summarize_task
+from evaluators.tasks.gsm8k import GSM8K
+from evaluators.tokens import TokenCounts, run_tokens
+
+
+def record(
+    task: str, doc: int, sample: int, request: str, replica: str, prompt: int, output: int
+) -> SampleRecord:
+    return SampleRecord(task, doc, sample, request, "p", "o", "t", replica=replica, prompt_tokens=prompt,
+                        output_tokens=output)  # fmt: skip
+
+
+RECORDS = [
+    # gsm8k: question 0's two samples generated now on two replicas, question 1 read back from the store
+    record("gsm8k", 0, 0, "g00", "replica-0", 10, 100),
+    record("gsm8k", 0, 1, "g01", "replica-1", 10, 50),
+    record("gsm8k", 1, 0, "g10", "replica-0", 20, 7),
+    # ifeval, greedy: N = 2 asked is one draw, two records of one request, generated now
+    record("ifeval", 0, 0, "i0", "replica-1", 30, 40),
+    record("ifeval", 0, 1, "i0", "replica-1", 30, 40),
+    # an lm-eval document: its two choices' requests in one record, on both replicas, generated now
+    record("arc_easy", 0, 0, "a0,a1", "replica-0,replica-1", 24, 2),
+]
+GENERATED = {"g00", "g01", "i0", "a0", "a1"}
+
+
+def test_each_request_counts_once_and_read_back_outputs_only_in_the_totals():
+    tokens = run_tokens(RECORDS, GENERATED, generation_s=4.0)
+    assert tokens.per_task == {
+        "gsm8k": TokenCounts(40, 157),
+        "ifeval": TokenCounts(30, 40),  # one request, not two
+        "arc_easy": TokenCounts(24, 2),
+    }
+    assert tokens.total == TokenCounts(94, 199)
+    assert tokens.generated == TokenCounts(74, 192)  # g10 came from the store
+    assert tokens.per_replica == {
+        "replica-0": TokenCounts(10, 100),
+        "replica-1": TokenCounts(40, 90),
+        "replica-0,replica-1": TokenCounts(24, 2),
+    }
+    assert tokens.output_tokens_per_s == pytest.approx(192 / 4.0)
+    body = tokens.to_json()
+    assert body["output_tokens"] == 199 and body["generated"] == {"prompt_tokens": 74, "output_tokens": 192}
+    assert body["output_tokens_per_s"] == 48.0 and body["generation_s"] == 4.0
+    assert body["per_replica"]["replica-1"] == {"prompt_tokens": 40, "output_tokens": 90}
+    assert "a resumed run's outputs read back from its store count in the totals only" in body["counted"]
+    assert tokens.footer() == (
+        "tokens: 94 prompt, 199 output; generated in this run: 192 output tokens in 4.0 s of generation "
+        "= 48.0 tokens/s (the rest read back from the run's store)"
+    )
+
+
+def test_a_run_that_generated_nothing_has_totals_but_no_tokens_per_second():
+    tokens = run_tokens(RECORDS, set(), generation_s=0.0)
+    assert tokens.total == TokenCounts(94, 199) and tokens.generated == TokenCounts()
+    assert tokens.per_replica == {} and tokens.output_tokens_per_s is None
+    assert tokens.to_json()["output_tokens_per_s"] is None
+    assert tokens.footer() == "tokens: 94 prompt, 199 output; no output tokens generated in this run"
+
+
+def test_the_footer_is_the_tables_last_line():
+    records = [r for r in RECORDS if r.task == "gsm8k"]
+    tokens = run_tokens(records, {"g00", "g01", "g10"}, generation_s=2.0)
+    summary = summarize_task(GSM8K(), records, num_runs=2, num_fewshot=0, num_available=2)
+    table = render_table([summary], tokens.footer())
+    assert table.splitlines()[-1] == (
+        "tokens: 40 prompt, 157 output; generated in this run: 157 output tokens in 2.0 s of generation "
+        "= 78.5 tokens/s"
+    )
+    assert table == render_table([summary]) + tokens.footer() + "\n"
