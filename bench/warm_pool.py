@@ -53,7 +53,7 @@ class Cluster:
         ray = str(Path(sys.executable).parent / "ray")
         self.process = subprocess.Popen(
             [ray, "start", "--head", "--block", f"--port={self.port}", "--num-cpus=2", f"--temp-dir={self.temp}",
-             "--include-dashboard=false", "--disable-usage-stats"],
+             "--include-dashboard=false", "--disable-usage-stats", f"--dashboard-agent-listen-port={free_port()}"],
             env={**self.env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}, start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

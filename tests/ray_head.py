@@ -87,6 +87,9 @@ def start_head(num_cpus: int = 2, timeout_s: float = 90) -> HeadNode:
         ray_cli(), "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dashboard}",
         "--dashboard-host=127.0.0.1", f"--ray-client-server-port={client}", f"--num-cpus={num_cpus}",
         f"--temp-dir={temp_dir}", "--disable-usage-stats", "--include-dashboard=true",
+        # the dashboard agent's HTTP port (Ray's default 52365 is fixed): the job server needs that agent, and
+        # the test run's shared cluster (tests/warm_cluster.py) holds the default while other heads start
+        f"--dashboard-agent-listen-port={free_port()}",
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True, text=True)  # fmt: skip
