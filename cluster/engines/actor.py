@@ -55,6 +55,11 @@ class EngineInfo:
     nodes: tuple[str, ...] = ()  # the Ray node of each bundle of its placement group, in bundle order
     model: str = ""  # the checkpoint it serves now
     loaded_by: str = "start"  # how that checkpoint got there: start, or a swap's SwapKind (reload, rebuild)
+    # where an engine's start goes beyond `start_s` (the engine's own build): when the actor began its work
+    # (wall clock; the driver launched it a placement group and a Ray worker's start earlier), and the seconds
+    # its first start spent importing vLLM before the build
+    actor_created_at: float = 0.0
+    import_s: float = 0.0
     load_note: str = ""  # why it moved that way (a reload that failed its check and was rebuilt says so)
 
 
@@ -82,6 +87,8 @@ class EngineStartFailed(RuntimeError):
 @ray.remote(max_restarts=0)
 class EngineActor:
     def __init__(self, name: str, settings: EngineSettings, env: dict[str, str]) -> None:
+        self.created_at = time.time()  # when this actor's process began its work (after Ray started it)
+        self.import_s = 0.0
         os.environ.update(env)
         self.name = name
         self.settings = settings
@@ -175,11 +182,13 @@ class EngineActor:
         return SwapKind.REBUILD, f"the reload check failed: {problem}"
 
     async def _start(self) -> EngineInfo:
+        importing = time.perf_counter()
         import vllm
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         began = time.perf_counter()
+        self.import_s = self.import_s or began - importing  # the first start imports vLLM in this process
         s = self.settings
         config = self._engine_config()
         with engine_core_forked() if self.core_server else contextlib.nullcontext():
@@ -208,6 +217,8 @@ class EngineActor:
             executor=s.executor.value,
             nodes=bundle_nodes(),
             model=s.model,
+            actor_created_at=self.created_at,
+            import_s=round(self.import_s, 3),
         )
         self.since_start = mark(self.log_files)
         if s.log_stats:  # AsyncLLM only logs its stats when asked; vLLM's API server asks on a timer too

@@ -13,6 +13,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from cluster import timeline
 from cluster.engines.actor import EngineActor, EngineDead, EngineInfo, EngineStartFailed
 from cluster.engines.cores import ENGINE_CORE_SLOT_ENV
 from cluster.engines.logs import EngineLog, describe_failure, mark, read_on_node
@@ -138,6 +139,7 @@ class ReplicaPool:
         self.groups = {name: self._placement_group(name) for name in names}
         try:
             ray.get([g.ready() for g in self.groups.values()], timeout=placement_timeout_s)
+            timeline.mark("placement groups ready")
         except GetTimeoutError:
             raise ClusterError(
                 f"{self.count} replica(s) of {self.plan.describe()} could not be placed within "
@@ -153,6 +155,7 @@ class ReplicaPool:
                 slot = (self.core_slots[0] + slot[0], self.core_slots[1])
             self.slots[name] = slot
             self.actors.append(self._launch(name, group, slot))
+        timeline.mark("engine actors launched", latest=True)  # the last launch of this start
         try:
             self.infos = ray.get([a.start.remote(for_engines()) for a in self.actors])
         except Exception as exc:
