@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -144,21 +145,25 @@ def _prepare(
 ) -> _Prepared:
     """Render prompts and build requests while the engines start (a fresh run), and start judging."""
     began = time.perf_counter()
-    for task_plan in plan.tasks:  # scorers' imports, begun while Ray started: a failed one stops the run here
-        task_plan.task.wait_for_scorer()
     config = plan.config
     make_renderer = functools.partial(
         prompt_renderer, plan.model, config.model.chat_template, config.model.revision
     )
+    # the tokenizer loads while the scorers' imports (begun while Ray started) finish: seconds of a warm run
+    loading = (
+        ThreadPoolExecutor(1, thread_name_prefix="renderer").submit(make_renderer) if plan.tasks else None
+    )
+    for task_plan in plan.tasks:  # a scorer whose import failed stops the run here, before any engine starts
+        task_plan.task.wait_for_scorer()
     renderer = None
-    if plan.tasks and config.model.chat_template:
+    if loading is not None and config.model.chat_template:
         # an asked-for template the tokenizer may lack: fail before any engine starts
-        renderer = make_renderer()
+        renderer = loading.result()
     if len(store) == 0 and config.mode is not RunMode.JUDGE_ONLY:
         # A fresh run needs engines: start them while prompts are rendered (loading a tokenizer takes seconds)
         # and lm-eval builds its requests.
         runner.start_in_background()
-    planned = build_requests(plan, renderer or make_renderer()) if plan.tasks else []
+    planned = build_requests(plan, renderer or loading.result()) if loading is not None else []
     timeline.mark("requests built")
     prepare_s = time.perf_counter() - began
     judging = None if config.mode is RunMode.INFERENCE_ONLY else start_judging(plan, paths.judges, verbose)
