@@ -82,10 +82,19 @@ def shared_pids() -> set[int]:
     with _lock:
         if _cluster is None:
             return set()
+        head_pid = _cluster.head.process.pid
+    found = set()
+    try:
+        found = {p.pid for p in psutil.Process(head_pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        pass
+    for process in psutil.process_iter():  # what a daemon left its parent for: still in the head's group
         try:
-            return {p.pid for p in psutil.Process(_cluster.head.process.pid).children(recursive=True)}
-        except psutil.NoSuchProcess:
-            return set()
+            if os.getpgid(process.pid) == head_pid:
+                found.add(process.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
 
 
 def stop_warm_cluster() -> None:

@@ -198,9 +198,11 @@ def test_a_client_run_on_the_node_it_names_writes_there(
     separate_hosts: SeparateCluster, judge_url: str, key: str
 ):
     """--coordinator-node WORKER: the coordinator runs on the worker and every path is the worker's (here a
-    copy of the run folder, as on storage mounted at the same path there)."""
+    copy of the run folder and of the task's data, which re-judging reads, as on storage mounted at the same
+    path there)."""
     hosts = separate_hosts
-    shutil.copytree(hosts.head.home / "runs", hosts.worker.home / "runs")
+    for folder in ("runs", "data"):
+        shutil.copytree(hosts.head.home / folder, hosts.worker.home / folder)
     done = hosts.laptop.rayeval(
         "run", "--address", hosts.ray.client_address, "--coordinator-node", hosts.worker.ip, "--judge-only",
         "--run-id", RUN_ID, "--output-dir", RUNS, "--judge", "openai:on-worker", *JUDGED, judge_url,

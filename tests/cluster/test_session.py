@@ -17,11 +17,16 @@ import cluster
 from cluster.errors import ClusterError
 from cluster.plan import ReplicaPlan
 from cluster.session import _stop_autoscaler_monitor, ray_session
+from tests.warm_cluster import shared_pids
 
 
 def _ray_children() -> list[str]:
+    """This process's Ray descendants, less the test run's shared cluster (tests/warm_cluster.py)."""
     found = []
+    shared = shared_pids()
     for child in psutil.Process().children(recursive=True):
+        if child.pid in shared:
+            continue
         try:
             found.append(" ".join(child.cmdline()))
         except psutil.Error:

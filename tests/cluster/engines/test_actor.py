@@ -179,11 +179,13 @@ def test_max_num_seqs_is_vllms_default_for_the_card_on_gpu_and_64_on_cpu_unless_
 
     from cluster.config import CPU_MAX_NUM_SEQS, ModelOptions
     from cluster.engines import engine_args, engine_settings
+    from cluster.models import ensure_default_model
 
-    cpu, gpu = (engine_settings(ModelOptions(), "m", device) for device in ("cpu", "gpu"))
+    model = str(ensure_default_model())  # a local folder: vLLM's arguments resolve a bare name on the hub
+    cpu, gpu = (engine_settings(ModelOptions(), model, device) for device in ("cpu", "gpu"))
     assert cpu.max_num_seqs == CPU_MAX_NUM_SEQS == 64 and gpu.max_num_seqs is None
     for device in ("cpu", "gpu"):
-        assert engine_settings(ModelOptions(max_num_seqs=256), "m", device).max_num_seqs == 256
+        assert engine_settings(ModelOptions(max_num_seqs=256), model, device).max_num_seqs == 256
     # vLLM's own engine arguments, as the actor builds them: on GPU the choice is left to vLLM, which fills
     # it in for the card when the actor creates the engine config (LLM class: 1024 on an H100 or H200)
     on_cpu, on_gpu = AsyncEngineArgs(**engine_args(cpu)), AsyncEngineArgs(**engine_args(gpu))
