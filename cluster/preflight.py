@@ -28,7 +28,7 @@ def preflight(plan: RunPlan) -> None:
     check_lora_loglikelihoods(plan)
     check_adaptive(plan)
     check_judge_inputs(plan)
-    check_output_dir(Path(plan.config.output_dir).expanduser())
+    check_output_location(plan.config.output_dir)
     check_batched_tokens(plan)
     check_local_replicas(plan)
     check_kv_cache_fits(plan)
@@ -122,6 +122,19 @@ def check_adaptive(plan: RunPlan) -> None:
             f"--target-sem (adaptive N) needs sampled answers, but task(s) {', '.join(greedy)} decode greedily "
             "(temperature 0), so every sample of a question is the same. Pass --temperature, e.g. 0.7."
         )
+
+
+def check_output_location(output_dir: str) -> None:
+    """A local output folder can be made and written; a folder on a store takes a write (a probe object
+    written, read back and deleted, with this node's credentials)."""
+    from cluster.storage.location import RemoteFolder, is_remote, local_path
+
+    if is_remote(output_dir):
+        from cluster.storage import probe_writable
+
+        probe_writable(RemoteFolder.parse(output_dir))
+    else:
+        check_output_dir(local_path(output_dir))
 
 
 def check_output_dir(output_dir: Path) -> None:

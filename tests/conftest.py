@@ -52,3 +52,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from tests.warm_cluster import stop_warm_cluster
 
     stop_warm_cluster()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3-compatible server on loopback for the test run (SeaweedFS: tests/object_store.py)."""
+    from tests.object_store import object_store
+
+    with object_store(tmp_path_factory.mktemp("s3")) as store:
+        yield store

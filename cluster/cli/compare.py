@@ -18,8 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "and whether it is beyond noise after a Holm-Bonferroni correction over everything compared.",
     )
     p.set_defaults(handler=cmd_compare)
-    p.add_argument("run_a", metavar="RUN_A", type=Path, help="run folder A (the baseline)")
-    p.add_argument("run_b", metavar="RUN_B", type=Path, help="run folder B")
+    p.add_argument("run_a", metavar="RUN_A", help="run folder A (the baseline): a path or a URI (s3://...)")
+    p.add_argument("run_b", metavar="RUN_B", help="run folder B: a path or a URI (s3://...)")
     p.add_argument("--level", type=float, default=0.05, help="family-wise error level (default 0.05)")
     p.add_argument("--output", type=Path, metavar="FILE", help="also write the comparison as JSON here")
     add_judge_choice(p, "A and B")
@@ -33,7 +33,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if not 0 < args.level < 1:
         raise EvalInputError(f"--level must be between 0 and 1 (got {args.level:g}); 0.05 is usual.")
-    a, b = load_run(args.run_a, args.judge), load_run(args.run_b, args.judge)
+    from cluster.storage import readable_folder
+
+    folder_a, folder_b = readable_folder(args.run_a), readable_folder(args.run_b)
+    a, b = load_run(folder_a, args.judge), load_run(folder_b, args.judge)
     options = CompareOptions(args.level, args.allow_different_judges, args.allow_different_prompts)
     rows = compare_runs(a, b, options)
     print(render_comparison(a, b, rows, args.level), end="")

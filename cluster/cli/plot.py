@@ -21,7 +21,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=cmd_plot)
     p.add_argument(
-        "runs", nargs="+", type=Path, metavar="RUN", help="a run folder, or a folder of run folders"
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="a run folder, or a folder of run folders: a path or a URI (s3://...)",
     )
     p.add_argument("--errorbar", choices=["ci95", "sem", "std", "none"], default="ci95",
                    help="what the error bars show: the CI95 (default), one SEM, the std across the N runs, none")  # fmt: skip
@@ -32,11 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    from cluster.storage import readable_folder
     from evaluators.curves import ErrorBar, check_one_judge, plot_curves, points_from_run, write_tables
 
+    folders = [readable_folder(run) for run in args.runs]
     points = [
         point
-        for series, step, run in (entry for folder in args.runs for entry in runs_in(folder))
+        for series, step, run in (entry for folder in folders for entry in runs_in(folder))
         for point in points_from_run(run, series, step, args.judge)
     ]
     if not points:

@@ -135,7 +135,7 @@ def report(result: RunResult) -> int:
     """Print a finished run's table and where its files are; exit 1 when a task could not run."""
     print(result.table)
     print(
-        f"results in {result.run_dir} ({result.requests_reused} of {result.requests_total} requests reused, "
+        f"results in {result.location} ({result.requests_reused} of {result.requests_total} requests reused, "
         f"{result.requests_failed} failed, {result.wall_s:.1f} s)"
     )
     if result.engines_source.get("kind") == "warm" and not result.engines_source.get("started_by_this_run"):

@@ -113,11 +113,12 @@ def needed_variables(command: str, parsed: argparse.Namespace) -> list[str]:
             config = build_config({}, overrides(parsed), COMMAND_LINE, flag_names())
         except EvalInputError:
             return list(HF_TOKEN_NAMES)
-    if not Path(config.output_dir).is_absolute():
+    if "://" not in config.output_dir and not Path(config.output_dir).is_absolute():
         raise EvalInputError(
             f"--output-dir {config.output_dir} is a relative path, but the job writes its run folder on the node "
             "that runs the job's driver (the head), in a working folder of Ray's: give an absolute path there, "
-            f"on storage you can read back, e.g. --output-dir /shared/{config.output_dir}."
+            f"on storage you can read back, e.g. --output-dir /shared/{config.output_dir}, or object storage, e.g. "
+            f"--output-dir s3://BUCKET/{config.output_dir}."
         )
     return names_for(config)
 

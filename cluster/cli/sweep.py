@@ -99,7 +99,7 @@ def report(result: SweepResult) -> int:
         detail = (
             o.reason
             if o.reason
-            else f"{o.requests_generated} of {o.requests} requests generated, {o.run_dir}"
+            else f"{o.requests_generated} of {o.requests} requests generated, {o.location or o.run_dir}"
         )
         print(f"step {o.step:<8} {o.kind:<5} {o.status:<8} {detail}")
     table = result.root / "sweep_summary.md"
@@ -107,7 +107,7 @@ def report(result: SweepResult) -> int:
         print(table.read_text(), end="")
     for path in result.files:
         print(path)
-    print(f"sweep in {result.root} ({result.wall_s:.1f} s)")
+    print(f"sweep in {result.location or result.root} ({result.wall_s:.1f} s)")
     if result.failed:
         steps = ", ".join(str(o.step) for o in result.failed)
         print(

@@ -623,14 +623,41 @@ class RunConfig(Strict):
     )
     output_dir: str = Field(
         "runs",
-        description="where run folders go",
-        json_schema_extra=cli("--output-dir", "DIR", group="output"),
+        description="where run folders go: a folder, or a URI on object storage (s3://BUCKET/PREFIX, gs://...; "
+        "credentials from the writing node's environment or ~/.aws, AWS_ENDPOINT_URL for an S3-compatible store)",
+        json_schema_extra=cli("--output-dir", "DIR|URI", group="output"),
+    )
+    sync_every: int = Field(
+        200,
+        ge=1,
+        description="with --output-dir on object storage: upload the resume journal after this many new "
+        "completions (or --sync-interval, whichever comes first); a crash loses at most what came since",
+        json_schema_extra=cli("--sync-every", "N", group="output"),
+    )
+    sync_interval_s: float = Field(
+        30.0,
+        gt=0,
+        description="with --output-dir on object storage: upload the resume journal at least this often "
+        "(e.g. 30s, 5m)",
+        json_schema_extra=cli("--sync-interval", "DURATION", group="output"),
     )
     run_id: str | None = Field(
         None,
         description="run folder name; reuse it to resume (default MODEL-TIMESTAMP)",
         json_schema_extra=cli("--run-id", "ID", group="output"),
     )
+
+    @field_validator("sync_interval_s", mode="before")
+    @classmethod
+    def _sync_duration(cls, value: Any) -> Any:
+        return parse_duration(value, "--sync-interval") if isinstance(value, str) else value
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_location(cls, value: str) -> str:
+        from cluster.storage.location import RemoteFolder, is_remote
+
+        return RemoteFolder.parse(value).uri if is_remote(value) else value
 
     @model_validator(mode="before")
     @classmethod

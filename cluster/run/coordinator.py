@@ -37,6 +37,7 @@ from sharding.store import ResultStore, StoreInUse
 if TYPE_CHECKING:
     from cluster.lm_eval import LmEvalRunOutput
     from cluster.run.shared import SharedReplicas
+    from cluster.storage import RunFolderSync
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,42 @@ def run_evaluation(
     `shared`: a sweep's warm replicas to run on instead of starting the run's own."""
     started = time.perf_counter()
     paths = RunPaths.new(plan.config.output_dir, plan.config.run_id, plan.model_label)
+    sync = _open_sync(plan, paths)  # a folder on a store: what it holds comes here first (a resume)
     paths.make()
     _save_config(plan, paths)
     store = _open_store(paths)
+    if sync is not None:
+        sync.start(lambda: len(store.added_ids))
+    complete = False
+    try:
+        result, runner = _run_in_folder(plan, paths, store, started, verbose, progress, retry_failed, shared)
+        complete = True
+    finally:
+        if sync is not None:
+            sync.finish(complete)
+    _fail_if_every_replica_died(runner, result, paths)
+    return result
+
+
+def _open_sync(plan: RunPlan, paths: RunPaths) -> RunFolderSync | None:
+    if paths.remote is None:
+        return None
+    from cluster.storage import SyncPolicy, open_run_folder
+
+    policy = SyncPolicy(plan.config.sync_every, plan.config.sync_interval_s)
+    return open_run_folder(paths.remote, policy)
+
+
+def _run_in_folder(
+    plan: RunPlan,
+    paths: RunPaths,
+    store: ResultStore,
+    started: float,
+    verbose: bool,
+    progress: bool,
+    retry_failed: bool,
+    shared: SharedReplicas | None,
+) -> tuple[RunResult, RequestRunner]:
     runner = RequestRunner(
         plan,
         store,
@@ -109,8 +143,7 @@ def run_evaluation(
         )
         finished.adaptive = prepared.adaptive
         result = write_outputs(finished)
-    _fail_if_every_replica_died(runner, result)
-    return result
+    return result, runner
 
 
 def _note_reused_failures(runner: RequestRunner) -> None:
@@ -188,7 +221,7 @@ def _generate(
     return None
 
 
-def _fail_if_every_replica_died(runner: RequestRunner, result: RunResult) -> None:
+def _fail_if_every_replica_died(runner: RequestRunner, result: RunResult, paths: RunPaths) -> None:
     dispatch = runner.dispatch
     if dispatch is None or not dispatch.all_replicas_dead:
         return
@@ -196,5 +229,5 @@ def _fail_if_every_replica_died(runner: RequestRunner, result: RunResult) -> Non
     raise ClusterError(
         f"Every engine replica died ({causes}). {result.requests_failed} samples could not be generated; they "
         "are not cached, so rerunning the same command resumes them once the cause is fixed (--verbose shows "
-        f"the engine logs). Partial results are in {result.run_dir}."
+        f"the engine logs). Partial results are in {paths.location}."
     )

@@ -118,6 +118,7 @@ def write_outputs(run: FinishedRun) -> RunResult:
     stats = run.runner.stats
     return RunResult(
         run_dir=run.paths.root,
+        location=run.paths.location,
         summaries=summaries.every,
         table=table,
         wall_s=wall,

@@ -14,16 +14,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.storage.location import RemoteFolder, is_remote, local_path
 from evaluators.errors import EvalInputError
 
 
 @dataclass(frozen=True)
 class RunPaths:
+    """`root` is where the run's files are written on this node; for an --output-dir on object storage it
+    is the local staging folder of `remote` (cluster.storage), which the run's sync keeps in step with it."""
+
     root: Path
+    remote: RemoteFolder | None = None
 
     @classmethod
     def of(cls, output_dir: str, run_id: str) -> RunPaths:
-        return cls(Path(output_dir).expanduser() / run_id)
+        if is_remote(output_dir):
+            remote = RemoteFolder.parse(output_dir).child(run_id)
+            return cls(remote.staging, remote)
+        return cls(local_path(output_dir) / run_id)
+
+    @property
+    def location(self) -> str:
+        """The run folder as the user names it: its URI on a store, else its path."""
+        return self.remote.uri if self.remote is not None else str(self.root)
 
     @classmethod
     def new(cls, output_dir: str, run_id: str | None, model_name: str) -> RunPaths:
@@ -87,10 +100,15 @@ def stored_run_config(output_dir: str, run_id: str | None) -> tuple[dict[str, An
             "--judge-only needs --run-id: the run whose stored outputs are to be judged (a folder under "
             "--output-dir, default runs/)."
         )
-    saved = RunPaths.of(output_dir, run_id).config
+    paths = RunPaths.of(output_dir, run_id)
+    if paths.remote is not None:
+        from cluster.storage import local_copy
+
+        local_copy(paths.remote)
+    saved = paths.config
     if not saved.is_file():
         raise EvalInputError(
-            f"--judge-only --run-id {run_id}: {saved} does not exist. Give the --run-id (and --output-dir) "
+            f"--judge-only --run-id {run_id}: {paths.location}/config.yaml does not exist. Give the --run-id (and --output-dir) "
             "of a run made before, e.g. with --inference-only."
         )
     data = load_config_file(str(saved))

@@ -211,7 +211,8 @@ def check_paths_for_the_cluster(config: RunConfig) -> None:
                     f"{setting} {value} is a relative path, but this run is coordinated inside the cluster, on "
                     "the head node (or --coordinator-node), where every path of the config is that node's: give "
                     f"an absolute path there, on storage you can read back (a filesystem mounted at the same "
-                    f"path on every node, or the head's own disk), e.g. {setting.split()[0]} /shared/{value}."
+                    f"path on every node, the head's own disk, or for --output-dir object storage such as "
+                    f"s3://BUCKET/PREFIX), e.g. {setting.split()[0]} /shared/{value}."
                 )
 
 

@@ -32,6 +32,12 @@ class RunResult:
     engines_source: dict[str, Any] = field(
         default_factory=dict
     )  # where generations came from (cluster.sources)
+    location: str = (
+        ""  # the run folder as the user named it (a URI on object storage); run_dir is its copy here
+    )
+
+    def __post_init__(self) -> None:
+        self.location = self.location or str(self.run_dir)
 
 
 def load_records(run_dir: Path) -> dict[str, Any]:

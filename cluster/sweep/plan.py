@@ -23,6 +23,7 @@ from cluster.models import (
     resolve_model,
 )
 from cluster.plan import RunPlan, build_plan, judged_task_names
+from cluster.storage.location import RemoteFolder, is_remote, local_path
 from evaluators.errors import EvalInputError
 
 MAX_LORAS = 16  # adapters one engine batch may mix (vLLM's max_loras); more wait for a free slot
@@ -56,6 +57,17 @@ class SweepPlan:
     steps: list[SweepStep]
     skipped: list[SkippedCheckpoint]
     lora_merge: bool = False  # adapters merged into the base weights and run as full checkpoints
+    remote: RemoteFolder | None = None  # the sweep's folder on object storage; root is its staging copy
+
+    @property
+    def location(self) -> str:
+        """The sweep's folder as the user names it: its URI on a store, else its path."""
+        return self.remote.uri if self.remote is not None else str(self.root)
+
+    @property
+    def steps_output_dir(self) -> str:
+        """Where each step's run folder goes: under the sweep's folder, on the store where it is there."""
+        return self.remote.uri if self.remote is not None else str(self.root)
 
     @property
     def series(self) -> str:
@@ -97,13 +109,15 @@ def build_sweep_plan(
             "`rayeval run --lora PATH` for one adapter)."
         )
     checkpoints = find_checkpoints(checkpoint_dir, steps)
-    root = Path(config.output_dir).expanduser() / (config.run_id or f"sweep-{checkpoint_dir.resolve().name}")
+    name = config.run_id or f"sweep-{checkpoint_dir.resolve().name}"
+    remote = RemoteFolder.parse(config.output_dir).child(name) if is_remote(config.output_dir) else None
+    root = remote.staging if remote is not None else local_path(config.output_dir) / name
     adapters = [c for c in checkpoints if c.kind is CheckpointKind.LORA]
     full = [c for c in checkpoints if c.kind is CheckpointKind.FULL]
     base_config = config if adapters else _with_model(config, str(full[0].path))
     base = build_plan(base_config, materialise_model=materialise_model)
     _check_judge(base)
-    plan = SweepPlan(checkpoint_dir, root, [], [], lora_merge)
+    plan = SweepPlan(checkpoint_dir, root, [], [], lora_merge, remote)
     # a merged adapter runs as a full checkpoint: the engines' LoRA rank does not limit it, the merge's does
     max_lora_rank = None if lora_merge else config.model.max_lora_rank
     for checkpoint in checkpoints:
@@ -114,14 +128,16 @@ def build_sweep_plan(
             if problem is not None:
                 plan.skipped.append(SkippedCheckpoint(checkpoint.step, checkpoint.path, problem))
                 continue
-        plan.steps.append(SweepStep(checkpoint, _step_plan(base, checkpoint, root, max_lora_rank)))
+        plan.steps.append(
+            SweepStep(checkpoint, _step_plan(base, checkpoint, plan.steps_output_dir, max_lora_rank))
+        )
     return plan
 
 
-def _step_plan(base: RunPlan, checkpoint: Checkpoint, root: Path, max_lora_rank: int | None) -> RunPlan:
+def _step_plan(base: RunPlan, checkpoint: Checkpoint, output_dir: str, max_lora_rank: int | None) -> RunPlan:
     """The base plan with this step's model (a full checkpoint) or adapter, run in its own folder."""
     config = base.config.model_copy(deep=True)
-    config.output_dir = str(root)
+    config.output_dir = output_dir
     config.run_id = f"step_{checkpoint.step}"
     if checkpoint.kind is CheckpointKind.LORA:
         config.model.lora = str(checkpoint.path)

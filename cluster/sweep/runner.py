@@ -44,7 +44,8 @@ class StepOutcome:
     kind: str
     checkpoint: str
     status: StepStatus
-    run_dir: str = ""
+    run_dir: str = ""  # on this node (a store's run folder: its staging copy)
+    location: str = ""  # the run folder as the user names it (its URI on object storage)
     reason: str = ""
     requests: int = 0
     requests_generated: int = 0
@@ -62,6 +63,9 @@ class SweepResult:
     wall_s: float
     engine_starts: int  # replica pools started (one per checkpoint kind that had work)
     swaps: int  # moves of the full-checkpoint engines to another checkpoint
+    location: str = (
+        ""  # the sweep's folder as the user names it (a URI on object storage); root: its copy here
+    )
 
     @property
     def failed(self) -> list[StepOutcome]:
@@ -111,9 +115,28 @@ def run_sweep(
                 shared.close()
     outcomes.sort(key=lambda o: o.step)
     files = _curves(plan, outcomes, errorbar)
-    result = SweepResult(plan.root, outcomes, files, time.perf_counter() - began, starts, swaps)
+    wall_s = time.perf_counter() - began
+    result = SweepResult(plan.root, outcomes, files, wall_s, starts, swaps, plan.location)
     _write_sweep_json(plan, result)
+    _upload_sweep_files(plan)
     return result
+
+
+def _upload_sweep_files(plan: SweepPlan) -> None:
+    """A sweep on object storage: its own files (sweep.json, the tables, the curves) go up beside the steps'
+    run folders, which each step's run uploads itself."""
+    if plan.remote is None:
+        return
+    from cluster.storage import FolderMirror, explain
+
+    own = tuple(path.name for path in plan.root.iterdir() if path.is_file())
+    try:
+        FolderMirror(plan.root, plan.remote).push(final=True, only=own)
+    except OSError as exc:
+        raise ClusterError(
+            f"{explain(plan.remote, exc, 'uploading the sweep files')}. The steps' run folders are up; the "
+            f"sweep's own files are in {plan.root}: rerun the sweep (it reuses every step) to upload them."
+        ) from None
 
 
 def _groups(plan: SweepPlan, outcomes: list[StepOutcome]) -> list[tuple[CheckpointKind, list[SweepStep]]]:
@@ -190,6 +213,7 @@ def _run_step(step: SweepStep, shared: SharedReplicas, retry_failed: bool) -> St
 
 def _fill(outcome: StepOutcome, result: RunResult, plan: RunPlan) -> None:
     outcome.run_dir = str(result.run_dir)
+    outcome.location = result.location
     outcome.requests = result.requests_total
     outcome.requests_generated = result.requests_total - result.requests_reused
     outcome.engine_pids = [e.pid for e in result.engines]

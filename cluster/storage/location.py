@@ -1,0 +1,126 @@
+"""Where a run folder lives when `--output-dir` is a URI: an object store (s3://, gs://, ...) or any other
+filesystem pyarrow or fsspec opens, and the local folder on this node that stages it.
+
+Credentials never appear here: pyarrow and fsspec read them on the node that opens the filesystem, from its
+environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL for an S3-compatible store...), `~/.aws` or the instance's
+role. A URI carrying a key is refused, since config.yaml and the logs record the URI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
+
+from evaluators.errors import EvalInputError
+
+if TYPE_CHECKING:
+    import pyarrow.fs
+
+# query parameters of a pyarrow S3/GCS URI that carry a secret (pyarrow would accept them)
+SECRET_QUERY_KEYS = frozenset({"access_key", "secret_key", "session_token", "access_token"})
+
+
+def is_remote(value: str | None) -> bool:
+    """Whether an --output-dir names a folder by URI other than a local file:// path."""
+    if not value or "://" not in value:
+        return False
+    return urlsplit(value).scheme.lower() not in ("", "file")
+
+
+def local_path(value: str) -> Path:
+    """A local --output-dir as a path: `file:///abs/path` is `/abs/path`, `~` expanded."""
+    if value.startswith("file://"):
+        return Path(urlsplit(value).path)
+    return Path(value).expanduser()
+
+
+@dataclass(frozen=True)
+class RemoteFolder:
+    """A folder on a filesystem named by URI (no trailing slash)."""
+
+    uri: str
+
+    @classmethod
+    def parse(cls, value: str, setting: str = "--output-dir") -> RemoteFolder:
+        parts = urlsplit(value)
+        if not parts.netloc and not parts.path.strip("/"):
+            raise EvalInputError(
+                f"{setting} {value}: the URI names no bucket or folder. Give one like s3://BUCKET/PREFIX."
+            )
+        if parts.username or parts.password:
+            raise EvalInputError(
+                f"{setting}: the URI carries credentials ({parts.scheme}://USER:...@...). They would be written "
+                "into the run's config.yaml and logs; give them the standard way on the node that writes "
+                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, the instance's role) and leave them out of "
+                "the URI."
+            )
+        if ".." in parts.path.split("/"):
+            raise EvalInputError(f"{setting} {value}: a '..' in the URI's path; give the folder's own path.")
+        secret = sorted(SECRET_QUERY_KEYS & set(parse_qs(parts.query)))
+        if secret:
+            raise EvalInputError(
+                f"{setting}: the URI's query sets {', '.join(secret)}, a credential that would be written into "
+                "the run's config.yaml and logs; give it through the environment or ~/.aws on the node that "
+                "writes instead."
+            )
+        return cls(value.rstrip("/"))
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.uri).scheme.lower()
+
+    @property
+    def name(self) -> str:
+        return urlsplit(self.uri).path.rstrip("/").rsplit("/", 1)[-1]
+
+    def child(self, name: str) -> RemoteFolder:
+        parts = urlsplit(self.uri)
+        path = f"{parts.path.rstrip('/')}/{name}"
+        query = f"?{parts.query}" if parts.query else ""
+        return RemoteFolder(f"{parts.scheme}://{parts.netloc}{path}{query}")
+
+    def open(self) -> tuple[pyarrow.fs.FileSystem, str]:
+        """The filesystem and this folder's path on it: pyarrow's own (S3, GCS, HDFS, ...) where it knows the
+        scheme, else fsspec's (through pyarrow's FSSpecHandler)."""
+        import pyarrow
+        import pyarrow.fs as pafs
+
+        try:
+            filesystem, path = pafs.FileSystem.from_uri(self.uri)
+            return filesystem, path.rstrip("/")
+        except (pyarrow.ArrowNotImplementedError, pyarrow.ArrowInvalid) as exc:
+            arrow_problem = str(exc)  # a scheme pyarrow lacks: fsspec may have it
+        except OSError as exc:
+            raise EvalInputError(f"--output-dir {self.uri}: {exc}") from None
+        return _fsspec_filesystem(self.uri, arrow_problem)
+
+    @property
+    def staging(self) -> Path:
+        """The folder on this node that holds this folder's files while a run writes them or a command reads
+        them: under rayeval's cache, at the URI's own path (so a run folder keeps its name, the run id); a
+        URI with a query (an endpoint override...) gets a folder of its own."""
+        from cluster.models import cache_root
+
+        parts = urlsplit(self.uri)
+        base = cache_root() / "storage" / parts.scheme.lower()
+        if parts.query:
+            base = base / f"query-{hashlib.sha256(parts.query.encode()).hexdigest()[:12]}"
+        return base.joinpath(parts.netloc or "_", *[p for p in parts.path.split("/") if p])
+
+
+def _fsspec_filesystem(uri: str, arrow_problem: str) -> tuple[pyarrow.fs.FileSystem, str]:
+    import fsspec
+    import pyarrow.fs as pafs
+
+    try:
+        filesystem, path = fsspec.core.url_to_fs(uri)
+    except (ImportError, ValueError) as exc:
+        raise EvalInputError(
+            f"--output-dir {uri}: neither pyarrow nor fsspec can open this URI (pyarrow: {arrow_problem}; "
+            f"fsspec: {exc}). pyarrow opens s3://, gs:// and hdfs://; fsspec opens others once their package "
+            "is installed (e.g. adlfs for az://)."
+        ) from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), str(path).rstrip("/")

@@ -1,0 +1,143 @@
+"""Run folders on a real S3-compatible server (SeaweedFS on loopback, tests/object_store.py), no engine: the
+mirror's journal parts and their assembly on another node, what a pull keeps, the final upload, and every
+bad --output-dir ending in exit 2 with one message before anything starts."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from pathlib import Path
+
+import pytest
+
+from cluster.cli import main
+from cluster.storage import FolderMirror, RemoteFolder, StorageError, probe_writable, readable_folder
+from tests.object_store import BUCKET, READER, ObjectStore
+
+JOURNAL = "cache/completions.jsonl"
+
+
+@pytest.fixture
+def store_env(s3: ObjectStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ObjectStore:
+    """This process as the writing node: the store's credentials in its environment, its own cache."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RAYEVAL_CACHE", str(tmp_path / "cache-here"))
+    return s3
+
+
+def mirror_at(store: ObjectStore, prefix: str, local: Path) -> FolderMirror:
+    return FolderMirror(local, RemoteFolder.parse(store.uri(prefix)))
+
+
+def test_a_journal_goes_up_in_parts_and_another_node_assembles_it(store_env: ObjectStore, tmp_path: Path):
+    here = mirror_at(store_env, "parts/run", tmp_path / "here")
+    journal = here.local / JOURNAL
+    journal.parent.mkdir(parents=True)
+    journal.write_text('{"n": 1}\n{"n": 2}\n')
+    (here.local / "config.yaml").write_text("model: m\n")
+    (here.local / "samples").mkdir()
+    (here.local / "samples" / "t.jsonl").write_text("live\n")
+    (here.local / "cache" / ".lock").write_text("")
+    assert here.push(final=False) == 2  # the journal's lines, and config.yaml; live samples wait for the end
+    with journal.open("a") as handle:
+        handle.write('{"n": 3}\n{"n": 4, "half')  # a line still being written stays here
+    assert here.push(final=False) == 1
+    stored = store_env.read("parts/run")
+    assert sorted(stored) == [f"{JOURNAL}.parts/000000000000000-000000000000018",
+                              f"{JOURNAL}.parts/000000000000018-000000000000027", "config.yaml"]  # fmt: skip
+    assert b"".join(stored[k] for k in sorted(stored) if ".parts/" in k) == b'{"n": 1}\n{"n": 2}\n{"n": 3}\n'
+
+    there = mirror_at(store_env, "parts/run", tmp_path / "there")  # another node: nothing of it local
+    assert there.pull() == 2
+    assert (there.local / JOURNAL).read_text() == '{"n": 1}\n{"n": 2}\n{"n": 3}\n'
+    assert not (there.local / "cache" / ".lock").exists() and not (there.local / "samples").exists()
+
+    with (there.local / JOURNAL).open("a") as handle:  # the resumed run adds, then finishes
+        handle.write('{"n": 5}\n')
+    (there.local / "summary.json").write_text("{}")
+    there.push(final=True)
+    stored = store_env.read("parts/run")
+    assert sorted(stored) == [JOURNAL, "config.yaml", "summary.json"]  # whole, its parts gone
+    assert stored[JOURNAL] == b'{"n": 1}\n{"n": 2}\n{"n": 3}\n{"n": 5}\n'
+
+
+def test_a_pull_keeps_a_longer_local_journal_and_skips_parts_the_whole_one_holds(
+    store_env: ObjectStore, tmp_path: Path
+):
+    writer = mirror_at(store_env, "keep/run", tmp_path / "writer")
+    (writer.local / "cache").mkdir(parents=True)
+    (writer.local / JOURNAL).write_text("a\n")
+    writer.push(final=False)
+    (writer.local / JOURNAL).write_text("a\nb\n")
+    writer.push(final=False)
+    # a whole journal uploaded, and a crash before its parts were deleted: the parts are inside it
+    filesystem = store_env.filesystem()
+    with filesystem.open_output_stream(f"{BUCKET}/keep/run/{JOURNAL}") as out:
+        out.write(b"a\nb\n")
+    fresh = mirror_at(store_env, "keep/run", tmp_path / "fresh")
+    fresh.pull()
+    assert (fresh.local / JOURNAL).read_text() == "a\nb\n"
+    # this node's journal ran ahead of the store (uploads failed): a pull leaves it as it is
+    (writer.local / JOURNAL).write_text("a\nb\nc\nd\n")
+    again = mirror_at(store_env, "keep/run", writer.local)
+    assert again.pull() == 0
+    assert (writer.local / JOURNAL).read_text() == "a\nb\nc\nd\n"
+    again.push(final=True)
+    assert store_env.read("keep/run")[JOURNAL] == b"a\nb\nc\nd\n"
+
+
+def test_the_probe_leaves_nothing_and_explains_a_store_that_refuses(s3: ObjectStore, monkeypatch, tmp_path):
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    probe_writable(RemoteFolder.parse(s3.uri("probed")))
+    assert s3.read("probed") == {}
+    with pytest.raises(StorageError, match="the bucket 'no-such-bucket' does not exist"):
+        probe_writable(RemoteFolder.parse("s3://no-such-bucket/runs"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", READER[0])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", READER[1])
+    with pytest.raises(StorageError, match="access denied while writing a probe object"):
+        probe_writable(RemoteFolder.parse(s3.uri("probed")))
+    monkeypatch.setenv("RAYEVAL_CACHE", str(tmp_path))
+    with pytest.raises(StorageError, match="holds no files"):
+        readable_folder(s3.uri("nothing-here"))
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+BAD_OUTPUT_DIRS = [
+    ("missing-bucket", "s3://no-such-bucket/runs", {}, ["bucket 'no-such-bucket' does not exist", "aws s3 mb"]),
+    ("read-only-key", f"s3://{BUCKET}/runs", {"AWS_ACCESS_KEY_ID": READER[0], "AWS_SECRET_ACCESS_KEY": READER[1]},
+     ["access denied while writing a probe object", "credentials found on node"]),
+    ("unreachable", f"s3://{BUCKET}/runs", {"AWS_ENDPOINT_URL": "http://127.0.0.1:{closed}"},
+     ["cannot be reached", "AWS_ENDPOINT_URL"]),
+    ("key-in-uri", f"s3://AKIA:secret@{BUCKET}/runs", {}, ["carries credentials", "~/.aws"]),
+    ("key-in-query", f"s3://{BUCKET}/runs?secret_key=abc", {}, ["secret_key", "environment or ~/.aws"]),
+    ("unknown-scheme", "nosuchfs://bucket/runs", {}, ["neither pyarrow nor fsspec can open"]),
+    ("no-bucket", "s3://", {}, ["names no bucket"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD_OUTPUT_DIRS, ids=[c[0] for c in BAD_OUTPUT_DIRS])
+def test_a_bad_output_uri_exits_2_before_anything_starts(
+    case, s3: ObjectStore, monkeypatch, capsys, tmp_path
+):
+    _, uri, env, fragments = case
+    for name, value in {**s3.env(), **env}.items():
+        monkeypatch.setenv(name, value.format(closed=_closed_port()))
+    monkeypatch.setenv("RAYEVAL_CACHE", str(tmp_path))
+    try:
+        code = main(shlex.split(f"run --dry-run --limit 2 --output-dir '{uri}'"))
+    except SystemExit as exit_info:
+        code = int(exit_info.code or 0)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("rayeval: error:")]
+    assert code == 2 and len(errors) == 1, err
+    for fragment in fragments:
+        assert fragment in errors[0], f"{fragment!r} not in {errors[0]!r}"
+    assert "secret" not in errors[0] or "secret_key" in errors[0]
+    assert not list(tmp_path.rglob("config.yaml"))  # nothing was written for the run
