@@ -59,6 +59,7 @@ class ObjectStore:
     endpoint: str
     process: subprocess.Popen[bytes]
     folder: Path
+    command: list[str]
 
     def env(self, key: tuple[str, str] = WRITER) -> dict[str, str]:
         return {
@@ -93,6 +94,14 @@ class ObjectStore:
                     found[info.path[len(base) + 1 :]] = handle.read()
         return found
 
+    def restart(self) -> None:
+        """Start the stopped server again: the same ports and data, what it held before."""
+        log = (self.folder / "weed.log").open("ab")
+        self.process = subprocess.Popen(
+            self.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        _wait_until_ready(self, 60)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -122,20 +131,24 @@ def start_object_store(folder: Path, timeout_s: float = 60) -> ObjectStore:
     (folder / "data").mkdir(exist_ok=True)
     log = (folder / "weed.log").open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    store = ObjectStore(f"http://127.0.0.1:{ports['s3.port']}", process, folder)
+    store = ObjectStore(f"http://127.0.0.1:{ports['s3.port']}", process, folder, command)
+    _wait_until_ready(store, timeout_s)
+    return store
+
+
+def _wait_until_ready(store: ObjectStore, timeout_s: float) -> None:
     deadline = time.time() + timeout_s
+    log = store.folder / "weed.log"
     while time.time() < deadline:
-        if process.poll() is not None:
+        if store.process.poll() is not None:
             raise RuntimeError(
-                f"weed mini exited with {process.returncode}:\n{(folder / 'weed.log').read_text()[-3000:]}"
+                f"weed mini exited with {store.process.returncode}:\n{log.read_text()[-3000:]}"
             )
         if _bucket_ready(store):
-            return store
+            return
         time.sleep(0.3)
     store.stop()
-    raise RuntimeError(
-        f"weed mini did not serve S3 within {timeout_s:.0f} s:\n{(folder / 'weed.log').read_text()[-3000:]}"
-    )
+    raise RuntimeError(f"weed mini did not serve S3 within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
 
 
 def _bucket_ready(store: ObjectStore) -> bool:

@@ -22,7 +22,11 @@ BASE_IFEVAL_SAMPLES = 4  # greedy: N = 4 asked is one draw, one request per ques
 
 
 def rayeval(
-    *args: str, timeout: int = 900, env: dict[str, str] | None = None, local: bool = False
+    *args: str,
+    timeout: int = 900,
+    env: dict[str, str] | None = None,
+    local: bool = False,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`rayeval ARGS` in a subprocess. A `run` that names no cluster goes to the test run's shared cluster and
     its warm pools (tests/warm_cluster.py), unless `local` asks for the local cluster the command starts."""
@@ -39,6 +43,7 @@ def rayeval(
         timeout=timeout,
         check=False,
         env={**base, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -65,10 +70,12 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start_in_background(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def start_in_background(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=_default_sigint, env=env)  # fmt: skip
+                            preexec_fn=_default_sigint, env=env, cwd=cwd)  # fmt: skip
 
 
 def wait_for_records(proc: subprocess.Popen[str], store: Path, count: int) -> None:

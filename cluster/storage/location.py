@@ -19,6 +19,7 @@ from evaluators.errors import EvalInputError
 if TYPE_CHECKING:
     import pyarrow.fs
 
+STAGING_ENV = "RAYEVAL_STAGING_DIR"
 # query parameters of a pyarrow S3/GCS URI that carry a secret (pyarrow would accept them)
 SECRET_QUERY_KEYS = frozenset({"access_key", "secret_key", "session_token", "access_token"})
 
@@ -100,15 +101,23 @@ class RemoteFolder:
     @property
     def staging(self) -> Path:
         """The folder on this node that holds this folder's files while a run writes them or a command reads
-        them: under rayeval's cache, at the URI's own path (so a run folder keeps its name, the run id); a
+        them: under `staging_root()`, at the URI's own path (so a run folder keeps its name, the run id); a
         URI with a query (an endpoint override...) gets a folder of its own."""
-        from cluster.models import cache_root
-
         parts = urlsplit(self.uri)
-        base = cache_root() / "storage" / parts.scheme.lower()
+        base = staging_root() / parts.scheme.lower()
         if parts.query:
             base = base / f"query-{hashlib.sha256(parts.query.encode()).hexdigest()[:12]}"
         return base.joinpath(parts.netloc or "_", *[p for p in parts.path.split("/") if p])
+
+
+def staging_root() -> Path:
+    """Where this node stages folders of object storage: $RAYEVAL_STAGING_DIR, else rayeval's cache
+    (~/.cache/rayeval/storage). A pod whose home is small points it at a larger disk."""
+    import os
+
+    from cluster.models import cache_root
+
+    return Path(os.environ.get(STAGING_ENV) or cache_root() / "storage").expanduser()
 
 
 def _fsspec_filesystem(uri: str, arrow_problem: str) -> tuple[pyarrow.fs.FileSystem, str]:
