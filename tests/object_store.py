@@ -94,6 +94,14 @@ class ObjectStore:
                     found[info.path[len(base) + 1 :]] = handle.read()
         return found
 
+    def download(self, prefix: str, into: Path) -> Path:
+        """Every object under s3://BUCKET/prefix written into a local folder, read with pyarrow's own S3
+        client (not rayeval's mirror)."""
+        for name, data in self.read(prefix).items():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            (into / name).write_bytes(data)
+        return into
+
     def restart(self) -> None:
         """Start the stopped server again: the same ports and data, what it held before."""
         log = (self.folder / "weed.log").open("ab")

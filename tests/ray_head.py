@@ -68,7 +68,9 @@ class HeadNode:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def start_head(num_cpus: int = 2, timeout_s: float = 90) -> HeadNode:
+def start_head(num_cpus: int = 2, timeout_s: float = 90, env: dict[str, str] | None = None) -> HeadNode:
+    """A `ray start --head` cluster with token auth; `env`: more of the node's own environment (what its
+    workers and actors inherit, such as a store's credentials)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's socket paths are length-limited
     token_path = temp_dir / "auth_token"
     token_path.write_text(secrets.token_hex(32))
@@ -82,6 +84,7 @@ def start_head(num_cpus: int = 2, timeout_s: float = 90) -> HeadNode:
         "RAY_AUTH_TOKEN_PATH": str(token_path),
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",  # a test cluster has nothing to drain on its stop
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        **(env or {}),
     }
     command = [
         ray_cli(), "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dashboard}",

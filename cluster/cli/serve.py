@@ -115,7 +115,9 @@ def _print_served(served: ServedModel, key_env: str | None, lifetime: str) -> No
     )
     print(f"OPENAI_BASE_URL={served.url} OPENAI_MODEL={served.name}", flush=True)
     for adapter in served.adapters:
-        print(f"LoRA adapter {adapter}: OPENAI_MODEL={adapter}", flush=True)
+        staged = served.staged.get(adapter)
+        where = f" (each replica reads it from {staged})" if staged else ""
+        print(f"LoRA adapter {adapter}: OPENAI_MODEL={adapter}{where}", flush=True)
     if key_env:
         print(
             f"requests need Authorization: Bearer ${key_env}; rayeval runs pass it with --api-key-env {key_env} "

@@ -819,12 +819,31 @@ class ServeConfig(Strict):
     )
     adapters: list[str] = Field(
         default_factory=list,
-        description="a LoRA adapter folder (peft's save_pretrained, at the same path on every node) served "
-        "beside the base model under NAME (`model` of a request); repeat for more",
-        json_schema_extra=cli("--lora", "NAME=PATH", group="serve"),
+        description="a LoRA adapter folder (peft's save_pretrained) served beside the base model under NAME "
+        "(`model` of a request): a path (at that path on every node, or staged with --lora-store) or a URI "
+        "on object storage (s3://...); repeat for more",
+        json_schema_extra=cli("--lora", "NAME=PATH|URI", group="serve"),
+    )
+    lora_store: str | None = Field(
+        None,
+        description="stage the local --lora adapters on object storage under this URI (s3://BUCKET/PREFIX): "
+        "each replica downloads them to its own disk, for clusters whose nodes share no disk (credentials: "
+        "this machine's to upload, each node's own to download)",
+        json_schema_extra=cli("--lora-store", "URI", group="serve"),
     )
 
     _key_env = field_validator("api_key_env")(_check_env_name)
+
+    @field_validator("lora_store")
+    @classmethod
+    def _store_uri(cls, value: str | None) -> str | None:
+        from cluster.storage.location import RemoteFolder, is_remote
+
+        if value is None:
+            return None
+        if not is_remote(value):
+            raise ValueError(f"'{value}' is not a URI on object storage: give one like s3://BUCKET/adapters")
+        return RemoteFolder.parse(value, "--lora-store").uri
 
     @field_validator("host")
     @classmethod

@@ -19,9 +19,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import ray
@@ -40,6 +40,10 @@ from cluster.plan import ReplicaPlan, replica_plan, resolve_device
 from cluster.serve.address import HttpPlace, api_url, check_running_host, placement_notes
 from cluster.serve.auth import key_digest_from_env
 from cluster.session import joined_session, ray_session
+from cluster.storage import is_remote
+
+if TYPE_CHECKING:
+    from cluster.serve.adapters import ServedAdapter
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,9 @@ class ServedModel:
     device: str
     start_s: float
     adapters: tuple[str, ...] = ()  # LoRA adapters served by name beside the base model
+    staged: dict[str, str] = field(
+        default_factory=dict
+    )  # adapter -> where on object storage replicas read it
     notes: tuple[str, ...] = ()  # where the API is, beyond its URL
 
 
@@ -118,10 +125,10 @@ def serve_model(config: ServeConfig, *, local: bool, key_sha256: str | None = No
     adapters = checked_adapters(config, model.path, name)
     app = build_openai_app(
         {
-            "llm_configs": [llm_config(config, model.path, name, device)],
+            "llm_configs": [llm_config(config, model.path, name, device, adapters)],
             # the ingress only forwards HTTP: it must not take a CPU an engine replica is sized for
             "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
-            "ingress_cls_config": ingress_config({a: name for a in adapters}, key_sha256),
+            "ingress_cls_config": ingress_config({a.name: name for a in adapters}, key_sha256),
         }
     )
     running = start_serve(asked)
@@ -141,7 +148,8 @@ def serve_model(config: ServeConfig, *, local: bool, key_sha256: str | None = No
         app_name=config.app_name,
         device=device,
         start_s=time.perf_counter() - began,
-        adapters=tuple(adapters),
+        adapters=tuple(a.name for a in adapters),
+        staged={a.name: a.source for a in adapters if is_remote(a.source)},
         notes=placement_notes(asked, running, on_cluster=not local, keyed=key_sha256 is not None),
     )
 
@@ -166,19 +174,23 @@ def start_serve(asked: HttpPlace) -> HttpPlace:
     return HttpPlace(options.host, options.port)
 
 
-def checked_adapters(config: ServeConfig, model_path: str, served_name: str) -> list[str]:
-    """The adapters' names, each checked against the base model before any replica starts."""
+def checked_adapters(config: ServeConfig, model_path: str, served_name: str) -> list[ServedAdapter]:
+    """The adapters, each checked against the base model before any replica starts, and staged on object
+    storage where --lora-store asks (cluster.serve.adapters)."""
     from cluster.models import adapter_problem
+    from cluster.serve.adapters import stage_adapters
 
     for adapter, path in config.lora_modules.items():
         if adapter == served_name:
             raise ClusterError(
                 f"--lora {adapter}={path}: the base model is served as '{adapter}'; name it otherwise"
             )
-        problem = adapter_problem(Path(path).expanduser(), Path(model_path), config.model.max_lora_rank)
+    staged = stage_adapters(config.lora_modules, None)  # where they are now, for the checks
+    for adapter in staged:
+        problem = adapter_problem(adapter.local, Path(model_path), config.model.max_lora_rank)
         if problem:
-            raise ClusterError(f"--lora {adapter}={path}: {problem}")
-    return list(config.lora_modules)
+            raise ClusterError(f"--lora {adapter.name}={config.lora_modules[adapter.name]}: {problem}")
+    return stage_adapters(config.lora_modules, config.lora_store) if config.lora_store else staged
 
 
 def ingress_config(adapters: dict[str, str], key_sha256: str | None) -> dict[str, Any]:
@@ -192,7 +204,9 @@ def ingress_config(adapters: dict[str, str], key_sha256: str | None) -> dict[str
     }
 
 
-def llm_config(config: ServeConfig, model_path: str, name: str, device: str) -> Any:
+def llm_config(
+    config: ServeConfig, model_path: str, name: str, device: str, adapters: list[ServedAdapter] | None = None
+) -> Any:
     """Ray Serve LLM's config of the model: rayeval's engine settings as vLLM engine arguments, one
     placement group per replica sized as `rayeval run` sizes a replica."""
     from ray.serve.llm import LLMConfig
@@ -210,10 +224,8 @@ def llm_config(config: ServeConfig, model_path: str, name: str, device: str) -> 
         engine["revision"] = settings.revision
     if settings.max_num_seqs is not None:  # None on GPU: vLLM's own default for the card
         engine["max_num_seqs"] = settings.max_num_seqs
-    if config.lora_modules:  # every replica loads every adapter from its own disk when it starts
-        modules = [
-            {"name": n, "path": str(Path(p).expanduser().resolve())} for n, p in config.lora_modules.items()
-        ]
+    if adapters:  # every replica loads every adapter from its own disk (a store's: downloaded) as it starts
+        modules = [{"name": a.name, "path": a.source} for a in adapters]
         lora = replace(settings, max_lora_rank=config.model.max_lora_rank, max_loras=len(modules))
         engine |= engine_lora_args(lora)
         engine["lora_modules"] = modules
@@ -257,10 +269,9 @@ def engine_env(config: ServeConfig, device: str) -> dict[str, str]:
     return env
 
 
-def replica_server(device: str) -> type | None:
-    """The replica's server class: on CPU one that binds the engine's threads on its node; else Ray's."""
-    if device != "cpu":
-        return None
+def replica_server(device: str) -> type:
+    """The replica's server class: Ray's, which fetches the adapters on object storage to its node before the
+    engine starts and, on CPU, binds the engine's threads to its node's cores."""
     from cluster.serve.replica import LLMServer
 
     return LLMServer

@@ -1,4 +1,5 @@
-"""The served model's replica on CPU: Ray Serve LLM's `LLMServer`, whose vLLM engine binds its threads to the
+"""The served model's replica: Ray Serve LLM's `LLMServer`, which first fetches the LoRA adapters staged on
+object storage to its own node (cluster.serve.adapters), and on CPU binds its vLLM engine's threads to the
 cores of the node the replica runs on.
 
 vLLM's CPU workers bind their OpenMP threads to the cores `VLLM_CPU_OMP_THREADS_BIND` names, read by the
@@ -34,10 +35,30 @@ def node_binding(llm_config: LLMConfig) -> str:
     return cpu_thread_binding(0, 1, workers, sorted(os.sched_getaffinity(0)))
 
 
+def on_cpu(llm_config: LLMConfig) -> bool:
+    """Whether the replica's engine runs on CPU: its placement group asks for no GPU."""
+    placement = llm_config.placement_group_config or {}
+    bundles = (
+        placement.get("bundles", []) if isinstance(placement, dict) else getattr(placement, "bundles", [])
+    )
+    return not any((b.get("GPU", 0) if isinstance(b, dict) else getattr(b, "GPU", 0)) for b in bundles)
+
+
+def fetch_adapters(llm_config: LLMConfig) -> None:
+    """Each LoRA module's folder on this node: an adapter on object storage downloaded here first."""
+    from cluster.serve.adapters import replica_adapter_folder
+
+    for module in llm_config.engine_kwargs.get("lora_modules") or []:
+        module["path"] = replica_adapter_folder(module["name"], module["path"])
+
+
 class LLMServer(RayLLMServer):
-    """Ray's LLM server, binding its CPU engine's threads to this node's cores before the engine starts. It
-    keeps Ray's class name, which names the deployment (`LLMServer:<model>` in `rayeval serve --status`)."""
+    """Ray's LLM server, fetching the LoRA adapters on object storage to this node and, on CPU, binding its
+    engine's threads to this node's cores before the engine starts. It keeps Ray's class name, which names
+    the deployment (`LLMServer:<model>` in `rayeval serve --status`)."""
 
     async def __init__(self, llm_config: LLMConfig, **kwargs: Any) -> None:
-        os.environ.setdefault(THREADS_BIND, node_binding(llm_config))
+        fetch_adapters(llm_config)
+        if on_cpu(llm_config):
+            os.environ.setdefault(THREADS_BIND, node_binding(llm_config))
         await super().__init__(llm_config, **kwargs)

@@ -8,7 +8,7 @@ while the run goes on. Plain Python and pyarrow; nothing here imports Ray."""
 from cluster._lazy import lazy_exports
 
 _EXPORTS = {
-    "location": ("RemoteFolder", "is_remote", "local_path"),
+    "location": ("RemoteFolder", "is_remote", "local_path", "staging_root"),
     "probe": ("StorageError", "probe_writable", "explain"),
     "mirror": ("FolderMirror", "is_journal"),
     "sync": ("RunFolderSync", "SyncPolicy", "open_run_folder", "local_copy", "readable_folder"),

@@ -49,7 +49,10 @@ def test_each_flag_sets_the_field_it_names():
         expected = "7" if as_written else 7 if number else ["x"] if spec.dest == "tasks" else "x"
         assert overrides(args) == {spec.dest: expected}, spec.flag
         if as_written:
-            assert build_config({}, overrides(args), "flags").cluster.keep_warm_s == 7.0
+            value = build_config({}, overrides(args), "flags")
+            for part in spec.dest.split("."):  # the field the flag sets, parsed there
+                value = getattr(value, part)
+            assert value == 7.0, spec.flag
 
 
 def test_the_mode_flags_set_the_mode_and_exclude_each_other(capsys):

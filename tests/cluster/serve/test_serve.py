@@ -1,6 +1,7 @@
 """`rayeval serve` on a real `ray start --head` cluster: Ray Serve's LLM application over a real vLLM engine
 of the default model, reached with the `openai` client, with `rayeval run --model openai:...` (as the model
-and as the judge), and with lm-eval's own `local-chat-completions` model; and a served replica killed in the
+and as the judge), and with lm-eval's own `local-chat-completions` model; a LoRA adapter staged on object
+storage (a real S3-compatible server) and downloaded by the replica; and a served replica killed in the
 middle of a run.
 
 The server is deployed as a user would deploy it safely: listening on 127.0.0.1 (the default) and requiring
@@ -30,11 +31,13 @@ import psutil
 import pytest
 
 from cluster.models import default_model_dir
+from cluster.serve.adapters import adapter_digest
 from tests.cluster.run.test_lora import make_adapter
 from tests.judge_local_data import write_judge_data
 from tests.lm_eval_local import write_local_tasks
+from tests.object_store import BUCKET
 from tests.ray_head import HeadNode, free_port, start_head
-from tests.runs import rayeval, records, start_in_background, wait_for_records
+from tests.runs import BASE_IFEVAL_ARGS, MODEL_DIR, rayeval, records, start_in_background, wait_for_records
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +60,7 @@ class Served:
     key: str
     deployer_cores: set[int]  # the cores the deploying `rayeval serve` process was pinned to
     deploy_output: str
+    adapter: Path  # the LoRA adapter's local folder (served from its copy on the object store)
 
     @property
     def env(self) -> dict[str, str]:
@@ -68,10 +72,13 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory) -> Iterator[Served]:
-    # a randomly initialised adapter: it answers differently from the base model
+def served(tmp_path_factory, s3) -> Iterator[Served]:
+    # a randomly initialised adapter: it answers differently from the base model. It is staged on the object
+    # store (--lora-store) and the replica downloads it from there with its node's own credentials (the
+    # head's environment), into its node's staging folder
     adapter = make_adapter(tmp_path_factory.mktemp("lora") / ADAPTER, random_init=True)
-    head = start_head(num_cpus=2)
+    node_staging = tmp_path_factory.mktemp("replica-node")
+    head = start_head(num_cpus=2, env={**s3.env(), "RAYEVAL_STAGING_DIR": str(node_staging)})
     address = f"127.0.0.1:{head.gcs_port}"
     port = free_port()
     key = f"sk-serve-{secrets.token_hex(24)}"
@@ -79,17 +86,26 @@ def served(tmp_path_factory) -> Iterator[Served]:
     try:
         done = subprocess.run(
             [sys.executable, "-m", "cluster.cli", "serve", "--address", address, *ENGINE, "--port", str(port),
-             "--served-model-name", SERVED_NAME, "--lora", f"{ADAPTER}={adapter}", "--api-key-env", KEY_ENV],
-            env={**head.client_env(), KEY_ENV: key}, capture_output=True, text=True, timeout=600,
+             "--served-model-name", SERVED_NAME, "--lora", f"{ADAPTER}={adapter}", "--api-key-env", KEY_ENV,
+             "--lora-store", s3.uri("adapters")],
+            env={**head.client_env(), **s3.env(), KEY_ENV: key}, capture_output=True, text=True, timeout=600,
             preexec_fn=lambda: os.sched_setaffinity(0, deployer_cores),
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         url = f"http://127.0.0.1:{port}/v1"
         assert f"serving {SERVED_NAME} " in done.stdout and f"at {url} " in done.stdout, done.stdout
-        assert f"LoRA adapter {ADAPTER}: OPENAI_MODEL={ADAPTER}" in done.stdout
+        staged = f"{s3.uri('adapters')}/{ADAPTER}-{adapter_digest(adapter)}"
+        assert (
+            f"LoRA adapter {ADAPTER}: OPENAI_MODEL={ADAPTER} (each replica reads it from {staged})"
+            in done.stdout
+        )
+        on_store = s3.read(staged.removeprefix(f"s3://{BUCKET}/"))
+        assert on_store["adapter_model.safetensors"] == (adapter / "adapter_model.safetensors").read_bytes()
+        downloaded = node_staging / "s3" / BUCKET / "adapters" / staged.rsplit("/", 1)[1]
+        assert (downloaded / "adapter_config.json").is_file()  # the replica read the store's copy
         assert f"requests need Authorization: Bearer ${KEY_ENV}" in done.stdout
         assert "note: the API listens on 127.0.0.1 of the cluster's nodes" in done.stdout
-        yield Served(head, address, url, port, key, deployer_cores, done.stdout + done.stderr)
+        yield Served(head, address, url, port, key, deployer_cores, done.stdout + done.stderr, adapter)
     finally:
         rayeval("serve", "--shutdown", "--address", address, env=head.client_env(), timeout=120)
         head.stop()
@@ -186,6 +202,24 @@ def test_a_lora_adapter_answers_under_its_own_name_streamed_too(served: Served) 
         model=ADAPTER, messages=messages, max_tokens=24, temperature=0, stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+
+
+def test_the_staged_adapters_greedy_answers_equal_a_run_with_the_local_adapter(
+    served: Served, tmp_path: Path
+) -> None:
+    """The adapter served from its copy on the object store answers as `rayeval run --lora` with the local
+    folder does (float32 both sides, three IFEval questions)."""
+    local = rayeval("run", *BASE_IFEVAL_ARGS, "--limit", "3", "--lora", str(served.adapter), "--output-dir",
+                    str(tmp_path), "--run-id", "local")  # fmt: skip
+    assert local.returncode == 0, local.stderr[-3000:]
+    endpoint = rayeval("run", "--model", f"openai:{ADAPTER}", "--base-url", served.url, "--api-key-env", KEY_ENV,
+                       "--limit", "3", *RUN, "--output-dir", str(tmp_path), "--run-id", "served",
+                       env=served.key_env)  # fmt: skip
+    assert endpoint.returncode == 0, endpoint.stderr[-3000:]
+    [by_lora] = (tmp_path / "local" / "samples").glob(f"{MODEL_DIR}+*/ifeval.jsonl")
+    by_endpoint = records(tmp_path / "served" / "samples" / ADAPTER / "ifeval.jsonl")
+    assert [r["output"] for r in by_endpoint] == [r["output"] for r in records(by_lora)]
+    assert len(by_endpoint) == 3 and all(r["error"] is None for r in by_endpoint)
 
 
 def test_a_lora_server_refuses_prompt_logprobs_and_so_do_log_likelihood_runs_against_it(

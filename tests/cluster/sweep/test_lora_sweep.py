@@ -1,9 +1,10 @@
 """`rayeval sweep` over LoRA adapters made here with peft for the embedded default model: every good adapter
 is scored on the same base-model engines (one engine per replica for the whole sweep), one above the engines'
 LoRA rank and a broken one are skipped with their reasons, a zero-initialised one reproduces the base model's
-greedy outputs exactly, and the same command again generates nothing. With --lora-merge the same adapters run
-merged into the base weights: the rank limit no longer applies, and each random adapter merged gives the
-greedy outputs it gave served through vLLM's LoRA layers (float32)."""
+greedy outputs exactly, and the same command again, from another node's empty staging folder, generates
+nothing: that sweep's folder is on object storage (a real S3-compatible server). With --lora-merge the same
+adapters run merged into the base weights: the rank limit no longer applies, and each random adapter merged
+gives the greedy outputs it gave served through vLLM's LoRA layers (float32)."""
 
 from __future__ import annotations
 
@@ -63,14 +64,18 @@ def base_outputs(base_ifeval_records) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def served(lora_run, tmp_path_factory) -> tuple[Path, list[str]]:
-    """The sweep of the adapters served through vLLM's LoRA layers, two replicas: its folder and arguments."""
-    out = tmp_path_factory.mktemp("served")
-    args = ["sweep", str(lora_run), *COMMON, "--output-dir", str(out), "--run-id", "sweep", "--replicas", "2"]
-    done = rayeval(*args)
+def served(lora_run, tmp_path_factory, s3) -> tuple[Path, list[str]]:
+    """The sweep of the adapters served through vLLM's LoRA layers, two replicas, its folder on object storage
+    (the S3-compatible server of tests/object_store.py): the folder as downloaded from the store, and the
+    arguments."""
+    node = tmp_path_factory.mktemp("served-node")
+    args = ["sweep", str(lora_run), *COMMON, "--output-dir", s3.uri("sweeps"), "--run-id", "sweep",
+            "--replicas", "2"]  # fmt: skip
+    done = rayeval(*args, env={**s3.env(), "RAYEVAL_STAGING_DIR": str(node)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 300" in done.stdout and "skipped" in done.stdout
-    return out / "sweep", args
+    assert f"sweep in {s3.uri('sweeps/sweep')} (" in done.stdout
+    return s3.download("sweeps/sweep", tmp_path_factory.mktemp("served")), args
 
 
 def outputs(root: Path, step: str, name: str) -> list[str]:
@@ -79,7 +84,7 @@ def outputs(root: Path, step: str, name: str) -> list[str]:
     return [r["output"] for r in rows]
 
 
-def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(served, base_outputs):
+def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(served, base_outputs, s3):
     root, args = served
     sweep = json.loads((root / "sweep.json").read_text())
     by_step = {s["step"]: s for s in sweep["steps"]}
@@ -109,9 +114,11 @@ def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(served
     assert {line.split(",")[1] for line in summary[1:]} == {"100", "200", "400"}
     assert (root / "ifeval.png").stat().st_size > 0
 
-    again = rayeval(*args)
+    # the same sweep from another node, nothing staged there: every step resumes from the store
+    other = {**s3.env(), "RAYEVAL_STAGING_DIR": str(root.parent / "other-node")}
+    again = rayeval(*args, env=other)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((root / "sweep.json").read_text())["engine_starts"] == 0
+    assert json.loads(s3.read("sweeps/sweep")["sweep.json"])["engine_starts"] == 0
     assert "0 of 3 requests generated" in again.stdout
 
 
