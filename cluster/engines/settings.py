@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cluster.config import ModelOptions
-from cluster.plan import ExecutorKind
+from cluster.engines.placement import ExecutorKind
 
 
 @dataclass(frozen=True)
