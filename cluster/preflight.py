@@ -13,8 +13,9 @@ from pathlib import Path
 import psutil
 
 from cluster.config import RunMode
+from cluster.judging import check_judge, judged_task_names, local_judge_replicas
 from cluster.models import check_context_length, resolve_model
-from cluster.plan import RunPlan, check_judge, judged_task_names, local_judge_replicas
+from cluster.plan import RunPlan
 from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import LOGLIKELIHOOD_OUTPUT_TYPES
 

@@ -12,9 +12,9 @@ import ray
 from ray.exceptions import AuthenticationError
 
 from cluster import timeline
+from cluster.engines import ReplicaPlan
 from cluster.errors import ClusterError, first_line
 from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
-from cluster.plan import ReplicaPlan
 
 log = logging.getLogger(__name__)
 

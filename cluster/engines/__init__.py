@@ -1,5 +1,6 @@
-"""The engine replicas: the Ray actor that owns one vLLM engine, the settings it is built with, the pool
-that places replicas with placement groups, and the calls that turn an actor's death into `ReplicaDead`.
+"""The engine replicas: the Ray actor that owns one vLLM engine, the settings it is built with, where a replica
+goes (its resources and placement-group layout, and whether this machine has a GPU), the pool that places
+replicas with placement groups, and the calls that turn an actor's death into `ReplicaDead`.
 
 This is where a request becomes a vLLM call (`actor.EngineActor._one`).
 """
@@ -19,6 +20,8 @@ _EXPORTS = {
         "engine_max_num_seqs",
         "cpu_has_native_bf16",
     ),
+    "placement": ("ExecutorKind", "ReplicaLayout", "ReplicaPlan", "replica_plan"),
+    "devices": ("local_gpus_visible", "gpu_device_files", "nvml_gpu_count"),
     "pool": (
         "ReplicaPool",
         "check_feasible",

@@ -23,11 +23,11 @@ from cluster.engines.affinity import engine_core_cpus, pin_descendants
 from cluster.engines.cores import bind_this_node, replica_slot
 from cluster.engines.forkserver import engine_core_forked, start_engine_core_server
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
+from cluster.engines.placement import ExecutorKind
 from cluster.engines.reload_check import ReloadCheck
 from cluster.engines.settings import EngineSettings, engine_args
 from cluster.forwarded_env import ForwardedEnv
 from cluster.models.checkpoints import SwapKind
-from cluster.plan import ExecutorKind
 from evaluators.failures import FailureKind
 from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup, continuation_logprob
 
@@ -51,7 +51,7 @@ class EngineInfo:
     log_files: tuple[str, ...] = ()  # the actor's stdout / stderr files on its node: the engine's full log
     node_ip: str = ""  # the address of its node, the machine its log files and cores are on
     cpu_binding: str = ""  # CPU engines: the cores its threads are bound to, chosen on its own node
-    executor: str = ExecutorKind.SINGLE.value  # how its workers run (cluster.plan.ExecutorKind)
+    executor: str = ExecutorKind.SINGLE.value  # how its workers run (placement.ExecutorKind)
     nodes: tuple[str, ...] = ()  # the Ray node of each bundle of its placement group, in bundle order
     model: str = ""  # the checkpoint it serves now
     loaded_by: str = "start"  # how that checkpoint got there: start, or a swap's SwapKind (reload, rebuild)

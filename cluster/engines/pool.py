@@ -17,10 +17,10 @@ from cluster import timeline
 from cluster.engines.actor import EngineActor, EngineDead, EngineInfo, EngineStartFailed
 from cluster.engines.cores import ENGINE_CORE_SLOT_ENV
 from cluster.engines.logs import EngineLog, describe_failure, mark, read_on_node
+from cluster.engines.placement import ExecutorKind, ReplicaLayout, ReplicaPlan
 from cluster.engines.settings import EngineSettings
 from cluster.errors import ClusterError
 from cluster.forwarded_env import for_engines
-from cluster.plan import ExecutorKind, ReplicaLayout, ReplicaPlan
 from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
 from sharding.requests import Completion, PromptGroup
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import CPU_MAX_NUM_SEQS, ModelOptions
-from cluster.plan import ExecutorKind
+from cluster.engines.placement import ExecutorKind
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from typing import Any
 import ray
 
 from cluster.engines.actor import EngineInfo
+from cluster.engines.placement import ReplicaPlan
 from cluster.engines.settings import EngineSettings
-from cluster.plan import ReplicaPlan
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
-"""Judges: local judge models and OpenAI-compatible judge APIs behind one backend interface, the runner that
-sends judge requests through the dispatcher (with a second pass for transient failures), and the judged
-samples that turn answers into scores.
+"""Judges: which tasks a judge scores and what a run's judge needs (`rules`), local judge models and
+OpenAI-compatible judge APIs behind one backend interface, the runner that sends judge requests through the
+dispatcher (with a second pass for transient failures), and the judged samples that turn answers into scores.
 """
 
 from cluster._lazy import lazy_exports
 
 _EXPORTS = {
+    "rules": ("judged_task_names", "check_judge", "local_judge_replicas", "core_slots"),
     "backends": (
         "JudgeBackend",
         "LocalJudgeBackend",

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from cluster.config import JudgeOptions, RunConfig
+from cluster.engines import ReplicaPlan
 from cluster.models import PromptRenderer, ResolvedModel, resolve_model
-from cluster.plan import ReplicaPlan
 from evaluators.tasks.base import ChatMessage, Prompt
 from sharding.dispatcher import Replica
 from sharding.requests import Completion, GenerationRequest, SamplingSpec, make_request

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.judging.backends import build_judge_backend
+from cluster.judging.rules import core_slots
 from cluster.judging.runner import JudgeRunner
 from cluster.judging.samples import JudgedSamples
-from cluster.plan import RunPlan, core_slots
+from cluster.plan import RunPlan
 from cluster.progress import progress_bar
 from evaluators.errors import EvalInputError
 from evaluators.failures import FailureKind

@@ -20,9 +20,9 @@ import yaml
 from cluster import timeline
 from cluster.config import RunMode
 from cluster.errors import ClusterError
-from cluster.judging import JudgePipeline, start_judging, wait_for_judging
+from cluster.judging import JudgePipeline, core_slots, start_judging, wait_for_judging
 from cluster.models import prompt_renderer
-from cluster.plan import RunPlan, core_slots
+from cluster.plan import RunPlan
 from cluster.run.adaptive import adapt_samples
 from cluster.run.outputs import FinishedRun, output_written, write_outputs
 from cluster.run.paths import RunPaths

@@ -76,7 +76,8 @@ class RunCoordinator:
         return ray.util.get_node_ip_address()
 
     def _run(self) -> None:
-        from cluster.plan import build_plan, replica_plan
+        from cluster.engines import replica_plan
+        from cluster.plan import build_plan
         from cluster.preflight import preflight
         from cluster.run.coordinator import run_evaluation
         from cluster.session import cluster_has_gpus

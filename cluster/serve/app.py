@@ -28,15 +28,17 @@ import ray
 
 from cluster.config import RunConfig, ServeConfig
 from cluster.engines import (
+    ReplicaPlan,
     engine_chunked_prefill,
     engine_dtype,
     engine_lora_args,
     engine_settings,
     remote_message,
+    replica_plan,
 )
 from cluster.errors import ClusterError
 from cluster.models import resolve_model
-from cluster.plan import ReplicaPlan, replica_plan, resolve_device
+from cluster.plan import resolve_device
 from cluster.serve.address import HttpPlace, api_url, check_running_host, placement_notes
 from cluster.serve.auth import key_digest_from_env
 from cluster.session import joined_session, ray_session

@@ -20,8 +20,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster import timeline
-from cluster.engines import EngineInfo, EngineSettings, ReplicaPool
-from cluster.plan import ReplicaPlan, RunPlan
+from cluster.engines import EngineInfo, EngineSettings, ReplicaPlan, ReplicaPool
+from cluster.plan import RunPlan
 from sharding.dispatcher import Replica
 
 if TYPE_CHECKING:

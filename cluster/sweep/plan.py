@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cluster.config import RunConfig
+from cluster.judging import judged_task_names
 from cluster.models import (
     Checkpoint,
     CheckpointKind,
@@ -22,7 +23,7 @@ from cluster.models import (
     merge_problem,
     resolve_model,
 )
-from cluster.plan import RunPlan, build_plan, judged_task_names
+from cluster.plan import RunPlan, build_plan
 from cluster.storage.location import RemoteFolder, is_remote, local_path
 from evaluators.errors import EvalInputError
 

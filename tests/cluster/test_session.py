@@ -14,8 +14,8 @@ import pytest
 import ray
 
 import cluster
+from cluster.engines import ReplicaPlan
 from cluster.errors import ClusterError
-from cluster.plan import ReplicaPlan
 from cluster.session import _stop_autoscaler_monitor, ray_session
 from tests.warm_cluster import shared_pids
 

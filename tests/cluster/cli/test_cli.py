@@ -251,36 +251,3 @@ def test_help_and_dry_run_import_neither_ray_vllm_torch_nor_the_ifeval_checkers(
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert "model     SmolLM2-135M-Instruct" in done.stdout and "on cpu" in done.stdout
-
-
-def test_a_cpu_build_of_torch_sees_no_gpu_without_being_imported():
-    from importlib.metadata import version
-
-    from cluster.plan import local_gpus_visible
-
-    if not version("torch").endswith("+cpu"):
-        pytest.skip("torch here is not a CPU build")
-    assert local_gpus_visible() is False
-
-
-def test_a_gpu_machine_counts_its_gpus_through_nvml_without_importing_torch(monkeypatch):
-    """A stand-in NVML and device files (this machine has no GPU): NVML's count decides, torch is not asked."""
-    import importlib.metadata
-    import types
-
-    import cluster.plan as plan
-
-    calls = []
-    nvml = types.SimpleNamespace(
-        nvmlInit=lambda: calls.append("init"),
-        nvmlDeviceGetCount=lambda: 2,
-        nvmlShutdown=lambda: calls.append("shutdown"),
-    )
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.11.0+cu130")
-    monkeypatch.setattr(plan, "gpu_device_files", lambda: True)
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setitem(sys.modules, "torch", None)  # importing torch would now fail
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert plan.local_gpus_visible() is True and calls == ["init", "shutdown"]
-    nvml.nvmlDeviceGetCount = lambda: 0
-    assert plan.local_gpus_visible() is False

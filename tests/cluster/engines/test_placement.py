@@ -3,7 +3,7 @@ worker over nodes (vLLM's Ray executor); CPU replicas only ever on one node. Pla
 
 from __future__ import annotations
 
-from cluster.plan import ExecutorKind, ReplicaPlan
+from cluster.engines import ExecutorKind, ReplicaPlan
 
 TP2_GPU = ReplicaPlan({"CPU": 1.0, "GPU": 2.0}, workers=2)
 ONE_GPU_NODE = {"CPU": 8.0, "GPU": 1.0}
