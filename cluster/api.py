@@ -14,7 +14,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import RunConfig, build_config
-from cluster.engines import replica_plan
 from cluster.judging import local_judge_replicas
 from cluster.plan import RunPlan, build_plan
 from cluster.preflight import preflight
@@ -117,6 +116,5 @@ def evaluate_plan(
     replicas = config.cluster.replicas + local_judge_replicas(plan)
     with ray_session(config.cluster.address, plan.replica, replicas, verbose):
         if config.cluster.address and config.cluster.device == "auto" and not plan.model.endpoint:
-            plan.device = "gpu" if cluster_has_gpus() else "cpu"
-            plan.replica = replica_plan(config, plan.device)
+            plan = plan.on_device("gpu" if cluster_has_gpus() else "cpu")
         return run_evaluation(plan, verbose=verbose, progress=progress, retry_failed=retry_failed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from evaluators.tasks.registry import TASKS, get_task
 from sharding.requests import Adapter, SamplingSpec
 
 
-@dataclass
+@dataclass(frozen=True)
 class TaskPlan:
     task: Task
     options: TaskOptions
@@ -59,8 +59,10 @@ class LmEvalTaskPlan:
     num_fewshot: int | None  # None: the task's own
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunPlan:
+    """A run, resolved. What the cluster decides later (its device) makes a new plan: `on_device`."""
+
     config: RunConfig
     model: ResolvedModel
     device: str
@@ -69,6 +71,11 @@ class RunPlan:
     lm_eval_tasks: list[LmEvalTaskPlan] = field(default_factory=list)
     lm_eval_catalog: LmEvalCatalog | None = None
     adapter: Adapter | None = None  # --lora: every request runs through it on the base model's replicas
+
+    def on_device(self, device: str) -> RunPlan:
+        """This plan on `device`, its replicas' resources with it: a plan completed once its cluster says
+        whether it has GPUs."""
+        return replace(self, device=device, replica=replica_plan(self.config, device))
 
     @property
     def model_label(self) -> str:

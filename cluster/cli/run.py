@@ -92,9 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cluster.preflight import preflight
 
     plan = build_plan(config, materialise_model=not args.dry_run)
-    preflight(plan)
     timeline.mark("planned")
     if args.dry_run:
+        preflight(plan)  # a real run is checked once, by evaluate_plan
         print(plan.describe())
         if (
             config.cluster.address and not plan.model.endpoint

@@ -138,10 +138,7 @@ class RayEvalLM(TemplateLM):
                 ray_session(config.cluster.address, self._plan.replica, config.cluster.replicas, False)
             )
             if config.cluster.address and config.cluster.device == "auto":
-                from cluster.engines import replica_plan
-
-                self._plan.device = "gpu" if cluster_has_gpus() else "cpu"
-                self._plan.replica = replica_plan(config, self._plan.device)
+                self._plan = self._plan.on_device("gpu" if cluster_has_gpus() else "cpu")
             store = None
             if self._cache_dir:
                 from pathlib import Path

@@ -76,7 +76,6 @@ class RunCoordinator:
         return ray.util.get_node_ip_address()
 
     def _run(self) -> None:
-        from cluster.engines import replica_plan
         from cluster.plan import build_plan
         from cluster.preflight import preflight
         from cluster.run.coordinator import run_evaluation
@@ -85,11 +84,11 @@ class RunCoordinator:
         try:
             if self.stored is not None:
                 self.config = self.stored.config(self.config.output_dir, self.config.run_id)
-            plan = build_plan(self.config)
+            device = None  # planned inside the cluster, whose GPUs decide `auto`
             if self.config.cluster.device == "auto":
-                plan.device = "gpu" if cluster_has_gpus() else "cpu"
-                plan.replica = replica_plan(self.config, plan.device)
-            preflight(plan)
+                device = "gpu" if cluster_has_gpus() else "cpu"
+            plan = build_plan(self.config, device=device)
+            preflight(plan)  # a client run is checked here, where it is planned, and nowhere else
             self.result = run_evaluation(plan, progress=False, retry_failed=self.retry_failed)
         except EvalInputError as exc:
             self.error, self.error_is_input = str(exc), True
