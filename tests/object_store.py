@@ -5,6 +5,7 @@ variables and AWS_ENDPOINT_URL."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 BUCKET = "rayeval-test"
 WRITER = ("rayeval-writer", "writer-secret-0f3a9c")
@@ -57,9 +59,10 @@ class ObjectStore:
     """A running server: its endpoint, and the environment a process needs to use it as writer or reader."""
 
     endpoint: str
-    process: subprocess.Popen[bytes]
-    folder: Path
+    process: subprocess.Popen
+    folder: Path  # as this process sees it
     command: list[str]
+    host: Any = None  # a separated host (tests/separate_hosts.Host) it runs in, else this machine
 
     def env(self, key: tuple[str, str] = WRITER) -> dict[str, str]:
         return {
@@ -82,17 +85,13 @@ class ObjectStore:
         )
 
     def read(self, prefix: str) -> dict[str, bytes]:
-        """Every object under s3://BUCKET/prefix, by its path relative to it."""
-        import pyarrow.fs as pafs
-
-        filesystem = self.filesystem()
-        base = f"{BUCKET}/{prefix}".rstrip("/")
-        found = {}
-        for info in filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True)):
-            if info.is_file:
-                with filesystem.open_input_stream(info.path) as handle:
-                    found[info.path[len(base) + 1 :]] = handle.read()
-        return found
+        """Every object under s3://BUCKET/prefix, by its path relative to it (read inside the host the
+        server runs in, where it is one)."""
+        if self.host is not None:
+            done = self.host.python(READ_OBJECTS, self.endpoint, prefix, timeout=120)
+            assert done.returncode == 0, done.stderr[-3000:]
+            return {k: base64.b64decode(v) for k, v in json.loads(done.stdout).items()}
+        return read_objects(self.filesystem(), prefix)
 
     def download(self, prefix: str, into: Path) -> Path:
         """Every object under s3://BUCKET/prefix written into a local folder, read with pyarrow's own S3
@@ -102,12 +101,18 @@ class ObjectStore:
             (into / name).write_bytes(data)
         return into
 
+    def launch(self, mode: str = "wb") -> None:
+        log = (self.folder / "weed.log").open(mode)
+        if self.host is not None:
+            self.process = self.host.popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+        else:
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
     def restart(self) -> None:
         """Start the stopped server again: the same ports and data, what it held before."""
-        log = (self.folder / "weed.log").open("ab")
-        self.process = subprocess.Popen(
-            self.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.launch("ab")
         _wait_until_ready(self, 60)
 
     def stop(self) -> None:
@@ -120,7 +125,9 @@ class ObjectStore:
                 self.process.wait(timeout=20)
 
 
-def start_object_store(folder: Path, timeout_s: float = 60) -> ObjectStore:
+def start_object_store(folder: Path, timeout_s: float = 60, host: Any = None) -> ObjectStore:
+    """SeaweedFS serving S3 on loopback, its data in `folder`; with `host` (a separated host), inside that
+    host on its own address, `folder` being under the host's home."""
     folder.mkdir(parents=True, exist_ok=True)
     identities = [
         {"name": "writer", "credentials": [{"accessKey": WRITER[0], "secretKey": WRITER[1]}],
@@ -128,20 +135,43 @@ def start_object_store(folder: Path, timeout_s: float = 60) -> ObjectStore:
         {"name": "reader", "credentials": [{"accessKey": READER[0], "secretKey": READER[1]}],
          "actions": ["Read", "List"]},
     ]  # fmt: skip
-    config = folder / "s3.json"
-    config.write_text(json.dumps({"identities": identities}))
+    (folder / "s3.json").write_text(json.dumps({"identities": identities}))
+    (folder / "data").mkdir(exist_ok=True)
+    inside = Path("/home") / folder.relative_to(host.home) if host is not None else folder
+    ip = host.ip if host is not None else "127.0.0.1"
     ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS)), strict=True))
     command = [
-        weed_binary(), "mini", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        "-admin.ui=false", "-webdav=false", f"-s3.config={config}", "-s3.autoCreateBucket=false",
+        weed_binary(), "mini", f"-dir={inside / 'data'}", f"-ip={ip}", f"-ip.bind={ip}",
+        "-admin.ui=false", "-webdav=false", f"-s3.config={inside / 's3.json'}", "-s3.autoCreateBucket=false",
         f"-bucket={BUCKET}", *(f"-{flag}={port}" for flag, port in ports.items()),
     ]  # fmt: skip
-    (folder / "data").mkdir(exist_ok=True)
-    log = (folder / "weed.log").open("wb")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    store = ObjectStore(f"http://127.0.0.1:{ports['s3.port']}", process, folder, command)
+    store = ObjectStore(f"http://{ip}:{ports['s3.port']}", None, folder, command, host)  # type: ignore[arg-type]
+    store.launch()
     _wait_until_ready(store, timeout_s)
     return store
+
+
+def read_objects(filesystem: Any, prefix: str) -> dict[str, bytes]:
+    import pyarrow.fs as pafs
+
+    base = f"{BUCKET}/{prefix}".rstrip("/")
+    found = {}
+    for info in filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True)):
+        if info.is_file:
+            with filesystem.open_input_stream(info.path) as handle:
+                found[info.path[len(base) + 1 :]] = handle.read()
+    return found
+
+
+# the same read, run inside a separated host (argv: endpoint, prefix), printed as JSON of base64
+READ_OBJECTS = f"""
+import base64, json, sys
+import pyarrow.fs as pafs
+from tests.object_store import read_objects
+fs = pafs.S3FileSystem(access_key={WRITER[0]!r}, secret_key={WRITER[1]!r}, endpoint_override=sys.argv[1],
+                       region="us-east-1")
+print(json.dumps({{k: base64.b64encode(v).decode() for k, v in read_objects(fs, sys.argv[2]).items()}}))
+"""
 
 
 def _wait_until_ready(store: ObjectStore, timeout_s: float) -> None:
@@ -160,6 +190,8 @@ def _wait_until_ready(store: ObjectStore, timeout_s: float) -> None:
 
 
 def _bucket_ready(store: ObjectStore) -> bool:
+    if store.host is not None:
+        return store.host.python(BUCKET_READY, store.endpoint, timeout=60).returncode == 0
     import pyarrow.fs as pafs
 
     try:
@@ -168,9 +200,18 @@ def _bucket_ready(store: ObjectStore) -> bool:
         return False
 
 
+BUCKET_READY = f"""
+import sys
+import pyarrow.fs as pafs
+fs = pafs.S3FileSystem(access_key={WRITER[0]!r}, secret_key={WRITER[1]!r}, endpoint_override=sys.argv[1],
+                       region="us-east-1")
+sys.exit(0 if fs.get_file_info({BUCKET!r}).type is pafs.FileType.Directory else 1)
+"""
+
+
 @contextmanager
-def object_store(folder: Path) -> Iterator[ObjectStore]:
-    store = start_object_store(folder)
+def object_store(folder: Path, host: Any = None) -> Iterator[ObjectStore]:
+    store = start_object_store(folder, host=host)
     try:
         yield store
     finally:

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.judge_local_data import write_judge_data
+from tests.object_store import WRITER, ObjectStore, object_store
 from tests.runs import ENGINE_FLAGS, MODEL_DIR, records
 from tests.separate_hosts import PYTHON, Host, SeparateCluster, kill_group
 
@@ -220,16 +221,55 @@ def test_a_client_run_on_the_node_it_names_writes_there(
     assert hosts.head.ip in wrong.stderr and hosts.worker.ip in wrong.stderr
 
 
+@pytest.fixture(scope="module")
+def host_store(separate_hosts: SeparateCluster) -> Iterator[ObjectStore]:
+    """The cluster's object storage: SeaweedFS inside the head host, on its own address."""
+    with object_store(separate_hosts.head.home / "s3", host=separate_hosts.head) as store:
+        yield store
+
+
+def test_a_client_run_on_object_storage_resumes_on_another_host_from_the_store(
+    separate_hosts: SeparateCluster, judge_url: str, key: str, host_store: ObjectStore
+):
+    """A Ray-client run writes its folder to the store from the head (the model is the stand-in API: no
+    engine); the same run with more questions, coordinated on the worker, where nothing of it is on disk,
+    reads the folder back from the store and asks only the new questions. The store's credentials go from
+    the laptop to the coordinator by --env, in a call."""
+    hosts = separate_hosts
+    argv = ["run", "--address", hosts.ray.client_address, "--model", "openai:standin", "--base-url", judge_url,
+            "--tasks", "ifeval", "--output-dir", host_store.uri("apart"), "--run-id", "stored", "--no-progress",
+            *(arg for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
+              for arg in ("--env", name))]  # fmt: skip
+    env = {KEY_ENV: key, **host_store.env()}
+    first = hosts.laptop.rayeval(*argv, "--limit", "3", env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (
+        f"on node {hosts.head.ip}, which writes its folder {host_store.uri('apart')}/stored" in first.stderr
+    )
+    resumed = hosts.laptop.rayeval(*argv, "--limit", "6", "--coordinator-node", hosts.worker.ip, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"results in {host_store.uri('apart')}/stored (3 of 6 requests reused" in resumed.stdout
+    stored = host_store.read("apart/stored")
+    samples = [json.loads(line) for line in stored["samples/openai:standin/ifeval.jsonl"].splitlines()]
+    assert sorted(row["doc_id"] for row in samples) == list(range(6))
+    assert len(stored["cache/completions.jsonl"].splitlines()) == 6
+    staged = ".cache/rayeval/storage/s3/rayeval-test/apart/stored/summary.json"
+    assert (hosts.worker.home / staged).is_file() and (hosts.head.home / staged).is_file()
+
+
 def test_the_key_is_in_no_file_state_listing_or_job_record_on_any_host(
     separate_hosts: SeparateCluster, key: str
 ):
     hosts = separate_hosts
-    needles = (key, key[-32:])
+    needles = (key, key[-32:], WRITER[1])  # the judge's key, and the store's secret (--env to a client run)
+    store_server = hosts.head.home / "s3"  # the S3 server's own folder: its key file holds the secret
     leaked = [
         str(path)
         for host in hosts.hosts.values()
         for path in host.root.rglob("*")
-        if path.is_file() and any(n.encode() in path.read_bytes() for n in needles)
+        if path.is_file()
+        and not path.is_relative_to(store_server)
+        and any(n.encode() in path.read_bytes() for n in needles)
     ]
     assert leaked == []
     listing = json.dumps([state_listing(hosts, kind) for kind in ("actors", "tasks", "jobs")])
