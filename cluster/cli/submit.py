@@ -12,7 +12,7 @@ from evaluators.errors import EvalInputError
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("run", "tasks", "validate")
+COMMANDS = ("run", "sweep", "watch", "tasks", "validate")
 
 EPILOG = """examples:
   rayeval submit --address http://HEAD:8265 -- run --model Qwen/Qwen2.5-7B-Instruct --tasks ifeval,gsm8k \\
@@ -100,7 +100,7 @@ def needed_variables(command: str, parsed: argparse.Namespace) -> list[str]:
     checked on the way: the job writes it on the node that runs its driver."""
     from cluster.forwarded_env import HF_TOKEN_NAMES, names_for
 
-    if command != "run":
+    if command not in ("run", "sweep", "watch"):
         return list(HF_TOKEN_NAMES)
     from cluster.cli.flags import flag_names, overrides
     from cluster.cli.run import run_config
@@ -170,12 +170,12 @@ def job_command(given: list[str]) -> tuple[list[str], argparse.Namespace]:
 
 
 def _command_parser() -> argparse.ArgumentParser:
-    from cluster.cli import run, tasks, validate
+    from cluster.cli import run, sweep, tasks, validate, watch
     from cluster.cli.parser import Parser
 
     parser = Parser(prog="rayeval")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (run, tasks, validate):
+    for command in (run, sweep, watch, tasks, validate):
         command.add_parser(sub)
     return parser
 

@@ -95,18 +95,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def report(result: SweepResult) -> int:
     """Each step's outcome, the summary table and the files; exit 1 when a step failed."""
-    for o in result.outcomes:
-        detail = (
-            o.reason
-            if o.reason
-            else f"{o.requests_generated} of {o.requests} requests generated, {o.location or o.run_dir}"
-        )
-        print(f"step {o.step:<8} {o.kind:<5} {o.status:<8} {detail}")
-    table = result.root / "sweep_summary.md"
-    if table.is_file():
-        print(table.read_text(), end="")
-    for path in result.files:
-        print(path)
+    print_outcomes(result)
     print(f"sweep in {result.location or result.root} ({result.wall_s:.1f} s)")
     if result.failed:
         steps = ", ".join(str(o.step) for o in result.failed)
@@ -117,3 +106,19 @@ def report(result: SweepResult) -> int:
         )
         return 1
     return 0
+
+
+def print_outcomes(result: SweepResult) -> None:
+    """Each step's outcome line, the summary table (every finished step of the folder) and the files."""
+    for o in result.outcomes:
+        detail = (
+            o.reason
+            if o.reason
+            else f"{o.requests_generated} of {o.requests} requests generated, {o.location or o.run_dir}"
+        )
+        print(f"step {o.step:<8} {o.kind:<5} {o.status:<8} {detail}", flush=True)
+    table = result.root / "sweep_summary.md"
+    if table.is_file():
+        print(table.read_text(), end="")
+    for path in result.files:
+        print(path, flush=True)

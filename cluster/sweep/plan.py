@@ -110,9 +110,7 @@ def build_sweep_plan(
             "`rayeval run --lora PATH` for one adapter)."
         )
     checkpoints = find_checkpoints(checkpoint_dir, steps)
-    name = config.run_id or f"sweep-{checkpoint_dir.resolve().name}"
-    remote = RemoteFolder.parse(config.output_dir).child(name) if is_remote(config.output_dir) else None
-    root = remote.staging if remote is not None else local_path(config.output_dir) / name
+    root, remote = sweep_folder(config, checkpoint_dir)
     adapters = [c for c in checkpoints if c.kind is CheckpointKind.LORA]
     full = [c for c in checkpoints if c.kind is CheckpointKind.FULL]
     base_config = config if adapters else _with_model(config, str(full[0].path))
@@ -133,6 +131,14 @@ def build_sweep_plan(
             SweepStep(checkpoint, _step_plan(base, checkpoint, plan.steps_output_dir, max_lora_rank))
         )
     return plan
+
+
+def sweep_folder(config: RunConfig, checkpoint_dir: Path) -> tuple[Path, RemoteFolder | None]:
+    """The sweep's folder here (--output-dir/--run-id, default sweep-<training run>), and on object storage
+    where --output-dir is there (the local one is then its staging copy)."""
+    name = config.run_id or f"sweep-{checkpoint_dir.resolve().name}"
+    remote = RemoteFolder.parse(config.output_dir).child(name) if is_remote(config.output_dir) else None
+    return (remote.staging if remote is not None else local_path(config.output_dir) / name), remote
 
 
 def _step_plan(base: RunPlan, checkpoint: Checkpoint, output_dir: str, max_lora_rank: int | None) -> RunPlan:

@@ -72,6 +72,34 @@ class SweepResult:
         return [o for o in self.outcomes if o.status is StepStatus.FAILED]
 
 
+class SweepEngines:
+    """The sweep's engines by checkpoint kind, started on first use: a sweep closes them at its end, a watch
+    keeps them from one batch of new checkpoints to the next."""
+
+    def __init__(self, verbose: bool, max_loras: int | None = None) -> None:
+        self.verbose = verbose
+        self.max_loras = max_loras  # LoRA slots; None: as many as the first batch's adapters
+        self._by_kind: dict[CheckpointKind, SharedReplicas] = {}
+        self.starts = 0  # replica pools started (one per checkpoint kind that had work)
+
+    def for_kind(self, kind: CheckpointKind, first: RunPlan, plan: SweepPlan) -> SharedReplicas:
+        shared = self._by_kind.get(kind)
+        if shared is None:
+            shared = SharedReplicas(first, verbose=self.verbose, max_loras=self.max_loras or plan.max_loras)
+            self._by_kind[kind] = shared
+        return shared
+
+    @property
+    def swaps(self) -> int:
+        return sum(shared.swaps for shared in self._by_kind.values())
+
+    def close(self) -> None:
+        for shared in self._by_kind.values():
+            self.starts += int(shared.pool is not None)
+            shared.close()
+        self._by_kind.clear()
+
+
 def run_sweep(
     plan: SweepPlan,
     *,
@@ -81,42 +109,58 @@ def run_sweep(
     retry_failed: bool = False,
 ) -> SweepResult:
     """Evaluate every step of the plan on the connected (or a local) Ray cluster and draw the curves."""
+    check_sweep(plan)
+    first = plan.steps[0].plan
+    with ray_session(first.config.cluster.address, first.replica, first.config.cluster.replicas, verbose):
+        engines = SweepEngines(verbose)
+        try:
+            return sweep_steps(plan, engines, errorbar, progress, retry_failed, close_engines=True)
+        finally:
+            engines.close()
+
+
+def check_sweep(plan: SweepPlan) -> None:
+    """What fails before anything starts: no step that can run, the first step's checks, and log-likelihood
+    tasks where any step is a LoRA adapter."""
     if not plan.steps:
         raise EvalInputError(
             f"No checkpoint under {plan.checkpoint_dir} can run: "
             + "; ".join(f"step {s.step}: {s.reason}" for s in plan.skipped)
         )
-    began = time.perf_counter()
-    first = plan.steps[0].plan
-    preflight(first)
+    preflight(plan.steps[0].plan)
     # a LoRA step's engines cannot score log-likelihoods, whatever the first step is
     for step in plan.steps[1:]:
         check_lora_loglikelihoods(step.plan)
+
+
+def sweep_steps(
+    plan: SweepPlan,
+    engines: SweepEngines,
+    errorbar: ErrorBar,
+    progress: bool,
+    retry_failed: bool,
+    close_engines: bool = False,
+) -> SweepResult:
+    """The plan's steps on `engines` in an open Ray session, then the curves of every step in the sweep's
+    folder, sweep.json and (on object storage) their upload. `close_engines`: stop them before drawing."""
+    began = time.perf_counter()
     outcomes = [
         StepOutcome(s.step, "lora", str(s.path), StepStatus.SKIPPED, reason=s.reason) for s in plan.skipped
     ]
     groups = _groups(plan, outcomes)
-    starts = swaps = 0
     bar = progress_bar("checkpoints", enabled=progress)
     job = bar.add_task("checkpoints", total=sum(len(steps) for _, steps in groups))
-    with (
-        ray_session(first.config.cluster.address, first.replica, first.config.cluster.replicas, verbose),
-        bar,
-    ):
+    with bar:
         for kind, steps in groups:
-            if not steps:
-                continue
-            shared = SharedReplicas(steps[0].plan, verbose=verbose, max_loras=plan.max_loras)
-            try:
+            if steps:
+                shared = engines.for_kind(kind, steps[0].plan, plan)
                 outcomes += _run_steps(steps, shared, kind, retry_failed, lambda: bar.advance(job))
-            finally:
-                starts += int(shared.pool is not None)
-                swaps += shared.swaps
-                shared.close()
+    if close_engines:
+        engines.close()
     outcomes.sort(key=lambda o: o.step)
-    files = _curves(plan, outcomes, errorbar)
+    files = _curves(plan, errorbar)
     wall_s = time.perf_counter() - began
-    result = SweepResult(plan.root, outcomes, files, wall_s, starts, swaps, plan.location)
+    result = SweepResult(plan.root, outcomes, files, wall_s, engines.starts, engines.swaps, plan.location)
     _write_sweep_json(plan, result)
     _upload_sweep_files(plan)
     return result
@@ -224,17 +268,27 @@ def _fill(outcome: StepOutcome, result: RunResult, plan: RunPlan) -> None:
         outcome.reason = "; ".join(f"{task}: {error}" for task, error in sorted(result.task_errors.items()))
 
 
-def _curves(plan: SweepPlan, outcomes: list[StepOutcome], errorbar: ErrorBar) -> list[Path]:
+def _curves(plan: SweepPlan, errorbar: ErrorBar) -> list[Path]:
+    """The curves of every finished step in the sweep's folder (this call's and earlier ones'), by step."""
     points = [
         point
-        for o in outcomes
-        if o.status is StepStatus.DONE
-        for point in points_from_run(Path(o.run_dir), plan.series, o.step, latest_judge=True)
+        for step, folder in finished_steps(plan.root)
+        for point in points_from_run(folder, plan.series, step, latest_judge=True)
     ]
     if not points:
         return []
     csv_path, md_path = write_tables(points, plan.root)
     return [csv_path, md_path, *plot_curves(points, plan.root, errorbar)]
+
+
+def finished_steps(root: Path) -> list[tuple[int, Path]]:
+    """(step, run folder) of each step folder under the sweep's folder that holds a finished run."""
+    found = []
+    for summary in root.glob("step_*/summary.json"):
+        number = summary.parent.name.removeprefix("step_")
+        if number.isdigit():
+            found.append((int(number), summary.parent))
+    return sorted(found)
 
 
 def _write_sweep_json(plan: SweepPlan, result: SweepResult) -> None:

@@ -1,0 +1,86 @@
+"""`rayeval watch CKPT_DIR`: a training run's checkpoints evaluated as they appear, on warm engines."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cluster.cli.run import add_run_arguments, print_timeline, run_config
+from cluster.cli.sweep import print_outcomes
+from cluster.config import parse_duration
+from evaluators.errors import EvalInputError
+
+EPILOG = """examples:
+  rayeval watch runs/sft --model Qwen/Qwen2.5-0.5B-Instruct --tasks ifeval --limit 200 --until-idle 2h
+  rayeval submit --address http://HEAD:8265 -- watch /shared/ckpts/rl --tasks gsm8k --every 100 \\
+          --output-dir s3://my-bucket/sweeps
+A checkpoint is evaluated once it is complete: where the trainer marks it (HF Trainer, TRL, LLaMA-Factory:
+trainer_state.json in the folder; verl: latest_checkpointed_iteration.txt), once marked; otherwise once its
+files stopped changing for --settle. The folder is the sweep's (runs/sweep-<folder>/step_<N>, the curves and
+sweep_summary.*), redrawn after each step; `rayeval plot` and `compare` read it. Started again, the watch
+evaluates only the steps it has no finished run of."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "watch",
+        help="evaluate a training run's checkpoints as they appear, on engines kept warm; curves after each",
+        description="Poll a training run's folder for new complete checkpoints (full or LoRA, found as "
+        "`rayeval sweep` finds them) and evaluate each in step order on the same engines (full checkpoints "
+        "reloaded in place, adapters loaded live), redrawing the curves after each batch.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.set_defaults(handler=cmd_watch)
+    p.add_argument("checkpoint_dir", metavar="CKPT_DIR", type=Path, help="the training run's folder")
+    p.add_argument("--every", type=_positive_int, metavar="N", help="only steps that are multiples of N")
+    p.add_argument("--until-idle", type=_duration("--until-idle"), metavar="DURATION",
+                   help="stop once no new checkpoint completed for this long, e.g. 30m (default: until stopped)")  # fmt: skip
+    p.add_argument("--poll-interval", type=_duration("--poll-interval"), default=5.0, metavar="DURATION",
+                   help="how often to look for new checkpoints (default 5s)")  # fmt: skip
+    p.add_argument("--settle", type=_duration("--settle"), default=30.0, metavar="DURATION",
+                   help="a checkpoint without a trainer's marker is complete once its files have not changed "
+                   "for this long (default 30s)")  # fmt: skip
+    p.add_argument("--errorbar", choices=["ci95", "sem", "std", "none"], default="ci95",
+                   help="what the curves' error bars show (default ci95)")  # fmt: skip
+    p.add_argument("--lora-merge", action="store_true",
+                   help="merge each LoRA adapter into the base weights and run it as a full checkpoint")  # fmt: skip
+    add_run_arguments(p)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive whole number of steps, e.g. 100")
+    return int(text)
+
+
+def _duration(flag: str):  # noqa: ANN202 - an argparse type
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from cluster.sweep import WatchOptions, watch
+    from evaluators.curves import ErrorBar
+
+    config = run_config(args)
+    if (config.cluster.address or "").startswith("ray://"):
+        raise EvalInputError(
+            "rayeval watch runs where it is started: submit it as a job instead of going through a Ray client "
+            "(rayeval submit --address http://HEAD:8265 -- watch ...)."
+        )
+    if args.dry_run:
+        raise EvalInputError(
+            "rayeval watch has no --dry-run: `rayeval sweep CKPT_DIR --dry-run` shows the plan."
+        )
+    options = WatchOptions(args.every, args.until_idle, args.poll_interval, args.settle, args.lora_merge)
+    result = watch(config, args.checkpoint_dir, options, errorbar=ErrorBar(args.errorbar), verbose=args.verbose,
+                   progress=not args.no_progress, retry_failed=args.retry_failed, on_batch=print_outcomes)  # fmt: skip
+    print(f"watch ended: {len(result.steps)} step(s) evaluated in {result.root}")
+    print_timeline(args)
+    return 0

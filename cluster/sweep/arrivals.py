@@ -1,0 +1,86 @@
+"""Which checkpoints of a training run still being written are complete. Plain Python.
+
+A trainer writes a checkpoint's files one after another; evaluating it halfway would read a truncated
+tensor or an adapter without its weights. A checkpoint is complete when its trainer says so, where the
+layout has a marker: HF Trainer (and TRL and LLaMA-Factory, which save through it) writes
+`trainer_state.json` into the checkpoint folder last; verl records the last step it finished saving in
+`latest_checkpointed_iteration.txt` at the run's root. Without a marker (a plain `save_pretrained` loop)
+a checkpoint is complete once none of its files changed for `settle_s` seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster.models import Checkpoint, find_checkpoints
+from evaluators.errors import EvalInputError
+
+HF_TRAINER_MARKER = "trainer_state.json"  # written last by transformers' Trainer._save_checkpoint
+VERL_TRACKER = "latest_checkpointed_iteration.txt"  # verl: the last step whose save finished
+
+
+def verl_saved_step(run_dir: Path) -> int | None:
+    tracker = run_dir / VERL_TRACKER
+    try:
+        text = tracker.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def files_state(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """Every file's (path, size, mtime): two equal states some seconds apart mean nothing is being written."""
+    state = []
+    for path in sorted(folder.rglob("*")):
+        try:
+            if path.is_file():
+                stat = path.stat()
+                state.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+        except FileNotFoundError:  # removed between the listing and the stat (a trainer's temporary file)
+            continue
+    return tuple(state)
+
+
+@dataclass
+class ArrivalWatcher:
+    """The complete checkpoints under `run_dir`, polled; each is reported once it is complete."""
+
+    run_dir: Path
+    settle_s: float
+    every: int | None = None  # only steps that are multiples of this
+    _seen: dict[Path, tuple[float, tuple[tuple[str, int, int], ...]]] = field(default_factory=dict)
+
+    def complete(self, now: float | None = None) -> list[Checkpoint]:
+        """The checkpoints complete now, by step (a folder not yet a checkpoint is simply not there yet)."""
+        now = time.monotonic() if now is None else now
+        try:
+            found = find_checkpoints(self.run_dir)
+        except EvalInputError:
+            if not self.run_dir.is_dir():
+                raise
+            return []  # none yet
+        verl_step = verl_saved_step(self.run_dir)
+        marked = verl_step is not None or any((c.path / HF_TRAINER_MARKER).is_file() for c in found)
+        ready = []
+        for checkpoint in found:
+            if self.every and checkpoint.step % self.every:
+                continue
+            if marked:
+                done = (checkpoint.path / HF_TRAINER_MARKER).is_file() or (
+                    verl_step is not None and checkpoint.step <= verl_step
+                )
+            else:
+                done = self._settled(checkpoint.path, now)
+            if done:
+                ready.append(checkpoint)
+        return ready
+
+    def _settled(self, folder: Path, now: float) -> bool:
+        state = files_state(folder)
+        since, seen = self._seen.get(folder, (now, ()))
+        if state != seen:
+            self._seen[folder] = (now, state)
+            return self.settle_s <= 0 and bool(state)
+        return now - since >= self.settle_s

@@ -1,0 +1,105 @@
+"""`rayeval watch`: a training run's checkpoints evaluated as they appear, on engines kept warm between them.
+
+Each poll finds the complete checkpoints (cluster.sweep.arrivals) that the sweep's folder has no finished
+run of, and evaluates them as a sweep batch in step order on the same `SweepEngines` (a full checkpoint's
+engines reload in place, adapters load live), then redraws the curves over every step so far. A watch that
+is killed and started again finds the finished steps in the folder and evaluates nothing twice; a step it
+was in the middle of resumes from its store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster.config import RunConfig
+from cluster.preflight import check_lora_loglikelihoods
+from cluster.session import ray_session
+from cluster.sweep.arrivals import ArrivalWatcher, files_state
+from cluster.sweep.plan import MAX_LORAS, build_sweep_plan, sweep_folder
+from cluster.sweep.runner import SweepEngines, SweepResult, check_sweep, finished_steps, sweep_steps
+from evaluators.curves import ErrorBar
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    every: int | None = None  # only steps that are multiples of this
+    until_idle_s: float | None = None  # stop after this long without a new checkpoint; None: until stopped
+    poll_s: float = 5.0
+    settle_s: float = 30.0  # a checkpoint without a trainer's marker is complete once unchanged this long
+    lora_merge: bool = False
+
+
+@dataclass
+class WatchResult:
+    root: Path
+    batches: list[SweepResult] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[int]:
+        return [o.step for batch in self.batches for o in batch.outcomes]
+
+
+def watch(
+    config: RunConfig,
+    checkpoint_dir: Path,
+    options: WatchOptions,
+    *,
+    errorbar: ErrorBar = ErrorBar.CI95,
+    verbose: bool = False,
+    progress: bool = True,
+    retry_failed: bool = False,
+    on_batch: Callable[[SweepResult], None] = lambda _: None,
+) -> WatchResult:
+    """Evaluate checkpoints under `checkpoint_dir` as they complete until idle for `options.until_idle_s`."""
+    root, remote = sweep_folder(config, checkpoint_dir)
+    if remote is not None:  # the steps finished before, wherever the watch ran then
+        from cluster.storage import local_copy
+
+        local_copy(remote)
+    watcher = ArrivalWatcher(checkpoint_dir, options.settle_s, options.every)
+    attempted: dict[
+        int, tuple
+    ] = {}  # step -> its files when planned (a skipped adapter is retried once changed)
+    result = WatchResult(root)
+    idle_since = time.monotonic()
+    with ExitStack() as stack:
+        engines: SweepEngines | None = None
+        while True:
+            finished = {step for step, _ in finished_steps(root)}
+            new = [
+                c
+                for c in watcher.complete()
+                if c.step not in finished and attempted.get(c.step) != files_state(c.path)
+            ]
+            if new:
+                plan = build_sweep_plan(
+                    config, checkpoint_dir, [c.step for c in new], lora_merge=options.lora_merge
+                )
+                for checkpoint in new:
+                    attempted[checkpoint.step] = files_state(checkpoint.path)
+                if engines is None:
+                    check_sweep(plan)  # once: the first batch's checks stand for the command
+                    first = plan.steps[0].plan
+                    stack.enter_context(ray_session(first.config.cluster.address, first.replica,
+                                                    first.config.cluster.replicas, verbose))  # fmt: skip
+                    engines = SweepEngines(verbose, max_loras=MAX_LORAS)
+                    stack.callback(engines.close)
+                else:
+                    for step in plan.steps:
+                        check_lora_loglikelihoods(step.plan)
+                log.info("watch: evaluating step(s) %s", ", ".join(str(c.step) for c in new))
+                batch = sweep_steps(plan, engines, errorbar, progress, retry_failed)
+                result.batches.append(batch)
+                on_batch(batch)
+                idle_since = time.monotonic()
+                continue  # more may have completed meanwhile
+            if options.until_idle_s is not None and time.monotonic() - idle_since >= options.until_idle_s:
+                return result
+            time.sleep(options.poll_s)

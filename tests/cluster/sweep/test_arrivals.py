@@ -1,0 +1,62 @@
+"""Which checkpoints of a training run still being written are complete (no engine): the trainers' markers
+(HF Trainer's trainer_state.json, verl's latest_checkpointed_iteration.txt), and files that stopped changing
+where there is no marker; --every."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster.sweep.arrivals import ArrivalWatcher
+
+
+def adapter(folder: Path, weights: bytes = b"w" * 64) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text('{"r": 4}')
+    (folder / "adapter_model.safetensors").write_bytes(weights)
+    return folder
+
+
+def steps(watcher: ArrivalWatcher, now: float) -> list[int]:
+    return [c.step for c in watcher.complete(now)]
+
+
+def test_without_a_marker_a_checkpoint_is_complete_once_its_files_stopped_changing(tmp_path: Path):
+    run = tmp_path / "run"
+    watcher = ArrivalWatcher(run, settle_s=10)
+    run.mkdir()
+    assert steps(watcher, 0) == []  # nothing yet is not an error
+    adapter(run / "checkpoint-100")
+    assert steps(watcher, 1) == []  # just seen
+    assert steps(watcher, 5) == []
+    assert steps(watcher, 11) == [100]
+    (run / "checkpoint-100" / "adapter_model.safetensors").write_bytes(b"w" * 128)  # written again
+    assert steps(watcher, 12) == []
+    assert steps(watcher, 22) == [100]
+
+
+def test_a_trainers_marker_decides_where_the_layout_has_one(tmp_path: Path):
+    run = tmp_path / "hf"
+    done = adapter(run / "checkpoint-10")
+    (done / "trainer_state.json").write_text("{}")
+    adapter(run / "checkpoint-20")  # weights there, trainer_state.json not yet: still being saved
+    watcher = ArrivalWatcher(run, settle_s=0)
+    assert steps(watcher, 100) == [10]
+    (run / "checkpoint-20" / "trainer_state.json").write_text("{}")
+    assert steps(watcher, 101) == [10, 20]
+
+    verl = tmp_path / "verl"
+    adapter(verl / "global_step_5" / "actor" / "lora_adapter")
+    adapter(verl / "global_step_10" / "actor" / "lora_adapter")
+    (verl / "latest_checkpointed_iteration.txt").write_text("5\n")
+    watcher = ArrivalWatcher(verl, settle_s=0)
+    assert steps(watcher, 0) == [5]
+    (verl / "latest_checkpointed_iteration.txt").write_text("10\n")
+    assert steps(watcher, 1) == [5, 10]
+
+
+def test_every_keeps_the_multiples(tmp_path: Path):
+    run = tmp_path / "run"
+    for step in (50, 100, 150, 200):
+        adapter(run / f"step_{step}")
+        (run / f"step_{step}" / "trainer_state.json").write_text("{}")
+    assert steps(ArrivalWatcher(run, settle_s=0, every=100), 0) == [100, 200]
