@@ -40,8 +40,12 @@ class RunResult:
         self.location = self.location or str(self.run_dir)
 
 
-def load_records(run_dir: Path) -> dict[str, Any]:
-    """A run folder's per-sample records, one pandas DataFrame per task (its Parquet file)."""
+def load_records(run_dir: Path | str) -> dict[str, Any]:
+    """A run folder's per-sample records, one pandas DataFrame per task (its Parquet file). `run_dir` may be
+    a URI on object storage (`cluster.load_records("s3://bucket/runs/r1")`): read into its staging folder."""
     import pandas as pd
 
-    return {path.stem: pd.read_parquet(path) for path in sorted(Path(run_dir, "samples").glob("*/*.parquet"))}
+    from cluster.storage import readable_folder
+
+    folder = readable_folder(run_dir)
+    return {path.stem: pd.read_parquet(path) for path in sorted(Path(folder, "samples").glob("*/*.parquet"))}
