@@ -46,7 +46,7 @@ def node_env(store: ObjectStore, node: Path) -> dict[str, str]:
 
 
 def test_a_run_on_the_store_writes_every_file_as_the_local_run_does(
-    s3: ObjectStore, base_ifeval_run: Path, tmp_path: Path
+    s3: ObjectStore, base_ifeval_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     done = rayeval("run", *BASE_IFEVAL_ARGS, "--limit", str(BASE_IFEVAL_LIMIT), "--num-samples",
                    str(BASE_IFEVAL_SAMPLES), "--output-dir", s3.uri("same"), "--run-id", "base",
@@ -71,6 +71,14 @@ def test_a_run_on_the_store_writes_every_file_as_the_local_run_does(
     assert compared.returncode == 0, compared.stderr[-3000:]
     rows = json.loads((tmp_path / "compare.json").read_text())["metrics"]
     assert rows and all(row["difference"] == 0 and row["questions"] == BASE_IFEVAL_LIMIT for row in rows)
+
+    # the Python API reads it too: the Parquet records, as a DataFrame per task
+    for name, value in node_env(s3, tmp_path / "notebook").items():
+        monkeypatch.setenv(name, value)
+    import cluster
+
+    frame = cluster.load_records(s3.uri("same/base"))["ifeval"]
+    assert list(frame["output"]) == [row["output"] for row in records(base_ifeval_run / SAMPLES)]
 
 
 def _journal_on_store(store: ObjectStore, prefix: str) -> list[dict]:
