@@ -65,7 +65,7 @@ def _duration(flag: str):  # noqa: ANN202 - an argparse type
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from cluster.sweep import WatchOptions, watch
+    from cluster.sweep import WatchOptions, watch_checkpoints
     from evaluators.curves import ErrorBar
 
     config = run_config(args)
@@ -79,7 +79,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             "rayeval watch has no --dry-run: `rayeval sweep CKPT_DIR --dry-run` shows the plan."
         )
     options = WatchOptions(args.every, args.until_idle, args.poll_interval, args.settle, args.lora_merge)
-    result = watch(config, args.checkpoint_dir, options, errorbar=ErrorBar(args.errorbar), verbose=args.verbose,
+    result = watch_checkpoints(config, args.checkpoint_dir, options, errorbar=ErrorBar(args.errorbar), verbose=args.verbose,
                    progress=not args.no_progress, retry_failed=args.retry_failed, on_batch=print_outcomes)  # fmt: skip
     print(f"watch ended: {len(result.steps)} step(s) evaluated in {result.root}")
     print_timeline(args)

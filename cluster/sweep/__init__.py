@@ -8,6 +8,6 @@ _EXPORTS = {
     "plan": ("SweepPlan", "SweepStep", "SkippedCheckpoint", "build_sweep_plan", "MAX_LORAS"),
     "runner": ("SweepResult", "StepOutcome", "StepStatus", "SweepEngines", "run_sweep", "finished_steps"),
     "arrivals": ("ArrivalWatcher",),
-    "watch": ("WatchOptions", "WatchResult", "watch"),
+    "watch": ("WatchOptions", "WatchResult", "watch_checkpoints"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -46,7 +46,7 @@ class WatchResult:
         return [o.step for batch in self.batches for o in batch.outcomes]
 
 
-def watch(
+def watch_checkpoints(
     config: RunConfig,
     checkpoint_dir: Path,
     options: WatchOptions,
