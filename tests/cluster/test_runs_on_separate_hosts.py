@@ -229,17 +229,20 @@ def host_store(separate_hosts: SeparateCluster) -> Iterator[ObjectStore]:
 
 
 def test_a_client_run_on_object_storage_resumes_on_another_host_from_the_store(
-    separate_hosts: SeparateCluster, judge_url: str, key: str, host_store: ObjectStore
+    separate_hosts: SeparateCluster, judge_url: str, judge_data: str, key: str, host_store: ObjectStore
 ):
     """A Ray-client run writes its folder to the store from the head (the model is the stand-in API: no
     engine); the same run with more questions, coordinated on the worker, where nothing of it is on disk,
-    reads the folder back from the store and asks only the new questions. The store's credentials go from
-    the laptop to the coordinator by --env, in a call."""
+    reads the folder back from the store and asks only the new questions; a --judge-only re-judge on the head
+    reads the worker's outputs from the store. The store's credentials go from the laptop to the coordinator
+    by --env, in a call; the task's data is at the same path on both nodes."""
     hosts = separate_hosts
-    argv = ["run", "--address", hosts.ray.client_address, "--model", "openai:standin", "--base-url", judge_url,
-            "--tasks", "ifeval", "--output-dir", host_store.uri("apart"), "--run-id", "stored", "--no-progress",
-            *(arg for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
-              for arg in ("--env", name))]  # fmt: skip
+    shutil.copytree(hosts.head.home / "data", hosts.worker.home / "data", dirs_exist_ok=True)
+    common = ["--address", hosts.ray.client_address, "--output-dir", host_store.uri("apart"), "--run-id", "stored",
+              "--no-progress", *(arg for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                                                  "AWS_REGION") for arg in ("--env", name))]  # fmt: skip
+    argv = ["run", *common, "--model", "openai:standin", "--base-url", judge_url, "--inference-only",
+            "--tasks", "ifeval,healthbench", "--data-path", f"healthbench={judge_data}"]  # fmt: skip
     env = {KEY_ENV: key, **host_store.env()}
     first = hosts.laptop.rayeval(*argv, "--limit", "3", env=env)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -248,16 +251,25 @@ def test_a_client_run_on_object_storage_resumes_on_another_host_from_the_store(
     )
     resumed = hosts.laptop.rayeval(*argv, "--limit", "6", "--coordinator-node", hosts.worker.ip, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"results in {host_store.uri('apart')}/stored (3 of 6 requests reused" in resumed.stdout
+    # ifeval's 3 new questions asked; its first 3 and healthbench's 2 read back from the store
+    assert f"results in {host_store.uri('apart')}/stored (5 of 8 requests reused" in resumed.stdout
     stored = host_store.read("apart/stored")
     [samples_file] = [
         name for name in stored if name.startswith("samples/") and name.endswith("/ifeval.jsonl")
     ]
     samples = [json.loads(line) for line in stored[samples_file].splitlines()]
     assert sorted(row["doc_id"] for row in samples) == list(range(6))
-    assert len(stored["cache/completions.jsonl"].splitlines()) == 6
+    assert len(stored["cache/completions.jsonl"].splitlines()) == 8
     staged = ".cache/rayeval/storage/s3/rayeval-test/apart/stored/summary.json"
     assert (hosts.worker.home / staged).is_file() and (hosts.head.home / staged).is_file()
+
+    judged = hosts.laptop.rayeval("run", *common, "--judge-only", "--judge", "openai:standin", *JUDGED, judge_url,
+                                  env=env)  # fmt: skip
+    assert judged.returncode == 0, judged.stderr[-3000:]
+    verdicts = host_store.read("apart/stored/judges/openai-standin/samples")
+    assert [
+        len(data.splitlines()) for name, data in verdicts.items() if name.endswith("healthbench.jsonl")
+    ] == [2]
 
 
 def test_the_key_is_in_no_file_state_listing_or_job_record_on_any_host(
