@@ -64,8 +64,10 @@ def test_the_flag_wins_then_the_variables_then_this_machine(no_ray_variables):
 def test_the_submitted_command_is_a_rayeval_command_checked_here():
     assert job_command(["--", "run", "--tasks", "gsm8k"])[0] == ["run", "--tasks", "gsm8k"]
     assert job_command(["rayeval", "validate", "x.yaml"])[0] == ["validate", "x.yaml"]
+    assert job_command(["--", "watch", "/ckpts", "--until-idle", "1h"])[1].until_idle == 3600.0
+    assert job_command(["sweep", "/ckpts", "--steps", "1,2"])[1].steps == [1, 2]
     with pytest.raises(
-        EvalInputError, match="needs the command to run after `--`, one of run, tasks, validate"
+        EvalInputError, match="needs the command to run after `--`, one of run, sweep, watch, tasks, validate"
     ):
         job_command(["--", "python", "x.py"])
     with pytest.raises(SystemExit) as exited:
