@@ -79,12 +79,25 @@ def wait_for_lines(path: Path, count: int, process: subprocess.Popen[str], timeo
     assert path.exists() and len(path.read_text().splitlines()) >= count, f"{path} never had {count} lines"
 
 
+def is_engine_core(pid: int) -> bool:
+    """vLLM's engine core: by its title, or by where it comes from (the engine actor's forkserver forks
+    nothing else), for a core seen before it took its title."""
+    if Path(f"/proc/{pid}/comm").read_text().strip() == "VLLM::EngineCor":
+        return True
+    parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    own = Path(f"/proc/{pid}/cmdline").read_bytes()
+    return (
+        b"multiprocessing.forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes()
+        and b"forkserver" not in own
+    )
+
+
 def engine_core_threads(host: Host) -> dict[int, str]:
     """Cpus_allowed_list of every thread of the vLLM engine core(s) running in `host`, by thread id."""
     found = {}
     for pid in host.pids():
         try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() != "VLLM::EngineCor":
+            if not is_engine_core(pid):
                 continue
             for task in Path(f"/proc/{pid}/task").iterdir():
                 status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines())
@@ -104,7 +117,9 @@ def test_a_client_run_is_coordinated_and_written_on_the_head_and_resumed_there(
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     store = head.home / "runs" / RUN_ID / "cache" / "completions.jsonl"
     wait_for_lines(store, 2, client)
-    threads = engine_core_threads(worker)  # the engine runs on the worker, bound to the worker's core
+    threads, deadline = {}, time.time() + 30  # the engine runs on the worker, bound to the worker's core
+    while not threads and time.time() < deadline:
+        threads = engine_core_threads(worker) or time.sleep(0.5) or {}
     assert threads and set(threads.values()) == {"1"}, threads
     assert engine_core_threads(head) == {}
     kill_group(client)  # the laptop goes away mid-run: the run goes on inside the cluster
