@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -21,16 +22,19 @@ from tests.warm_cluster import shared_pids
 
 
 def _ray_children() -> list[str]:
-    """This process's Ray descendants, less the test run's shared cluster (tests/warm_cluster.py)."""
+    """This process's Ray descendants, less the test run's shared cluster (tests/warm_cluster.py) and its
+    S3 server (tests/object_store.py: its command line names the bucket rayeval-test)."""
     found = []
     shared = shared_pids()
     for child in psutil.Process().children(recursive=True):
         if child.pid in shared:
             continue
         try:
-            found.append(" ".join(child.cmdline()))
+            command = child.cmdline()
         except psutil.Error:
             continue
+        if command and Path(command[0]).name != "weed":
+            found.append(" ".join(command))
     return [c for c in found if "ray" in c]
 
 
