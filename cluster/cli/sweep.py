@@ -11,6 +11,7 @@ from cluster.cli.run import add_run_arguments, print_timeline, run_config
 from evaluators.errors import EvalInputError
 
 if TYPE_CHECKING:
+    from cluster.config import RunConfig
     from cluster.sweep import SweepResult
 
 EPILOG = """examples:
@@ -34,8 +35,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(handler=cmd_sweep)
-    p.add_argument("checkpoint_dir", metavar="CKPT_DIR", type=Path, help="the training run's folder")
     p.add_argument("--steps", type=_steps, metavar="N[,N...]", help="only these steps (default: every one)")
+    add_checkpoint_run_arguments(p)
+
+
+def add_checkpoint_run_arguments(p: argparse.ArgumentParser) -> None:
+    """What `sweep` and `watch` share: the training run's folder, the curves' error bars, --lora-merge and
+    every setting of a run."""
+    p.add_argument("checkpoint_dir", metavar="CKPT_DIR", type=Path, help="the training run's folder")
     p.add_argument("--errorbar", choices=["ci95", "sem", "std", "none"], default="ci95",
                    help="what the curves' error bars show (default ci95)")  # fmt: skip
     p.add_argument(
@@ -45,6 +52,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "steps) instead of through vLLM's LoRA layers: on CPU those run at a third of the base model's speed",
     )
     add_run_arguments(p)
+
+
+def refuse_ray_client(config: RunConfig, command: str) -> None:
+    """`sweep` and `watch` coordinate where they are started: through a Ray client they go as a job."""
+    if (config.cluster.address or "").startswith("ray://"):
+        raise EvalInputError(
+            f"rayeval {command} runs its coordinator where it is started: submit it as a job instead of going "
+            f"through a Ray client (rayeval submit --address http://HEAD:8265 -- {command} ...)."
+        )
 
 
 def _steps(text: str) -> list[int]:
@@ -63,11 +79,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from cluster.sweep import build_sweep_plan
 
     config = run_config(args)
-    if (config.cluster.address or "").startswith("ray://"):
-        raise EvalInputError(
-            "rayeval sweep runs its coordinator where it is started: submit it as a job instead of going through "
-            "a Ray client (rayeval submit --address http://HEAD:8265 -- sweep ...)."
-        )
+    refuse_ray_client(config, "sweep")
     plan = build_sweep_plan(
         config,
         args.checkpoint_dir,

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from cluster.cli.run import add_run_arguments, print_timeline, run_config
-from cluster.cli.sweep import print_outcomes
+from cluster.cli.run import print_timeline, run_config
+from cluster.cli.sweep import add_checkpoint_run_arguments, print_outcomes, refuse_ray_client
 from cluster.config import parse_duration
 from evaluators.errors import EvalInputError
 
@@ -32,7 +31,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(handler=cmd_watch)
-    p.add_argument("checkpoint_dir", metavar="CKPT_DIR", type=Path, help="the training run's folder")
     p.add_argument("--every", type=_positive_int, metavar="N", help="only steps that are multiples of N")
     p.add_argument("--until-idle", type=_duration("--until-idle"), metavar="DURATION",
                    help="stop once no new checkpoint completed for this long, e.g. 30m (default: until stopped)")  # fmt: skip
@@ -41,11 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--settle", type=_duration("--settle"), default=30.0, metavar="DURATION",
                    help="a checkpoint without a trainer's marker is complete once its files have not changed "
                    "for this long (default 30s)")  # fmt: skip
-    p.add_argument("--errorbar", choices=["ci95", "sem", "std", "none"], default="ci95",
-                   help="what the curves' error bars show (default ci95)")  # fmt: skip
-    p.add_argument("--lora-merge", action="store_true",
-                   help="merge each LoRA adapter into the base weights and run it as a full checkpoint")  # fmt: skip
-    add_run_arguments(p)
+    add_checkpoint_run_arguments(p)
 
 
 def _positive_int(text: str) -> int:
@@ -69,11 +63,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from evaluators.curves import ErrorBar
 
     config = run_config(args)
-    if (config.cluster.address or "").startswith("ray://"):
-        raise EvalInputError(
-            "rayeval watch runs where it is started: submit it as a job instead of going through a Ray client "
-            "(rayeval submit --address http://HEAD:8265 -- watch ...)."
-        )
+    refuse_ray_client(config, "watch")
     if args.dry_run:
         raise EvalInputError(
             "rayeval watch has no --dry-run: `rayeval sweep CKPT_DIR --dry-run` shows the plan."

@@ -183,9 +183,11 @@ def _prepare(
         prompt_renderer, plan.model, config.model.chat_template, config.model.revision
     )
     # the tokenizer loads while the scorers' imports (begun while Ray started) finish: seconds of a warm run
-    loading = (
-        ThreadPoolExecutor(1, thread_name_prefix="renderer").submit(make_renderer) if plan.tasks else None
-    )
+    loading = None
+    if plan.tasks:
+        loader = ThreadPoolExecutor(1, thread_name_prefix="renderer")
+        loading = loader.submit(make_renderer)
+        loader.shutdown(wait=False)  # its thread ends with this one task; the result is awaited below
     for task_plan in plan.tasks:  # a scorer whose import failed stops the run here, before any engine starts
         task_plan.task.wait_for_scorer()
     renderer = None

@@ -34,25 +34,38 @@ def adapter_digest(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def stage_adapters(modules: dict[str, str], store: str | None) -> list[ServedAdapter]:
-    """Each adapter where its replicas read it: local ones uploaded under `store` when one is given."""
-    staged = []
+def locate_adapters(modules: dict[str, str]) -> list[ServedAdapter]:
+    """Each adapter where it is now: a local folder, or one on object storage read into its staging copy
+    here (for the checks before any replica starts)."""
+    located = []
     for name, given in modules.items():
         if is_remote(given):
-            staged.append(
-                ServedAdapter(name, RemoteFolder.parse(given, f"--lora {name}").uri, readable_folder(given))
-            )
+            uri = RemoteFolder.parse(given, f"--lora {name}").uri
+            located.append(ServedAdapter(name, uri, readable_folder(uri)))
+        else:
+            local = Path(given).expanduser().resolve()
+            located.append(ServedAdapter(name, str(local), local))
+    return located
+
+
+def stage_adapters(adapters: list[ServedAdapter], store: str) -> list[ServedAdapter]:
+    """The local adapters uploaded under `store` (by name and digest), each replica to read them there; those
+    already on object storage stay where they are."""
+    staged = []
+    for adapter in adapters:
+        if is_remote(adapter.source):
+            staged.append(adapter)
             continue
-        local = Path(given).expanduser().resolve()
-        if store is None or not local.is_dir():  # a missing folder: the adapter checks say so
-            staged.append(ServedAdapter(name, str(local), local))
-            continue
-        target = RemoteFolder.parse(store, "--lora-store").child(f"{name}-{adapter_digest(local)}")
+        target = RemoteFolder.parse(store, "--lora-store").child(
+            f"{adapter.name}-{adapter_digest(adapter.local)}"
+        )
         try:
-            FolderMirror(local, target).push(final=True)
+            FolderMirror(adapter.local, target).push(final=True)
         except OSError as exc:
-            raise ClusterError(f"--lora {name}: {explain(target, exc, 'staging the adapter')}") from None
-        staged.append(ServedAdapter(name, target.uri, local))
+            raise ClusterError(
+                f"--lora {adapter.name}: {explain(target, exc, 'staging the adapter')}"
+            ) from None
+        staged.append(ServedAdapter(adapter.name, target.uri, adapter.local))
     return staged
 
 

@@ -180,19 +180,19 @@ def checked_adapters(config: ServeConfig, model_path: str, served_name: str) -> 
     """The adapters, each checked against the base model before any replica starts, and staged on object
     storage where --lora-store asks (cluster.serve.adapters)."""
     from cluster.models import adapter_problem
-    from cluster.serve.adapters import stage_adapters
+    from cluster.serve.adapters import locate_adapters, stage_adapters
 
     for adapter, path in config.lora_modules.items():
         if adapter == served_name:
             raise ClusterError(
                 f"--lora {adapter}={path}: the base model is served as '{adapter}'; name it otherwise"
             )
-    staged = stage_adapters(config.lora_modules, None)  # where they are now, for the checks
-    for adapter in staged:
+    located = locate_adapters(config.lora_modules)
+    for adapter in located:
         problem = adapter_problem(adapter.local, Path(model_path), config.model.max_lora_rank)
         if problem:
             raise ClusterError(f"--lora {adapter.name}={config.lora_modules[adapter.name]}: {problem}")
-    return stage_adapters(config.lora_modules, config.lora_store) if config.lora_store else staged
+    return stage_adapters(located, config.lora_store) if config.lora_store else located
 
 
 def ingress_config(adapters: dict[str, str], key_sha256: str | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ role. A URI carrying a key is refused, since config.yaml and the logs record the
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,8 +114,6 @@ class RemoteFolder:
 def staging_root() -> Path:
     """Where this node stages folders of object storage: $RAYEVAL_STAGING_DIR, else rayeval's cache
     (~/.cache/rayeval/storage). A pod whose home is small points it at a larger disk."""
-    import os
-
     from cluster.models import cache_root
 
     return Path(os.environ.get(STAGING_ENV) or cache_root() / "storage").expanduser()

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.errors import ClusterError
-from cluster.storage.location import RemoteFolder
+from cluster.storage.location import RemoteFolder, is_remote, local_path
 from cluster.storage.mirror import FolderMirror
-from cluster.storage.probe import explain
+from cluster.storage.probe import StorageError, explain
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,6 @@ class RunFolderSync:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing_since: float | None = None
-        self.pushes = 0
 
     @property
     def uri(self) -> str:
@@ -68,7 +67,7 @@ class RunFolderSync:
 
     def _push(self, final: bool) -> bool:
         try:
-            self.pushes += self.mirror.push(final)
+            self.mirror.push(final)
         except OSError as exc:
             if self._failing_since is None:
                 self._failing_since = time.monotonic()
@@ -98,7 +97,7 @@ class RunFolderSync:
         if self._thread is not None:
             self._thread.join()
         try:
-            self.pushes += self.mirror.push(final=complete)
+            self.mirror.push(final=complete)
         except OSError as exc:
             if not complete:
                 log.warning(
@@ -136,9 +135,6 @@ def local_copy(remote: RemoteFolder) -> FolderMirror:
 def readable_folder(value: str | Path) -> Path:
     """A folder a command reads (compare's runs, plot's runs, a sweep): a local path as it is, a URI read
     into its staging folder first."""
-    from cluster.storage.location import is_remote, local_path
-    from cluster.storage.probe import StorageError
-
     if not is_remote(str(value)):
         return local_path(str(value))
     remote = RemoteFolder.parse(str(value), "the folder")

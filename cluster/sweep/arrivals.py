@@ -19,6 +19,7 @@ from evaluators.errors import EvalInputError
 
 HF_TRAINER_MARKER = "trainer_state.json"  # written last by transformers' Trainer._save_checkpoint
 VERL_TRACKER = "latest_checkpointed_iteration.txt"  # verl: the last step whose save finished
+FilesState = tuple[tuple[str, int, int], ...]  # every file's (path, size, mtime)
 
 
 def verl_saved_step(run_dir: Path) -> int | None:
@@ -30,7 +31,7 @@ def verl_saved_step(run_dir: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def files_state(folder: Path) -> tuple[tuple[str, int, int], ...]:
+def files_state(folder: Path) -> FilesState:
     """Every file's (path, size, mtime): two equal states some seconds apart mean nothing is being written."""
     state = []
     for path in sorted(folder.rglob("*")):
@@ -50,7 +51,7 @@ class ArrivalWatcher:
     run_dir: Path
     settle_s: float
     every: int | None = None  # only steps that are multiples of this
-    _seen: dict[Path, tuple[float, tuple[tuple[str, int, int], ...]]] = field(default_factory=dict)
+    _seen: dict[Path, tuple[float, FilesState]] = field(default_factory=dict)
 
     def complete(self, now: float | None = None) -> list[Checkpoint]:
         """The checkpoints complete now, by step (a folder not yet a checkpoint is simply not there yet)."""

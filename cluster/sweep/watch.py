@@ -19,8 +19,8 @@ from pathlib import Path
 from cluster.config import RunConfig
 from cluster.preflight import check_lora_loglikelihoods
 from cluster.session import ray_session
-from cluster.sweep.arrivals import ArrivalWatcher, files_state
-from cluster.sweep.plan import MAX_LORAS, build_sweep_plan, sweep_folder
+from cluster.sweep.arrivals import ArrivalWatcher, FilesState, files_state
+from cluster.sweep.plan import MAX_LORAS, SweepPlan, build_sweep_plan, sweep_folder
 from cluster.sweep.runner import SweepEngines, SweepResult, check_sweep, finished_steps, sweep_steps
 from evaluators.curves import ErrorBar
 
@@ -65,36 +65,26 @@ def watch_checkpoints(
         local_copy(remote)
     watcher = ArrivalWatcher(checkpoint_dir, options.settle_s, options.every)
     attempted: dict[
-        int, tuple
-    ] = {}  # step -> its files when planned (a skipped adapter is retried once changed)
+        int, FilesState
+    ] = {}  # step -> its files when planned (a skipped one is retried once changed)
     result = WatchResult(root)
     idle_since = time.monotonic()
     with ExitStack() as stack:
         engines: SweepEngines | None = None
         while True:
             finished = {step for step, _ in finished_steps(root)}
-            new = [
-                c
-                for c in watcher.complete()
-                if c.step not in finished and attempted.get(c.step) != files_state(c.path)
-            ]
+            states = {c.step: files_state(c.path) for c in watcher.complete() if c.step not in finished}
+            new = sorted(step for step, state in states.items() if attempted.get(step) != state)
             if new:
-                plan = build_sweep_plan(
-                    config, checkpoint_dir, [c.step for c in new], lora_merge=options.lora_merge
-                )
-                for checkpoint in new:
-                    attempted[checkpoint.step] = files_state(checkpoint.path)
+                plan = build_sweep_plan(config, checkpoint_dir, new, lora_merge=options.lora_merge)
+                attempted.update({step: states[step] for step in new})
                 if engines is None:
                     check_sweep(plan)  # once: the first batch's checks stand for the command
-                    first = plan.steps[0].plan
-                    stack.enter_context(ray_session(first.config.cluster.address, first.replica,
-                                                    first.config.cluster.replicas, verbose))  # fmt: skip
-                    engines = SweepEngines(verbose, max_loras=MAX_LORAS)
-                    stack.callback(engines.close)
+                    engines = _start_engines(stack, plan, verbose)
                 else:
                     for step in plan.steps:
                         check_lora_loglikelihoods(step.plan)
-                log.info("watch: evaluating step(s) %s", ", ".join(str(c.step) for c in new))
+                log.info("watch: evaluating step(s) %s", ", ".join(map(str, new)))
                 batch = sweep_steps(plan, engines, errorbar, progress, retry_failed)
                 result.batches.append(batch)
                 on_batch(batch)
@@ -103,3 +93,13 @@ def watch_checkpoints(
             if options.until_idle_s is not None and time.monotonic() - idle_since >= options.until_idle_s:
                 return result
             time.sleep(options.poll_s)
+
+
+def _start_engines(stack: ExitStack, plan: SweepPlan, verbose: bool) -> SweepEngines:
+    """The watch's Ray session and engines, open until the watch ends (`stack`)."""
+    first = plan.steps[0].plan
+    stack.enter_context(ray_session(first.config.cluster.address, first.replica,
+                                    first.config.cluster.replicas, verbose))  # fmt: skip
+    engines = SweepEngines(verbose, max_loras=MAX_LORAS)
+    stack.callback(engines.close)
+    return engines

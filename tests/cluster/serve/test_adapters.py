@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cluster.errors import ClusterError
-from cluster.serve.adapters import adapter_digest, replica_adapter_folder, stage_adapters
+from cluster.serve.adapters import adapter_digest, locate_adapters, replica_adapter_folder, stage_adapters
 from tests.object_store import BUCKET, ObjectStore
 
 
@@ -30,7 +30,7 @@ def test_a_staged_adapter_is_uploaded_once_by_digest_and_downloaded_whole(
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text('{"r": 4}')
     (adapter / "adapter_model.safetensors").write_bytes(b"\x00weights" * 100)
-    [staged] = stage_adapters({"tuned": str(adapter)}, s3.uri("staged-adapters"))
+    [staged] = stage_adapters(locate_adapters({"tuned": str(adapter)}), s3.uri("staged-adapters"))
     assert staged.source == f"{s3.uri('staged-adapters')}/tuned-{adapter_digest(adapter)}"
     assert s3.read(staged.source.removeprefix(f"s3://{BUCKET}/")) == {
         "adapter_config.json": b'{"r": 4}',
@@ -41,5 +41,5 @@ def test_a_staged_adapter_is_uploaded_once_by_digest_and_downloaded_whole(
     assert folder.is_relative_to(tmp_path / "replica-node")
     assert (folder / "adapter_model.safetensors").read_bytes() == b"\x00weights" * 100
     (adapter / "adapter_config.json").write_text('{"r": 8}')  # changed: staged anew, beside the old copy
-    [again] = stage_adapters({"tuned": str(adapter)}, s3.uri("staged-adapters"))
+    [again] = stage_adapters(locate_adapters({"tuned": str(adapter)}), s3.uri("staged-adapters"))
     assert again.source != staged.source

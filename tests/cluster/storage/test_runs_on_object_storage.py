@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -88,6 +89,14 @@ def _journal_on_store(store: ObjectStore, prefix: str) -> list[dict]:
     return lines(stored.get(JOURNAL, b"") + b"".join(stored[name] for name in parts))
 
 
+def _wait_for_journal_lines(store: ObjectStore, prefix: str, proc: subprocess.Popen[str], count: int) -> None:
+    """Until the journal on the store holds `count` lines (the run still going)."""
+    deadline = time.time() + 600
+    while time.time() < deadline and len(_journal_on_store(store, prefix)) < count:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+
+
 def _start(argv: list[str], env: dict[str, str], cwd: Path):
     cluster = warm_cluster()
     cwd.mkdir(parents=True, exist_ok=True)
@@ -102,10 +111,7 @@ def test_a_killed_run_resumes_from_the_store_on_another_node_generating_only_the
     argv = ["run", *BASE_IFEVAL_ARGS, "--limit", str(total), "--output-dir", s3.uri("killed"), "--run-id", "r",
             "--sync-every", "2", "--sync-interval", "1s"]  # fmt: skip
     proc = _start(argv, node_env(s3, tmp_path / "node-a"), tmp_path / "node-a")
-    deadline = time.time() + 600
-    while time.time() < deadline and len(_journal_on_store(s3, "killed/r")) < 2:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.2)
+    _wait_for_journal_lines(s3, "killed/r", proc, 2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     kept = _journal_on_store(s3, "killed/r")
@@ -133,10 +139,7 @@ def test_a_store_that_stops_mid_run_loses_nothing_and_the_rerun_uploads_the_fold
             "--sync-every", "2", "--sync-interval", "1s"]  # fmt: skip
     env = node_env(s3, tmp_path / "node")
     proc = _start(argv, env, tmp_path / "node")
-    deadline = time.time() + 600
-    while time.time() < deadline and len(_journal_on_store(s3, "outage/r")) < 2:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.2)
+    _wait_for_journal_lines(s3, "outage/r", proc, 2)
     s3.stop()
     try:
         _, err = proc.communicate(timeout=600)
