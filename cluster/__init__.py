@@ -15,5 +15,6 @@ _EXPORTS = {
     "config": ("RunConfig", "RunMode", "build_config"),
     "run": ("RunResult", "load_records"),
     "session": ("connect",),
+    "training": ("Evaluator",),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -22,6 +22,7 @@ RUNS_HEAVY = {
     "cluster.session": {"ray"},
     "cluster.jobs.client": {"ray"},
     "cluster.run.remote": {"ray"},
+    "cluster.training.coordinator": {"ray"},
     "cluster.endpoints.client": {"ray", "openai"},
     "cluster.endpoints.rate_limiter": {"ray"},
     "cluster.serve.app": {"ray"},

@@ -138,6 +138,9 @@ class EngineActor:
         from cluster.models import swap_kind
 
         kind, why = swap_kind(Path(self.settings.model), Path(path)) if how is None else (how, "asked for")
+        if how is None and self.info is not None and self.info.loaded_by == SwapKind.PUSH.value:
+            # weights a trainer pushed are in no folder: neither "nothing to do" nor a checked reload holds
+            kind, why = SwapKind.REBUILD, "the engine serves weights pushed in memory, which no folder holds"
         if kind is SwapKind.NONE:
             return self.info
         began = time.perf_counter()
@@ -156,6 +159,38 @@ class EngineActor:
             self.info, model=path, loaded_by=kind.value, load_note=why, start_s=time.perf_counter() - began
         )
         return self.info
+
+    async def push_weights(self, blob: bytes, label: str) -> EngineInfo:
+        """Load the packed tensors of `blob` (`cluster.engines.pushed_weights.pack`, checked against the model
+        by the sender) into the engine in place, and serve them as `label` from now on; call it only while no
+        request is in flight. A failure raises EngineStartFailed with the engine's root error."""
+        began = time.perf_counter()
+        before = mark(self.log_files)
+        try:
+            loaded = await self.engine.collective_rpc("load_pushed_weights", args=(blob,))
+            await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
+        except Exception as exc:
+            raise EngineStartFailed(self._failure(f"{type(exc).__name__}: {exc}", before)) from None
+        note = (f"{loaded[0]} tensors ({len(blob) / 1e6:.0f} MB) pushed in memory, loaded by the engine in "
+                f"{time.perf_counter() - began:.2f} s")  # fmt: skip
+        self.info = replace(self.info, model=label, loaded_by=SwapKind.PUSH.value, load_note=note,
+                            start_s=time.perf_counter() - began)  # fmt: skip
+        return self.info
+
+    def stage_files(self, folder: str, files: dict[str, bytes]) -> str:
+        """Write `files` into `folder` on this replica's node (a pushed LoRA adapter, which vLLM loads from a
+        folder), unless it holds them already; returns the node's address."""
+        from pathlib import Path
+
+        target = Path(folder)
+        target.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            path = target / name
+            if not (path.is_file() and path.read_bytes() == data):
+                partial = path.with_name(f".{name}.partial")
+                partial.write_bytes(data)
+                partial.replace(path)
+        return self.node_ip
 
     async def _reload(self, path: str, why: str) -> tuple[SwapKind, str]:
         """Reload the weights in place and check the engine against the checkpoint; rebuild it where the check

@@ -182,6 +182,27 @@ class ReplicaPool:
         self.log_marks = [engine_log(info) for info in self.infos]
         return self.infos
 
+    def push_weights(self, packed: ray.ObjectRef, label: str) -> list[EngineInfo]:
+        """Every replica's engine loads the packed tensors (`cluster.engines.pushed_weights.pack`, in the
+        object store) in place, all at once (`EngineActor.push_weights`); only while no request is in flight."""
+        try:
+            self.infos = ray.get([actor.push_weights.remote(packed, label) for actor in self.actors])
+        except Exception as exc:
+            raise ClusterError(
+                f"The engines could not load the weights of {label}: {remote_message(exc)}"
+            ) from None
+        self.log_marks = [engine_log(info) for info in self.infos]
+        return self.infos
+
+    def stage_files(self, folder: str, files: dict[str, bytes]) -> None:
+        """`files` written into `folder` on every replica's node (`EngineActor.stage_files`)."""
+        try:
+            ray.get([actor.stage_files.remote(folder, files) for actor in self.actors])
+        except Exception as exc:
+            raise ClusterError(
+                f"Could not write {folder} on every replica's node: {remote_message(exc)}"
+            ) from None
+
     def _placement_group(self, replica: str) -> PlacementGroup:
         if self.warm is None:
             return placement_group(list(self.layout.bundles), strategy=self.layout.strategy)

@@ -8,6 +8,7 @@ from typing import Any
 
 from cluster.config import CPU_MAX_NUM_SEQS, ModelOptions
 from cluster.engines.placement import ExecutorKind
+from cluster.engines.pushed_weights import WEIGHTS_EXTENSION
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ def engine_args(s: EngineSettings) -> dict[str, Any]:
         distributed_executor_backend=None if s.executor is ExecutorKind.SINGLE else s.executor.value,
         disable_log_stats=not s.log_stats,
         max_num_batched_tokens=s.max_num_batched_tokens,
+        # every engine can take weights pushed from a trainer (cluster.training); the class adds one method
+        worker_extension_cls=WEIGHTS_EXTENSION,
         **engine_lora_args(s),
         # A replica over nodes: its tensor-parallel group spans nodes, where vLLM's custom all-reduce
         # (GPU peer access within one node) cannot serve it; raylets sharing one host would try it anyway.

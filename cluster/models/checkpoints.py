@@ -236,6 +236,7 @@ class SwapKind(StrEnum):
     NONE = "none"  # the same folder: nothing to do
     RELOAD = "reload"  # same architecture and tokenizer: vLLM reloads the weights in place (about a second)
     REBUILD = "rebuild"  # anything else: a new engine in the same actor process
+    PUSH = "push"  # weights handed over by a trainer in memory (cluster.training), loaded in place
 
 
 # config.json entries that name or describe the files rather than the model the weights fit

@@ -17,12 +17,16 @@ from sharding.dispatcher import Replica
 
 
 class SharedReplicas:
-    def __init__(self, plan: RunPlan, *, verbose: bool = False, max_loras: int = 1) -> None:
+    def __init__(
+        self, plan: RunPlan, *, verbose: bool = False, max_loras: int = 1, lora: bool | None = None
+    ) -> None:
         """`plan`: a run's of the sweep; its model options build the engines (LoRA on, with `max_loras`
-        slots, where its config has an adapter), on the model the first `replicas_for` asks for."""
+        slots, where its config has an adapter or `lora` says so), on the model the first `replicas_for`
+        asks for."""
         self.plan = plan
         self.verbose = verbose
         self.max_loras = max_loras
+        self.lora = plan.adapter is not None if lora is None else lora
         self.pool: ReplicaPool | None = None
         self.swaps = 0  # checkpoint moves made (each over every replica)
         self._lock = threading.Lock()  # runs that go at once ask from their own threads
@@ -47,7 +51,7 @@ class SharedReplicas:
         settings = engine_settings(config.model, model_path, self.plan.device, log_stats=self.verbose)
         return SourceRequest(
             config=config,
-            settings=with_lora_slots(settings, self.max_loras, self.plan.adapter is not None),
+            settings=with_lora_slots(settings, self.max_loras, self.lora),
             plan=self.plan.replica,
             count=config.cluster.replicas,
             run_id="sweep",
@@ -58,6 +62,24 @@ class SharedReplicas:
         assert self.pool is not None
         self.swaps += 1
         return self.pool.load_checkpoint(model_path)
+
+    def move_to(self, model_path: str) -> list[EngineInfo]:
+        """The started replicas moved to `model_path` even where it is the folder they were started on (they
+        may serve weights pushed since)."""
+        with self._lock:
+            assert self.pool is not None, "replicas_for starts the replicas first"
+            return self._move(model_path)
+
+    def push_weights(self, packed: object, label: str) -> list[EngineInfo]:
+        """The started replicas load packed tensors in place (`ReplicaPool.push_weights`) and serve `label`."""
+        with self._lock:
+            assert self.pool is not None, "replicas_for starts the replicas first"
+            return self.pool.push_weights(packed, label)
+
+    def stage_files(self, folder: str, files: dict[str, bytes]) -> None:
+        with self._lock:
+            assert self.pool is not None, "replicas_for starts the replicas first"
+            self.pool.stage_files(folder, files)
 
     def close(self) -> None:
         with self._lock:

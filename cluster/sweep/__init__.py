@@ -6,7 +6,15 @@ from cluster._lazy import lazy_exports
 
 _EXPORTS = {
     "plan": ("SweepPlan", "SweepStep", "SkippedCheckpoint", "build_sweep_plan", "MAX_LORAS"),
-    "runner": ("SweepResult", "StepOutcome", "StepStatus", "SweepEngines", "run_sweep", "finished_steps"),
+    "runner": (
+        "SweepResult",
+        "StepOutcome",
+        "StepStatus",
+        "SweepEngines",
+        "run_sweep",
+        "finished_steps",
+        "draw_curves",
+    ),
     "arrivals": ("ArrivalWatcher",),
     "watch": ("WatchOptions", "WatchResult", "watch_checkpoints"),
 }

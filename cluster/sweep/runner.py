@@ -269,16 +269,21 @@ def _fill(outcome: StepOutcome, result: RunResult, plan: RunPlan) -> None:
 
 
 def _curves(plan: SweepPlan, errorbar: ErrorBar) -> list[Path]:
-    """The curves of every finished step in the sweep's folder (this call's and earlier ones'), by step."""
+    return draw_curves(plan.root, plan.series, errorbar)
+
+
+def draw_curves(root: Path, series: str, errorbar: ErrorBar) -> list[Path]:
+    """The curves of every finished step in a sweep's folder (this call's and earlier ones'), by step: the
+    tables and one PNG per task, written in that folder."""
     points = [
         point
-        for step, folder in finished_steps(plan.root)
-        for point in points_from_run(folder, plan.series, step, latest_judge=True)
+        for step, folder in finished_steps(root)
+        for point in points_from_run(folder, series, step, latest_judge=True)
     ]
     if not points:
         return []
-    csv_path, md_path = write_tables(points, plan.root)
-    return [csv_path, md_path, *plot_curves(points, plan.root, errorbar)]
+    csv_path, md_path = write_tables(points, root)
+    return [csv_path, md_path, *plot_curves(points, root, errorbar)]
 
 
 def finished_steps(root: Path) -> list[tuple[int, Path]]:
