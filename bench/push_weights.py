@@ -7,7 +7,8 @@ A training loop (plain torch, the embedded SmolLM2-135M or --model, AdamW on fou
 --steps optimizer steps; after each one its weights reach --replicas replicas:
 - `push`: `cluster.Evaluator.push_weights` (in memory), then `evaluate(step)` on the first --limit IFEval
   prompts (greedy, --max-tokens), as a training loop would; each push is made once the step before has been
-  evaluated, so that it waits behind nothing. Row per step: `trainer_blocked_s` (the call until it returns),
+  evaluated, so that it waits behind nothing, and the next step trains once it is served (with
+  --train-while-pushing, at once: on a CPU the two then share the cores). Row per step: `trainer_blocked_s` (the call until it returns),
   `push_s` (the call until every replica serves the weights), `eval_s`.
 - `new-engines`: the same weights (kept from the push turn) saved as a checkpoint (`save_pretrained`,
   safetensors) and new replicas started from step 1's: `save_s`, `start_s` (Ray's start included, as a
@@ -40,7 +41,7 @@ def commit() -> str:
                           check=False).stdout.strip()  # fmt: skip
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
@@ -51,8 +52,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--limit", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="auto")
-    args = parser.parse_args()
+    parser.add_argument("--dtype", default="float32", help="float32: where the sweep's checked reload passes")
+    parser.add_argument(
+        "--train-while-pushing",
+        action="store_true",
+        help="train the next step while the push loads (on CPU the two share the cores)",
+    )
+    parser.add_argument("--data-path", default=None, help="IFEval's prompts (a machine without its package)")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.4, help="the trainer shares the GPU"
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -65,17 +79,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="push-bench-"))
     config = {
         "model": {"path": str(base), "dtype": args.dtype, "enforce_eager": args.device == "cpu",
-                  "max_model_len": 2048},
-        "tasks": ["ifeval"], "limit": args.limit, "sampling": {"max_tokens": args.max_tokens},
+                  "max_model_len": 2048, "gpu_memory_utilization": args.gpu_memory_utilization},
+        "tasks": [{"name": "ifeval", "data_path": args.data_path}], "limit": args.limit, "sampling": {"max_tokens": args.max_tokens},
         "output_dir": str(work), "run_id": "push", "cluster": {"replicas": args.replicas, "device": args.device},
     }  # fmt: skip
     device = "cuda" if args.device == "gpu" else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4)
-    data = [{k: v.to(device) for k, v in b.items()} for b in batches(tokenizer)]
+    data = [{k: v.to(device) for k, v in b.items()} for b in batches(tokenizer, args.data_path)]
     common = {"commit": commit(), "model": base.name, "device": args.device, "replicas": args.replicas,
-              "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1)}  # fmt: skip
+              "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+              "train_while_pushing": args.train_while_pushing}  # fmt: skip
 
     ev = cluster.Evaluator(config)
     common["dtype"] = ev.engines()[0]["dtype"]
@@ -87,6 +102,8 @@ def main() -> None:
         if handles:  # the queue empty, so that the push's time is its own, not a wait behind an evaluation
             handles[-1][1].result()
         push = ev.push_weights(step, model.state_dict())
+        if not args.train_while_pushing:  # the push alone on the machine, as the disk side's moves are
+            push.result()
         handles.append((push, ev.evaluate(step)))
         states.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
     push_rows(args, handles, common)

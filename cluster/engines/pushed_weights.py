@@ -12,6 +12,7 @@ layers as a load from disk does. The names and shapes are checked before anythin
 
 from __future__ import annotations
 
+import inspect
 import json
 import struct
 import warnings
@@ -85,7 +86,47 @@ class PushedWeights:
     """Mixed into vLLM's worker class (`worker_extension_cls`): what `collective_rpc` calls on each worker."""
 
     def load_pushed_weights(self, blob: bytes) -> int:
-        """Load the packed tensors into the model in place; returns how many there were."""
+        """Load the packed tensors into the model in place through the model runner's `reload_weights` (layer
+        by layer, with the processing a load from disk applies; the model's `load_weights` maps checkpoint
+        names onto vLLM's fused layers); returns how many there were.
+
+        That reload processes only the layers it loads: a module tied to one of them (an output projection
+        sharing the embeddings) would answer with stale logits, so every parameter shared between modules
+        before the reload is shared again after it and its holders' kernels are prepared again (`_retie`).
+        """
         pairs = unpack(blob)
-        self.model_runner.reload_weights(weights_iterator=iter(pairs), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        runner = self.model_runner  # type: ignore[attr-defined]
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        shared = _shared_parameters(model)
+        reload = getattr(runner, "reload_weights", None)
+        if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+            reload(weights_iterator=iter(pairs), is_checkpoint_format=True)
+        else:  # an older vLLM: the model's own loader, into the existing parameters
+            model.load_weights(weights=iter(pairs))
+        _retie(shared)
         return len(pairs)
+
+
+def _shared_parameters(model: Any) -> list[list[tuple[Any, str, Any]]]:
+    """Each parameter object held by more than one module: [(module, name, the object), ...]."""
+    holders: dict[int, list[tuple[Any, str, Any]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((module, name, param))
+    return [group for group in holders.values() if len(group) > 1]
+
+
+def _retie(groups: list[list[tuple[Any, str, Any]]]) -> None:
+    """Point every holder of a shared parameter at the object the reload gave one of them, and let each
+    holder prepare its kernels from it again: the reload processes only the layers it loaded, and a tied
+    output projection is not among them (on CPU its matmul keeps a packed copy of the old weights)."""
+    for group in groups:
+        old = group[0][2]
+        fresh = [m._parameters[n] for m, n, _ in group if m._parameters.get(n) is not old]
+        for module, name, _ in group:
+            if fresh:
+                module._parameters[name] = fresh[0]
+            method = getattr(module, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(module)

@@ -3,7 +3,8 @@ embedded SmolLM2-135M, float32, CPU) on the test run's `ray start` cluster:
 
 - weights pushed after optimizer steps 1 and 3 are served in memory: each step's greedy answers equal those of
   a fresh engine started from a checkpoint the trainer saved at that step, and differ from the base model's,
-  whose answers step 0 gives; bad pushes are refused naming the first mismatch, before anything is sent;
+  whose answers step 0 gives; before step 3 the trainer moves the tied embeddings far, so an output
+  projection the push left stale would answer differently; bad pushes are refused naming the first mismatch, before anything is sent;
 - a LoRA adapter pushed live gives the answers of `rayeval run --lora` on the adapter the trainer saved;
 - a trainer killed right after asking for step 1: the coordinator finishes step 1, then stops its engines.
 """

@@ -34,22 +34,20 @@ def evaluator_config(output_dir: str, address: str, run_id: str) -> dict[str, An
     }
 
 
-def batches(tokenizer: Any) -> list[Any]:
+def batches(tokenizer: Any, data_path: str | None = None) -> list[Any]:
     """Four IFEval prompts answered with one fixed reply, as chat-formatted training examples."""
     from evaluators.tasks.registry import get_task
 
     task = get_task("ifeval")
-    prompts = [s.doc["prompt"] for s in task.load_samples(None)[10:14]]
-    texts = [
-        tokenizer.apply_chat_template(
-            [
-                {"role": "user", "content": p},
-                {"role": "assistant", "content": "Sure. Here is my answer, in capitals."},
-            ],
-            tokenize=False,
-        )
-        for p in prompts
-    ]
+    prompts = [s.doc["prompt"] for s in task.load_samples(data_path)[10:14]]
+    reply = "Sure. Here is my answer, in capitals."
+    if tokenizer.chat_template is None:  # a bare tokenizer (the GPU benchmark's random model): plain text
+        texts = [f"{p}\n{reply}" for p in prompts]
+    else:
+        turns = [[{"role": "user", "content": p}, {"role": "assistant", "content": reply}] for p in prompts]
+        texts = [tokenizer.apply_chat_template(t, tokenize=False) for t in turns]
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     return [tokenizer(texts, return_tensors="pt", padding=True)]
 
 
@@ -58,7 +56,7 @@ def train_step(model: Any, optimizer: Any, batch: Any) -> float:
     out.loss.backward()
     optimizer.step()
     optimizer.zero_grad()
-    return float(out.loss)
+    return float(out.loss.detach())
 
 
 def save_checkpoint(model: Any, base: Path, folder: Path) -> None:
@@ -124,6 +122,8 @@ def main() -> None:
         report["refused"] = refusals(ev, model)
         for step in (1, 2, 3):
             report["steps"][step] = {"loss": train_step(model, optimizer, data[0])}
+            if step == 3:  # the tied embeddings moved far: an output projection left stale would show
+                move_embeddings(model)
             if step in (1, 3):
                 save_checkpoint(model, base, out / f"checkpoint-{step}")
                 began = time.time()
@@ -146,6 +146,17 @@ def main() -> None:
         report["engines"] = ev.engines()
         ev.close()
     Path(args.report).write_text(json.dumps({str(k): v for k, v in report.items()}, default=str))
+
+
+def move_embeddings(model: Any) -> None:
+    """Seeded noise on the embeddings, which the output projection shares (tie_word_embeddings): the pushed
+    engine answers as a fresh one only if its projection moved with them."""
+    import torch
+
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        weight = model.model.embed_tokens.weight
+        weight.add_(torch.randn(weight.shape, generator=generator) * 0.05)
 
 
 def refusals(ev: Any, model: Any) -> list[str]:
