@@ -160,18 +160,18 @@ class EngineActor:
         )
         return self.info
 
-    async def push_weights(self, blob: bytes, label: str) -> EngineInfo:
-        """Load the packed tensors of `blob` (`cluster.engines.pushed_weights.pack`, checked against the model
+    async def push_weights(self, blobs: list[bytes], label: str) -> EngineInfo:
+        """Load the packed tensors of `blobs` (`cluster.engines.pushed_weights.pack`, checked against the model
         by the sender) into the engine in place, and serve them as `label` from now on; call it only while no
         request is in flight. A failure raises EngineStartFailed with the engine's root error."""
         began = time.perf_counter()
         before = mark(self.log_files)
         try:
-            loaded = await self.engine.collective_rpc("load_pushed_weights", args=(blob,))
+            loaded = await self.engine.collective_rpc("load_pushed_weights", args=(blobs,))
             await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
         except Exception as exc:
             raise EngineStartFailed(self._failure(f"{type(exc).__name__}: {exc}", before)) from None
-        note = (f"{loaded[0]} tensors ({len(blob) / 1e6:.0f} MB) pushed in memory, loaded by the engine in "
+        note = (f"{loaded[0]} tensors ({sum(map(len, blobs)) / 1e6:.0f} MB) pushed in memory, loaded by the engine in "
                 f"{time.perf_counter() - began:.2f} s")  # fmt: skip
         self.info = replace(self.info, model=label, loaded_by=SwapKind.PUSH.value, load_note=note,
                             start_s=time.perf_counter() - began)  # fmt: skip

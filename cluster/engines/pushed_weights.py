@@ -2,8 +2,8 @@
 into tensors on each of the engine's workers, which load them in place through vLLM's own reload.
 
 A trainer's tensors travel as raw bytes (any dtype, bfloat16 included) with their name, dtype and shape:
-`raw_tensors` turns a state dict into that form (one copy, into the caller's buffers), `pack` joins them
-into one message for vLLM's `collective_rpc`, and the worker extension `PushedWeights` (named in every
+`raw_tensor` gives a tensor that form, `pack` joins a group of them into one buffer (a push is a list of
+such buffers, since a field of vLLM's messages holds at most 4 GiB) for vLLM's `collective_rpc`, and the worker extension `PushedWeights` (named in every
 engine's `worker_extension_cls`, so it is importable in the engine's processes) unpacks them as views of
 that message and calls the model runner's `reload_weights`, which maps checkpoint names onto vLLM's fused
 layers as a load from disk does. The names and shapes are checked before anything is sent
@@ -65,6 +65,29 @@ def pack(tensors: Iterable[RawTensor]) -> bytes:
     return b"".join([_HEADER.pack(len(header)), header, *parts])
 
 
+def in_dtype(tensors: Iterable[RawTensor], dtype: str | None) -> list[RawTensor]:
+    """The floating-point tensors converted to the engine's `dtype` (None: as they are): the engine would
+    round them to it on loading (the same rounding), and a bfloat16 engine then gets half a float32 push."""
+    import torch
+
+    converted = []
+    for t in tensors:
+        source = getattr(torch, t.dtype)
+        if dtype is None or t.dtype == dtype or not source.is_floating_point:
+            converted.append(t)
+            continue
+        with warnings.catch_warnings():  # a read-only buffer (Ray's object store): read, never written
+            warnings.simplefilter("ignore", UserWarning)
+            flat = (
+                torch.frombuffer(memoryview(t.data), dtype=torch.uint8)
+                if t.nbytes
+                else torch.empty(0, dtype=torch.uint8)
+            )
+        values = flat.view(source).to(getattr(torch, dtype))
+        converted.append(RawTensor(t.name, dtype, t.shape, values.view(torch.uint8).numpy()))
+    return converted
+
+
 def unpack(blob: bytes) -> list[tuple[str, Any]]:
     """The (name, tensor) pairs of a packed buffer, as views of it (no copy)."""
     import torch
@@ -85,16 +108,17 @@ def unpack(blob: bytes) -> list[tuple[str, Any]]:
 class PushedWeights:
     """Mixed into vLLM's worker class (`worker_extension_cls`): what `collective_rpc` calls on each worker."""
 
-    def load_pushed_weights(self, blob: bytes) -> int:
+    def load_pushed_weights(self, blobs: list[bytes]) -> int:
         """Load the packed tensors into the model in place through the model runner's `reload_weights` (layer
         by layer, with the processing a load from disk applies; the model's `load_weights` maps checkpoint
-        names onto vLLM's fused layers); returns how many there were.
+        names onto vLLM's fused layers); returns how many there were. Several buffers, since one message
+        field holds at most 4 GiB.
 
         That reload processes only the layers it loads: a module tied to one of them (an output projection
         sharing the embeddings) would answer with stale logits, so every parameter shared between modules
         before the reload is shared again after it and its holders' kernels are prepared again (`_retie`).
         """
-        pairs = unpack(blob)
+        pairs = [pair for blob in blobs for pair in unpack(blob)]
         runner = self.model_runner  # type: ignore[attr-defined]
         model = runner.get_model() if hasattr(runner, "get_model") else runner.model
         shared = _shared_parameters(model)

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 
 from cluster.config import RunConfig
-from cluster.engines.pushed_weights import pack
+from cluster.engines.pushed_weights import in_dtype, pack
 from cluster.plan import RunPlan, build_plan
 from cluster.run import SharedReplicas, run_evaluation
 from cluster.sweep import draw_curves
@@ -89,6 +89,7 @@ class TrainingCoordinator:
         self.pushed_megabytes: dict[int, float] = {}
         self.loaded_from: dict[int, str] = {}  # step -> the saved checkpoint the replicas moved to
         self.closed = False
+        self.engine_dtype: str | None = None  # the engines' weights' dtype, once they have started
         threading.Thread(
             target=self._outlive, args=(trainer_pid,), name="rayeval-trainer-watch", daemon=True
         ).start()
@@ -114,13 +115,17 @@ class TrainingCoordinator:
 
     def _start(self) -> list[dict[str, Any]]:
         _, infos = self.shared.replicas_for(self.plan.model.path)
+        self.engine_dtype = infos[0].dtype if infos else None
         return [asdict(info) for info in infos]
 
-    def push_weights(self, job: int, step: int, chunks: list[ray.ObjectRef], megabytes: float) -> None:
+    def push_weights(self, job: int, step: int, chunks: list[ray.ObjectRef]) -> None:
         """Take the trainer's tensors into this actor's own object (the trainer's copies are released when this
         call returns, and a trainer that dies later loses nothing queued), then queue their load."""
         try:
-            owned = ray.put(pack(t for part in ray.get(chunks) for t in part))
+            # in the engines' dtype once they have started (what they would round to anyway)
+            blobs = [pack(in_dtype(part, self.engine_dtype)) for part in ray.get(chunks)]
+            megabytes = sum(map(len, blobs)) / 1e6
+            owned = ray.put(blobs)
         except Exception as exc:  # noqa: BLE001 - the job reports it to the trainer's handle
             self._enqueue(job, _raise, exc)
             return

@@ -172,8 +172,7 @@ class Evaluator:
         # a tied output layer is the embeddings again, which vLLM's loader skips: not sent
         raws = [raw_tensor(name, t) for name, t in tensors.items() if name not in self.tensors.optional]
         chunks = [ray.put(chunk) for chunk in _chunks(raws)]
-        megabytes = sum(t.nbytes for t in raws) / 1e6
-        future = self._call("push_weights", step, chunks, megabytes).future()
+        future = self._call("push_weights", step, chunks).future()
         return self._pushed(step, called, future)
 
     def push_adapter(

@@ -103,3 +103,15 @@ def test_a_folder_with_finished_steps_needs_resume(tmp_path: Path):
         _check_folder(tmp_path, resume=False)
     _check_folder(tmp_path, resume=True)
     _check_folder(tmp_path / "new", resume=False)
+
+
+def test_floating_tensors_go_in_the_engines_dtype_as_the_engine_would_round_them():
+    from cluster.engines.pushed_weights import in_dtype
+
+    originals = {"w": torch.randn(4, 3), "ids": torch.arange(5), "b": torch.randn(2).to(torch.bfloat16)}
+    raws = in_dtype([raw_tensor(n, t) for n, t in originals.items()], "bfloat16")
+    back = dict(unpack(pack(raws)))
+    assert back["w"].dtype == torch.bfloat16 and torch.equal(back["w"], originals["w"].to(torch.bfloat16))
+    assert back["ids"].dtype == torch.int64 and torch.equal(back["ids"], originals["ids"])
+    assert torch.equal(back["b"], originals["b"])
+    assert in_dtype(raws, None) == raws
