@@ -180,16 +180,9 @@ class EngineActor:
     def stage_files(self, folder: str, files: dict[str, bytes]) -> str:
         """Write `files` into `folder` on this replica's node (a pushed LoRA adapter, which vLLM loads from a
         folder), unless it holds them already; returns the node's address."""
-        from pathlib import Path
+        from cluster.engines.pushed_weights import write_files
 
-        target = Path(folder)
-        target.mkdir(parents=True, exist_ok=True)
-        for name, data in files.items():
-            path = target / name
-            if not (path.is_file() and path.read_bytes() == data):
-                partial = path.with_name(f".{name}.partial")
-                partial.write_bytes(data)
-                partial.replace(path)
+        write_files(folder, files)
         return self.node_ip
 
     async def _reload(self, path: str, why: str) -> tuple[SwapKind, str]:

@@ -66,14 +66,17 @@ def pack(tensors: Iterable[RawTensor]) -> bytes:
 
 
 def in_dtype(tensors: Iterable[RawTensor], dtype: str | None) -> list[RawTensor]:
-    """The floating-point tensors converted to the engine's `dtype` (None: as they are): the engine would
-    round them to it on loading (the same rounding), and a bfloat16 engine then gets half a float32 push."""
+    """Floating-point tensors of a wider dtype converted to the engine's `dtype` (None: all as they are),
+    as the engine's loader rounds them into its parameters: a bfloat16 engine then gets half a float32
+    push. Narrower ones are sent as they are, never widened."""
     import torch
 
     converted = []
     for t in tensors:
         source = getattr(torch, t.dtype)
-        if dtype is None or t.dtype == dtype or not source.is_floating_point:
+        target = getattr(torch, dtype) if dtype is not None else source
+        narrower = target.is_floating_point and target.itemsize < source.itemsize
+        if not (source.is_floating_point and narrower):
             converted.append(t)
             continue
         with warnings.catch_warnings():  # a read-only buffer (Ray's object store): read, never written
@@ -83,8 +86,8 @@ def in_dtype(tensors: Iterable[RawTensor], dtype: str | None) -> list[RawTensor]
                 if t.nbytes
                 else torch.empty(0, dtype=torch.uint8)
             )
-        values = flat.view(source).to(getattr(torch, dtype))
-        converted.append(RawTensor(t.name, dtype, t.shape, values.view(torch.uint8).numpy()))
+        values = flat.view(source).to(target)
+        converted.append(RawTensor(t.name, str(dtype), t.shape, values.view(torch.uint8).numpy()))
     return converted
 
 
@@ -154,3 +157,22 @@ def _retie(groups: list[list[tuple[Any, str, Any]]]) -> None:
             method = getattr(module, "quant_method", None)
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(module)
+
+
+def write_files(folder: str, files: dict[str, bytes]) -> None:
+    """`files` in `folder`, each written under a unique temporary name and renamed into place unless the
+    folder holds it already: several replicas of one node may write the same folder at once."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    target = Path(folder)
+    target.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        path = target / name
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        handle, partial = tempfile.mkstemp(dir=target, prefix=f".{name}.")
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(partial, path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,7 +23,8 @@ from typing import Any
 import ray
 
 from cluster.config import RunConfig
-from cluster.engines.pushed_weights import in_dtype, pack
+from cluster.engines.pushed_weights import in_dtype, pack, write_files
+from cluster.errors import ClusterError
 from cluster.plan import RunPlan, build_plan
 from cluster.run import SharedReplicas, run_evaluation
 from cluster.sweep import draw_curves
@@ -46,7 +48,7 @@ class PushReport:
 
     step: int
     began_at: float  # the coordinator began loading it (after the jobs queued before it)
-    serving_at: float  # every replica serves the step's weights from now on
+    serving_at: float  # every replica serves the step's weights from now on (an adapter: can load it)
     megabytes: float
     replicas: int
 
@@ -89,16 +91,25 @@ class TrainingCoordinator:
         self.pushed_megabytes: dict[int, float] = {}
         self.loaded_from: dict[int, str] = {}  # step -> the saved checkpoint the replicas moved to
         self.closed = False
+        self.failed_pushes: dict[int, str] = {}  # step -> why its weights did not reach the replicas
         self.engine_dtype: str | None = None  # the engines' weights' dtype, once they have started
         threading.Thread(
             target=self._outlive, args=(trainer_pid,), name="rayeval-trainer-watch", daemon=True
         ).start()
 
     def _enqueue(self, job: int, work: Any, *args: Any) -> None:
-        """Queue `work` for the job thread once every job numbered before `job` is queued."""
+        """Queue `work` for the job thread once every job numbered before `job` is queued (a job that comes
+        after the coordinator began stopping fails with the reason)."""
         with self.order:
             self.order.wait_for(lambda: self.next_job == job)
-            self.results[job] = self.jobs.submit(work, *args)
+            try:
+                self.results[job] = self.jobs.submit(work, *args)
+            except RuntimeError:  # the job thread is shut down: the trainer died or close() ran
+                stopped: Future[Any] = Future()
+                stopped.set_exception(
+                    ClusterError("The evaluator's coordinator is stopping: nothing new runs.")
+                )
+                self.results[job] = stopped
             self.next_job += 1
             self.order.notify_all()
 
@@ -127,9 +138,23 @@ class TrainingCoordinator:
             megabytes = sum(map(len, blobs)) / 1e6
             owned = ray.put(blobs)
         except Exception as exc:  # noqa: BLE001 - the job reports it to the trainer's handle
-            self._enqueue(job, _raise, exc)
+            self._enqueue(job, self._failed, step, f"{type(exc).__name__}: {exc}")
             return
-        self._enqueue(job, self._push_weights, step, owned, megabytes)
+        self._enqueue(job, self._pushed, step, self._push_weights, owned, megabytes)
+
+    def _failed(self, step: int, reason: str) -> None:
+        """A step whose weights did not reach every replica: its evaluation is refused (the replicas serve
+        the previous step's weights, or a mix), and the push's handle raises."""
+        self.failed_pushes[step] = reason
+        raise ClusterError(f"Step {step}'s weights did not reach the replicas: {reason}")
+
+    def _pushed(self, step: int, load: Any, *args: Any) -> PushReport:
+        """Run a push job, remembering a failure so that the step is not evaluated on other weights."""
+        try:
+            return load(step, *args)
+        except Exception as exc:
+            self.failed_pushes[step] = f"{type(exc).__name__}: {exc}"
+            raise
 
     def _push_weights(self, step: int, packed: ray.ObjectRef, megabytes: float) -> PushReport:
         began = time.time()
@@ -138,7 +163,7 @@ class TrainingCoordinator:
         return PushReport(step, began, time.time(), megabytes, len(infos))
 
     def push_adapter(self, job: int, step: int, files: dict[str, bytes]) -> None:
-        self._enqueue(job, self._push_adapter, step, files)
+        self._enqueue(job, self._pushed, step, self._push_adapter, files)
 
     def _push_adapter(self, step: int, files: dict[str, bytes]) -> PushReport:
         """The adapter's files written under the folder's adapters/ on every replica's node (vLLM loads an
@@ -147,11 +172,8 @@ class TrainingCoordinator:
 
         began = time.time()
         folder = self.root / "adapters" / f"step_{step}"
-        self.shared.stage_files(str(folder), files)  # every replica's node; this node's folder among them
-        if not folder.is_dir():  # no replica on the coordinator's node: the step folder still records it
-            folder.mkdir(parents=True)
-            for name, data in files.items():
-                (folder / name).write_bytes(data)
+        self.shared.stage_files(str(folder), files)  # every replica's node
+        write_files(str(folder), files)  # and this one, whose copy the adapter's digest is read from
         self.adapters[step] = load_adapter(
             str(folder), Path(self.plan.model.path), self.config.model.max_lora_rank
         )
@@ -160,12 +182,13 @@ class TrainingCoordinator:
         return PushReport(step, began, time.time(), megabytes, len(self.shared.pool.actors))
 
     def load_checkpoint(self, job: int, step: int, folder: str) -> None:
-        self._enqueue(job, self._load_checkpoint, step, folder)
+        self._enqueue(job, self._pushed, step, self._load_checkpoint, folder)
 
     def _load_checkpoint(self, step: int, folder: str) -> PushReport:
         """The replicas moved to a saved checkpoint in place, as a sweep moves them (`SharedReplicas`)."""
         began = time.time()
-        self.shared.replicas_for(self.plan.model.path)  # started, if this is the first job
+        if self.shared.pool is None:  # started, if this is the first job
+            self.shared.replicas_for(self.plan.model.path)
         infos = self.shared.move_to(folder)
         self.pushed_megabytes[step] = 0.0
         self.loaded_from[step] = folder
@@ -175,9 +198,17 @@ class TrainingCoordinator:
         self._enqueue(job, self._evaluate, step)
 
     def _evaluate(self, step: int) -> StepReport:
+        if step in self.failed_pushes:
+            raise ClusterError(f"Step {step} is not evaluated: its weights did not reach the replicas "
+                               f"({self.failed_pushes[step]}).")  # fmt: skip
         began = time.time()
         plan = self._step_plan(step)
         folder = self.root / f"step_{step}"
+        if folder.is_dir() and not (folder / "summary.json").is_file():
+            # an unfinished step of an earlier evaluator: its journal answered other weights (a request's
+            # identity names the base model, not the weights pushed), so none of it is reused
+            log.warning("step %d: the unfinished run folder %s is started again", step, folder)
+            shutil.rmtree(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "weights.json").write_text(json.dumps(self._weights_record(step), indent=2) + "\n")
         result = run_evaluation(plan, progress=False, shared=self.shared)
@@ -253,7 +284,3 @@ class TrainingCoordinator:
             self.jobs.shutdown(wait=True)  # every queued job runs to its end
         self._close()
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-
-
-def _raise(exc: BaseException) -> None:
-    raise exc

@@ -28,7 +28,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from cluster.training.coordinator import PushReport, StepReport
 
 CHUNK_BYTES = 512 * 1024 * 1024  # one object in Ray's object store holds tensors up to this size
+MAX_QUEUED_PUSHES = 8
 
 
 @dataclass
@@ -126,7 +127,8 @@ class Evaluator:
         self.root = local_path(run_config.output_dir) / (run_config.run_id or f"train-{plan.model.name}")
         _check_folder(self.root, resume)
         self.tensors = ModelTensors.of_checkpoint(Path(plan.model.path), plan.model.name)
-        self.max_queued_pushes = max(1, max_queued_pushes)
+        # each waiting job holds one of the coordinator's threads until it runs
+        self.max_queued_pushes = min(max(1, max_queued_pushes), MAX_QUEUED_PUSHES)
         self._session = ExitStack()
         replicas = run_config.cluster.replicas
         self._session.enter_context(ray_session(run_config.cluster.address, plan.replica, replicas, verbose))
@@ -144,8 +146,12 @@ class Evaluator:
 
     def _call(self, method: str, *args: Any) -> Any:
         """Queue a job on the coordinator; the reference to its result."""
+        import ray
+
         job = next(self._jobs)
         self._submitted.append(getattr(self._coordinator, method).remote(job, *args))
+        if len(self._submitted) > 64:  # keep only the calls not yet in the coordinator's queue
+            _, self._submitted = ray.wait(self._submitted, num_returns=len(self._submitted), timeout=0)
         return self._coordinator.result.remote(job)
 
     def delivered(self, timeout: float | None = None) -> None:
@@ -251,8 +257,8 @@ class Evaluator:
             return
         try:
             ray.get(self._call("close"))
-            ray.kill(self._coordinator)
         finally:
+            ray.kill(self._coordinator)  # a detached actor left alive would hold its name and engines
             self._coordinator = None
             self._session.close()
 
@@ -264,16 +270,19 @@ class Evaluator:
 
     def _check_new_step(self, step: int) -> None:
         if step <= self._weights_step:
-            raise EvalInputError(
-                f"push for step {step}: steps go forward, and step {self._weights_step} was pushed already."
+            last = (
+                "the base model is step 0"
+                if self._weights_step == 0
+                else f"step {self._weights_step} was pushed"
             )
+            raise EvalInputError(f"push for step {step}: steps go forward from 1, and {last}.")
 
     def _wait_for_room(self) -> None:
         """Back-pressure: at most `max_queued_pushes` pushes wait in the queue; wait for the oldest."""
         while self._pushes and self._pushes[0].done():
             self._pushes.popleft()
         while len(self._pushes) >= self.max_queued_pushes:
-            self._pushes.popleft().future.result()
+            wait([self._pushes.popleft().future])  # its error, if any, is its own handle's to raise
 
 
 def _checked_plan(config: RunConfig) -> Any:
