@@ -4,9 +4,12 @@ a model behind an OpenAI-compatible endpoint, into the chat messages the endpoin
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from cluster.models.default import cache_root
+from cluster.models.rendered import RenderedPrompts
 from cluster.models.resolve import ResolvedModel
 from evaluators.errors import EvalInputError
 from evaluators.tasks.base import Prompt
@@ -22,20 +25,31 @@ class Renderer(Protocol):
 
 
 class PromptRenderer:
-    """Turns a task prompt into the exact text sent to the engine: chat template or plain text."""
+    """Turns a task prompt into the exact text sent to the engine: chat template or plain text.
+
+    The tokenizer loads on the first prompt the rendered-prompt cache (`models.rendered`) lacks: a run that
+    renders what an earlier one did, on the same tokenizer files, never imports transformers."""
 
     request_kind: RequestKind = "generate"
 
-    def __init__(self, model: ResolvedModel, chat_template: bool | None, revision: str | None = None) -> None:
-        try:
-            self.tokenizer: Any = chat_tokenizer(model.path, revision)
-        except Exception as exc:  # noqa: BLE001
-            raise EvalInputError(
-                f"Could not load the tokenizer of '{model.path}' ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}). If it is a hub id, this machine may be offline: "
-                "download the model folder and pass its path with --model."
-            ) from exc
-        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+    def __init__(
+        self,
+        model: ResolvedModel,
+        chat_template: bool | None,
+        revision: str | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.path, self.revision = model.path, revision
+        self._tokenizer: Any = None
+        self._loading = threading.Lock()
+        self.cache = RenderedPrompts.of_folder(
+            Path(model.path), revision, cache_dir or cache_root() / "rendered"
+        )
+        has_template = self.cache.has_template() if self.cache is not None else None
+        if has_template is None:
+            has_template = bool(getattr(self.tokenizer, "chat_template", None))
+            if self.cache is not None:
+                self.cache.set_has_template(has_template)
         if chat_template and not has_template:
             raise EvalInputError(
                 f"--chat-template was asked for, but the tokenizer of '{model.path}' has no chat template. "
@@ -43,11 +57,32 @@ class PromptRenderer:
             )
         self.use_chat_template = has_template if chat_template is None else chat_template
 
+    @property
+    def tokenizer(self) -> Any:
+        with self._loading:
+            if self._tokenizer is None:
+                try:
+                    self._tokenizer = chat_tokenizer(self.path, self.revision)
+                except Exception as exc:  # noqa: BLE001
+                    raise EvalInputError(
+                        f"Could not load the tokenizer of '{self.path}' ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}). If it is a hub id, this machine may "
+                        "be offline: download the model folder and pass its path with --model."
+                    ) from exc
+            return self._tokenizer
+
     def render(self, prompt: Prompt) -> str:
         if not self.use_chat_template:
             return prompt.text
+        key = prompt.digest()
+        cached = self.cache.get(key) if self.cache is not None else None
+        if cached is not None:
+            return cached
         messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
-        return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        text = str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        if self.cache is not None:
+            self.cache.put(key, text)
+        return text
 
 
 def chat_tokenizer(path: str, revision: str | None = None) -> Any:

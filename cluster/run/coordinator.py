@@ -182,14 +182,14 @@ def _prepare(
     make_renderer = functools.partial(
         prompt_renderer, plan.model, config.model.chat_template, config.model.revision
     )
-    # the tokenizer loads while the scorers' imports (begun while Ray started) finish: seconds of a warm run
+    # The renderer (its tokenizer, where the rendered-prompt cache lacks a prompt) loads while the replicas
+    # start; the scorers' imports (begun while Ray started) go on until the first output is scored
+    # (`SampleWriter`), so a warm pool's first requests do not wait for them.
     loading = None
     if plan.tasks:
         loader = ThreadPoolExecutor(1, thread_name_prefix="renderer")
         loading = loader.submit(make_renderer)
         loader.shutdown(wait=False)  # its thread ends with this one task; the result is awaited below
-    for task_plan in plan.tasks:  # a scorer whose import failed stops the run here, before any engine starts
-        task_plan.task.wait_for_scorer()
     renderer = None
     if loading is not None and config.model.chat_template:
         # an asked-for template the tokenizer may lack: fail before any engine starts

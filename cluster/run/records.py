@@ -15,7 +15,7 @@ from cluster.run.requests import PlannedSample
 from evaluators.failures import FailureKind
 from evaluators.judging.base import JudgeTask
 from evaluators.records import SampleRecord
-from evaluators.tasks.base import Sample
+from evaluators.tasks.base import Sample, Task
 from sharding.requests import Completion
 
 JudgedOutput = Callable[[JudgeTask, Sample, SampleRecord], None]
@@ -49,6 +49,7 @@ class SampleWriter:
         }
         self._queue: queue.Queue[Completion | None] = queue.Queue()
         self._error: BaseException | None = None
+        self._scorers_ready: set[str] = set()
         self._thread = threading.Thread(target=self._work, name="scoring", daemon=True)
         self._thread.start()
 
@@ -110,6 +111,7 @@ class SampleWriter:
             prompt_hash=item.prompt_hash,
         )
         if completion.ok and not isinstance(task, JudgeTask):
+            self._wait_for_scorer(task)
             try:
                 for key, metric in task.score(sample, completion.text).items():
                     record.scores[key] = metric.value / metric.weight if metric.weight else 0.0
@@ -117,6 +119,14 @@ class SampleWriter:
             except Exception as exc:  # noqa: BLE001 - a scorer crash is a failed sample, not a failed run
                 record.error = FailureKind.SCORING.error(f"{type(exc).__name__}: {exc}")
         return record
+
+    def _wait_for_scorer(self, task: Task) -> None:
+        """A task's scorer import (begun while Ray started) finished before its first output is scored; the
+        requests went out meanwhile. An import that failed stops the run (raised by `drain`), never a
+        failed sample: the outputs are in the store for the next run."""
+        if task.name not in self._scorers_ready:
+            task.wait_for_scorer()
+            self._scorers_ready.add(task.name)
 
     def task_records(self, task: str) -> list[SampleRecord]:
         return [r for (name, _, _), r in self.records.items() if name == task]

@@ -107,7 +107,7 @@ class Task(ABC):
 
     def wait_for_scorer(self) -> None:
         """Block until `preload_scorer`'s import is done; raise EvalInputError if it failed. A run calls it
-        before its engines start."""
+        before it scores the task's first output (its requests go out meanwhile)."""
         return None
 
     def load_fewshot(self, data_path: str | None) -> list[Sample]:
