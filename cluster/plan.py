@@ -17,6 +17,7 @@ from cluster.engines.placement import ReplicaPlan, replica_plan
 from cluster.models import ResolvedModel, cache_root, load_adapter, resolve_model
 from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
+from evaluators.ranges import DatasetRange
 from evaluators.tasks.base import Sample, Task
 from evaluators.tasks.registry import TASKS, get_task
 from sharding.requests import Adapter, SamplingSpec
@@ -197,11 +198,7 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
             continue
         task = get_task(resolved.name)
         task.check_ready()
-        samples = task.load_samples(options.data_path)
-        available = len(samples)
-        limit = options.limit or default_limit
-        if limit is not None:
-            samples = samples[:limit]
+        samples, available = _selected_samples(task, options, config, default_limit)
         num_fewshot = next(
             v for v in (options.num_fewshot, config.num_fewshot, task.defaults.num_fewshot) if v is not None
         )
@@ -242,6 +239,18 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
     )
 
 
+def _selected_samples(
+    task: Task, options: TaskOptions, config: RunConfig, default_limit: int | None
+) -> tuple[list[Sample], int]:
+    """The task's samples this run evaluates (its test_range, then its limit) and how many the dataset has."""
+    samples = task.load_samples(options.data_path)
+    available = len(samples)
+    if test_range := options.test_range or config.test_range:
+        samples = [samples[i] for i in DatasetRange.parse(test_range).indices(available)]
+    limit = options.limit or default_limit
+    return (samples[:limit] if limit is not None else samples), available
+
+
 def _device_of(config: RunConfig, model: ResolvedModel) -> str:
     """A model behind an endpoint runs on no device of ours: asking torch for GPUs would only cost seconds."""
     return ENDPOINT_DEVICE if model.endpoint else resolve_device(config, None)
@@ -271,6 +280,11 @@ def _lm_eval_plan(
             f"Task '{name}' is an lm-eval task: its data comes from its task YAML, so data_path / fewshot_path "
             "(--data-path) do not apply. Copy the YAML, set `dataset_path: json` and "
             "`dataset_kwargs: {data_files: {test: PATH}}`, and pass its folder with --include-path."
+        )
+    if options.test_range or config.test_range:
+        raise EvalInputError(
+            f"test_range selects questions of rayeval's own tasks; {name} runs through lm-eval, which takes "
+            "--limit only. Use --limit N (the first N), or give test_range in the entries of rayeval's tasks only."
         )
     num_fewshot = options.num_fewshot if options.num_fewshot is not None else config.num_fewshot
     return LmEvalTaskPlan(name, options, options.limit or default_limit, num_fewshot)

@@ -22,6 +22,8 @@ from cluster.config.values import (
     parse_duration,
     parse_gen_kwargs,
 )
+from evaluators.errors import EvalInputError
+from evaluators.ranges import DatasetRange
 
 # The embedded demo model on CPU (a quick look, not a benchmark): its first 20 questions, answers cut at 256
 # tokens. Greedy SmolLM2-135M in float32 repeats itself to IFEval's 1,280-token limit on 16 of the 20 demo
@@ -36,6 +38,13 @@ ADAPTIVE_FIRST_SAMPLES = 2
 # against 20.5 s at 1024 (docs/BENCHMARKS.md).
 CPU_MAX_NUM_SEQS = 64
 DEFAULT_KEEP_WARM_S = 600.0  # a run on a `ray start` cluster leaves its engines warm this long
+
+
+class OutputLayout(StrEnum):
+    """Folder layouts a run writes: rayeval's own always, another tool's beside it where asked."""
+
+    RAYEVAL = "rayeval"
+    OPENCOMPASS = "opencompass"
 
 
 class RunMode(StrEnum):
@@ -61,6 +70,16 @@ def cli(
     return {"cli": {"flag": flag, "metavar": metavar, "group": group, "consts": [list(c) for c in consts]}}
 
 
+def _check_test_range(value: str | None) -> str | None:
+    """A dataset range must parse (`evaluators.ranges`) when the config is read, not when its task loads."""
+    if value is not None:
+        try:
+            DatasetRange.parse(value)
+        except EvalInputError as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -71,6 +90,7 @@ class TaskOptions(Strict):
     name: str = Field(min_length=1)
     enabled: bool = True
     limit: int | None = Field(None, ge=1, description="evaluate only the first N questions")
+    test_range: str | None = Field(None, description="the part of the dataset to evaluate, a Python slice")
     num_fewshot: int | None = Field(None, ge=0)
     data_path: str | None = Field(
         None, min_length=1, description="local .jsonl/.json/.parquet or hf://org/name[:config]"
@@ -79,6 +99,8 @@ class TaskOptions(Strict):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
+
+    _range = field_validator("test_range")(_check_test_range)
 
 
 class ModelOptions(Strict):
@@ -583,6 +605,12 @@ class RunConfig(Strict):
         description="evaluate the first N questions of each task (default: all; 20 for the embedded demo model)",
         json_schema_extra=cli("--limit", "N", group="tasks"),
     )
+    test_range: str | None = Field(
+        None,
+        description="evaluate the part of each task's dataset this Python slice selects (OpenCompass's "
+        "test_range), e.g. '[:100]', '[-100:]', '[:min(100, len(index_list)//2)]'; --limit then applies to it",
+        json_schema_extra=cli("--test-range", "SLICE", group="tasks"),
+    )
     num_fewshot: int | None = Field(
         None,
         ge=0,
@@ -597,6 +625,31 @@ class RunConfig(Strict):
         json_schema_extra=cli("--num-samples", "N|auto", group="tasks"),
     )
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
+    output_layout: OutputLayout = Field(
+        OutputLayout.RAYEVAL,
+        description="opencompass: also write OpenCompass's folder layout (summary CSV, results and predictions "
+        "in percent) under --work-dir, for tools that read OpenCompass's results (RD-Agent)",
+        json_schema_extra=cli("--output-layout"),
+    )
+    work_dir: str | None = Field(
+        None,
+        min_length=1,
+        description="where --output-layout opencompass writes its timestamped folder (default: the run "
+        "folder's opencompass/)",
+        json_schema_extra=cli("--work-dir", "DIR"),
+    )
+    model_abbr: str | None = Field(
+        None,
+        min_length=1,
+        description="the model's column and folder name in the OpenCompass layout (default: the model's name)",
+        json_schema_extra=cli("--model-abbr", "NAME"),
+    )
+    pass_k: list[int] = Field(
+        default_factory=list,
+        description="pass@k to report in the OpenCompass layout for this k (needs --num-samples >= k); repeat "
+        "for more",
+        json_schema_extra=cli("--pass-k", "K"),
+    )
     cluster: ClusterOptions = Field(default_factory=ClusterOptions)
     lm_eval: LmEvalOptions = Field(default_factory=LmEvalOptions)
     judge: JudgeOptions = Field(default_factory=JudgeOptions)
@@ -698,6 +751,8 @@ class RunConfig(Strict):
             )
         return value
 
+    _range = field_validator("test_range")(_check_test_range)
+
     @field_validator("run_id")
     @classmethod
     def _folder_name(cls, value: str | None) -> str | None:
@@ -707,6 +762,22 @@ class RunConfig(Strict):
                 "empty, '.', '..' or hold a slash; e.g. --run-id qwen-gsm8k (put folders in --output-dir)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _layout_settings_with_their_layout(self) -> RunConfig:
+        given = [name for name in ("work_dir", "model_abbr", "pass_k") if getattr(self, name)]
+        if given and self.output_layout is not OutputLayout.OPENCOMPASS:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise ValueError(f"{flags} set(s) the OpenCompass layout: add --output-layout opencompass")
+        too_many = [
+            k for k in self.pass_k if k < 1 or (isinstance(self.num_samples, int) and k > self.num_samples)
+        ]
+        if too_many:
+            raise ValueError(
+                f"--pass-k {too_many[0]} needs at least {too_many[0]} samples a question (and k >= 1): raise "
+                f"--num-samples (now {self.num_samples}) or lower k"
+            )
+        return self
 
     @model_validator(mode="after")
     def _endpoint_only_with_openai_model(self) -> RunConfig:

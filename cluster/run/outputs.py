@@ -7,13 +7,14 @@ import errno
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster import timeline
+from cluster.config import OutputLayout
 from cluster.errors import OutputWriteError
 from cluster.judging import JudgePipeline, task_statistics
 from cluster.plan import RunPlan, TaskPlan
@@ -115,6 +116,10 @@ def write_outputs(run: FinishedRun) -> RunResult:
     )
     table = render_table(summaries.every, tokens.footer())
     run.paths.results_txt.write_text(table)
+    if writer := OTHER_LAYOUTS.get(config.output_layout):
+        with output_written(run.paths.root):
+            where = writer(run)
+        log.info("%s layout written to %s", config.output_layout.value, where)
     stats = run.runner.stats
     return RunResult(
         run_dir=run.paths.root,
@@ -135,6 +140,21 @@ def write_outputs(run: FinishedRun) -> RunResult:
         prepare_s=run.prepare_s,
         scoring_s=run.writer.scoring_s,
     )
+
+
+def _opencompass_layout(run: FinishedRun) -> Path:
+    """The run in OpenCompass's layout (`evaluators.opencompass_layout`), from the files just written."""
+    from evaluators.opencompass_layout import layout_of_run
+
+    config = run.plan.config
+    work_dir = Path(config.work_dir) if config.work_dir else run.paths.root / "opencompass"
+    return layout_of_run(run.paths.root, work_dir, config.model_abbr or run.plan.model_label, config.pass_k)
+
+
+# Layouts written beside rayeval's own, by `output_layout`.
+OTHER_LAYOUTS: dict[OutputLayout, Callable[[FinishedRun], Path]] = {
+    OutputLayout.OPENCOMPASS: _opencompass_layout
+}
 
 
 def _summarize(run: FinishedRun) -> _Summaries:

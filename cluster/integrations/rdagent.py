@@ -1,0 +1,229 @@
+"""RD-Agent's benchmark step on rayeval: `run_benchmark` has the signature and return value of RD-Agent 1.0.0's
+`rdagent.scenarios.finetune.benchmark.run_benchmark` (which runs OpenCompass in a container) and writes the
+folder that function reads: `<workspace>/benchmark_results[/<result_subdir>]/<timestamp>/` in OpenCompass's
+layout (`evaluators.opencompass_layout`), with rayeval's own run folder beside it (`.../rayeval/`).
+
+As RD-Agent does, an existing timestamped folder means the benchmark already ran: it is read, nothing runs.
+The model is a full model folder, or a LoRA adapter (found by its files) on the base model `model_name` names:
+that folder itself, or `$FT_FILE_PATH/models/<model_name>` (where RD-Agent keeps its models), or the adapter's
+own `base_model_name_or_path` where that is a folder. The run goes to the Ray cluster `address` names (or
+RAY_ADDRESS; else a local one), on a warm pool whose settings match where one is up.
+
+`install(**settings)` puts this `run_benchmark` where RD-Agent's callers look it up, so an RD-Agent launch
+script switches with one call and no edit of RD-Agent's files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cluster.errors import ClusterError
+from evaluators.errors import EvalInputError
+from evaluators.opencompass_layout import read_accuracy_summary, wrong_answers
+from evaluators.ranges import DatasetRange
+
+# RD-Agent's benchmark names rayeval runs, and the task each runs as (rayeval's own, or lm-eval's).
+SUPPORTED_BENCHMARKS: dict[str, str] = {
+    "gsm8k": "gsm8k",
+    "ifeval": "ifeval",
+    "math": "minerva_math",
+    "mmlu": "mmlu",
+}
+RAYEVAL_TASKS = {"gsm8k", "ifeval"}  # the rest go through lm-eval, which takes a count, not a range
+# RD-Agent's sampling for every benchmark (its configs/models.yaml `default`), unless `install` says otherwise.
+RDAGENT_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+# Where RD-Agent's callers find run_benchmark (each imports it by name at its own import).
+RDAGENT_MODULES = (
+    "rdagent.scenarios.finetune.benchmark",
+    "rdagent.scenarios.finetune.benchmark.benchmark",
+    "rdagent.scenarios.finetune.train.eval",
+    "rdagent.scenarios.finetune.scen.scenario",
+)
+
+log = logging.getLogger(__name__)
+_installed_settings: dict[str, Any] = {}
+
+
+def run_benchmark(
+    workspace_path: str,
+    model_path: str,
+    model_name: str,
+    benchmark_name: str,
+    gpu_count: int,
+    test_range: str | None = "[:100]",
+    num_runs: int = 1,
+    pass_k: list[int] | None = None,
+    max_error_samples: int = 10,
+    result_subdir: str = "",
+    **settings: Any,
+) -> dict[str, Any]:
+    """Benchmark `model_path` on `benchmark_name` as RD-Agent's function does; returns
+    `{"accuracy_summary": {dataset: {metric: percent}}, "error_samples": [{question, gold, model_output}]}`.
+
+    `settings` (or `install`'s): `address` (the Ray cluster), `data_paths` ({benchmark: local data file}),
+    `config` (more RunConfig settings, e.g. {"sampling": {"max_tokens": 512}}). Bad input raises RuntimeError
+    in RD-Agent's shape ("Benchmark execution failed ...") before anything is written."""
+    settings = {**_installed_settings, **settings}
+    results_base = Path(workspace_path) / "benchmark_results"
+    if result_subdir:
+        results_base = results_base / result_subdir
+    try:
+        done = _finished_runs(results_base)
+        if not done:
+            config = benchmark_config(
+                model_path, model_name, benchmark_name, gpu_count, test_range, num_runs, pass_k, results_base,
+                settings,
+            )  # fmt: skip
+            _run(config)
+            done = _finished_runs(results_base)
+        return {
+            "accuracy_summary": read_accuracy_summary(done[0]),
+            "error_samples": wrong_answers(done[0], max_error_samples),
+        }
+    except (EvalInputError, ClusterError) as exc:
+        raise RuntimeError(f"Benchmark execution failed (exit_code=2)\n{exc}") from exc
+
+
+def benchmark_config(
+    model_path: str,
+    model_name: str,
+    benchmark_name: str,
+    gpu_count: int,
+    test_range: str | None,
+    num_runs: int,
+    pass_k: list[int] | None,
+    results_base: Path,
+    settings: Mapping[str, Any],
+) -> Any:
+    """The RunConfig of one RD-Agent benchmark call (checked; nothing written)."""
+    from cluster.config import RunConfig
+
+    task = SUPPORTED_BENCHMARKS.get(benchmark_name)
+    if task is None:
+        raise EvalInputError(
+            f"rayeval has no benchmark named {benchmark_name!r}: it runs {', '.join(sorted(SUPPORTED_BENCHMARKS))}. "
+            "Use RD-Agent's own run_benchmark (OpenCompass) for the others."
+        )
+    model, lora = _model_and_adapter(Path(model_path), model_name)
+    entry: dict[str, Any] = {"name": task}
+    if data := (settings.get("data_paths") or {}).get(benchmark_name):
+        entry["data_path"] = str(data)
+    if test_range and task in RAYEVAL_TASKS:
+        DatasetRange.parse(test_range)  # a bad range is refused before anything runs
+        entry["test_range"] = test_range
+    elif test_range:
+        entry["limit"] = _leading_count(test_range, benchmark_name)
+    values: dict[str, Any] = {
+        "model": {"path": model, "lora": lora, "tensor_parallel_size": 1},
+        "tasks": [entry],
+        "num_samples": num_runs,
+        "sampling": dict(RDAGENT_SAMPLING),
+        "output_dir": str(results_base / "rayeval"),
+        "run_id": f"ft-{benchmark_name}",
+        "output_layout": "opencompass",
+        "work_dir": str(results_base),
+        "model_abbr": f"ft-{benchmark_name}",
+        "pass_k": list(pass_k or []),
+        "cluster": {"address": settings.get("address") or os.environ.get("RAY_ADDRESS") or None},
+    }
+    if gpu_count > 1:  # RD-Agent's tensor parallel size: the largest power of two that fits the GPUs
+        values["model"]["tensor_parallel_size"] = 1 << (gpu_count.bit_length() - 1)
+    merged = _merge(values, dict(settings.get("config") or {}))
+    try:
+        return RunConfig(**merged)
+    except ValueError as exc:  # pydantic's message names the field
+        raise EvalInputError(str(exc)) from None
+
+
+def install(**settings: Any) -> None:
+    """Make RD-Agent's benchmark step call rayeval's `run_benchmark` (with these settings, as `run_benchmark`
+    takes them), in every RD-Agent module that holds it, imported now or later."""
+    import importlib
+
+    _installed_settings.clear()
+    _installed_settings.update(settings)
+    for name in RDAGENT_MODULES:
+        try:
+            module = sys.modules.get(name) or importlib.import_module(name)
+        except ImportError as exc:
+            if name == RDAGENT_MODULES[0]:
+                raise EvalInputError(
+                    f"install() patches RD-Agent, which does not import here ({exc}). Install rdagent in this "
+                    "environment, or call cluster.integrations.rdagent.run_benchmark directly."
+                ) from exc
+            continue  # a caller module that needs more of RD-Agent than is installed is not a caller here
+        module.run_benchmark = run_benchmark  # type: ignore[attr-defined]
+
+
+def _run(config: Any) -> None:
+    from cluster.api import evaluate
+
+    result = evaluate(config, progress=False)
+    if result.requests_failed:  # OpenCompass, too, scores a failed sample as wrong
+        log.warning("%d samples failed, scored as wrong (reasons: %s/summary.json)", result.requests_failed,
+                    result.run_dir)  # fmt: skip
+
+
+def _finished_runs(results_base: Path) -> list[Path]:
+    """RD-Agent's rule: timestamped folders of an earlier call, newest first."""
+    return sorted((d for d in results_base.glob("202*_*") if d.is_dir()), reverse=True)
+
+
+def _model_and_adapter(model_path: Path, model_name: str) -> tuple[str, str | None]:
+    """(model folder, adapter folder or None) for RD-Agent's model_path and model_name."""
+    if not model_path.is_dir():
+        raise EvalInputError(
+            f"model_path {model_path} is not a folder: pass the trained model or adapter folder"
+        )
+    if not any((model_path / name).is_file() for name in ADAPTER_FILES):
+        return str(model_path), None
+    config_file = model_path / "adapter_config.json"
+    if not config_file.is_file():
+        raise EvalInputError(
+            f"{model_path} holds adapter weights but no adapter_config.json (peft writes both)"
+        )
+    config = json.loads(config_file.read_text())
+    if config.get("modules_to_save"):
+        raise EvalInputError(
+            f"{model_path} trains whole modules beside its LoRA ({', '.join(config['modules_to_save'])}), which "
+            "vLLM cannot serve as an adapter and rayeval's merge does not take yet: merge it into the base model "
+            "(RD-Agent's merge step) and benchmark the merged folder."
+        )
+    candidates = [Path(model_name), Path(os.environ.get("FT_FILE_PATH", "")) / "models" / model_name]
+    if base := config.get("base_model_name_or_path"):
+        candidates.append(Path(base))
+    for candidate in candidates:
+        if (candidate / "config.json").is_file():
+            return str(candidate), str(model_path)
+    return model_name, str(model_path)  # a hub id, resolved (offline: from the local cache) by the run
+
+
+def _leading_count(test_range: str, benchmark: str) -> int:
+    """An lm-eval task takes a count: `[:N]` (or a range that is one over any dataset) becomes N."""
+    parsed = DatasetRange.parse(test_range)
+    if parsed.start is None and parsed.step is None and parsed.stop is not None:
+        big = parsed.indices(1 << 30)
+        if len(big) == len(parsed.indices(1 << 31)) and len(big) > 0:
+            return len(big)
+    raise EvalInputError(
+        f"{benchmark} runs through lm-eval, which takes the first N questions only: give test_range as '[:N]' "
+        f"(got {test_range!r})"
+    )
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = (
+            _merge(merged[key], value)
+            if isinstance(value, dict) and isinstance(merged.get(key), dict)
+            else value
+        )
+    return merged

@@ -1,0 +1,43 @@
+"""RD-Agent's benchmark step called as RD-Agent calls it, in a process of its own with RD-Agent 1.0.0's code on
+the path (the set-up installs it into .venv/rdagent), printing the call's result as JSON on its last line.
+
+    python rdagent_calls.py rayeval ARGS_JSON SETTINGS_JSON   # after cluster.integrations.rdagent.install()
+    python rdagent_calls.py rdagent ARGS_JSON                  # RD-Agent's own run_benchmark
+
+`rdagent`: RD-Agent's function reads an existing results folder without running anything; the only thing
+replaced is its container environment (`get_benchmark_env`, a Docker or conda environment this machine does
+not have), by a stand-in whose `run` fails the call if it is ever reached.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+class NoContainer:
+    def run(self, **_: object) -> None:
+        raise AssertionError("RD-Agent started its benchmark container: it found no finished results folder")
+
+
+def main() -> None:
+    mode, call = sys.argv[1], json.loads(sys.argv[2])
+    if mode == "rayeval":
+        from cluster.integrations.rdagent import install
+
+        install(**json.loads(sys.argv[3]))
+        import rdagent.scenarios.finetune.benchmark as benchmark
+        import rdagent.scenarios.finetune.benchmark.benchmark as module
+
+        result = benchmark.run_benchmark(**call)
+        patched = [m.run_benchmark.__module__ for m in (benchmark, module)]
+        print(json.dumps({**result, "patched": patched, "ray_imported": "ray" in sys.modules}))
+        return
+    import rdagent.scenarios.finetune.benchmark.benchmark as module
+
+    module.get_benchmark_env = lambda *args, **kwargs: NoContainer()
+    print(json.dumps(module.run_benchmark(**call)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""RD-Agent's OpenCompass contract, with RD-Agent 1.0.0's own code as the client: its callers' name for
+`run_benchmark`, switched to rayeval's by `install()`, benchmarks a peft LoRA adapter of the default model on
+GSM8K (a slice of ../shared/data, 2 samples a question, pass@1 and pass@2) on the test run's Ray cluster; then
+RD-Agent's own `run_benchmark` reads the folder rayeval wrote (its CSV pivot and `extract_error_samples`).
+Every number is checked against one recomputed here from the sample records; a second call runs nothing.
+Bad input (fast, no engine): RD-Agent's RuntimeError shape, nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.integrations.rdagent import run_benchmark
+from tests.cluster.run.test_lora import make_adapter
+
+REPO = Path(__file__).resolve().parents[3]
+RDAGENT_SITE = Path(sys.prefix) / "rdagent"  # the set-up's RD-Agent 1.0.0 (Makefile: RDAGENT_SITE)
+METRIC = "exact_match,flexible-extract"  # what OpenCompass's GSM8K accuracy is (the last number)
+CALL = {"model_name": "", "benchmark_name": "gsm8k", "gpu_count": 0, "test_range": "[-6:]", "num_runs": 2,
+        "pass_k": [1, 2], "max_error_samples": 100, "result_subdir": "validation"}  # fmt: skip
+
+
+def _call(mode: str, tmp_path: Path, call: dict, settings: dict | None = None) -> dict:
+    assert (RDAGENT_SITE / "rdagent").is_dir(), (
+        f"RD-Agent 1.0.0 is not installed in {RDAGENT_SITE}: run `make setup`"
+    )
+    cwd = tmp_path / f"cwd-{mode}"  # RD-Agent finds its templates under ./rdagent, and logs into ./log
+    cwd.mkdir(exist_ok=True)
+    if not (cwd / "rdagent").exists():
+        (cwd / "rdagent").symlink_to(RDAGENT_SITE / "rdagent")
+    env = {**os.environ, **(settings or {}).pop("_env", {})}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(RDAGENT_SITE)])
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # RD-Agent imports litellm, which would fetch it online
+    argv = [sys.executable, str(Path(__file__).with_name("rdagent_calls.py")), mode, json.dumps(call)]
+    if settings is not None:
+        argv.append(json.dumps(settings))
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def benchmarked(tmp_path_factory, shared_gsm8k):
+    """rayeval's run through RD-Agent's name for it, on a workspace holding a trained (random) adapter."""
+    from cluster.models import ensure_default_model
+    from tests.warm_cluster import warm_cluster
+
+    root = tmp_path_factory.mktemp("rdagent")
+    workspace = root / "workspace"
+    adapter = make_adapter(workspace / "adapter", random_init=True)
+    shared = warm_cluster()
+    settings = {
+        "address": shared.head.gcs_address,
+        "data_paths": {"gsm8k": str(shared_gsm8k)},
+        "config": {"model": {"enforce_eager": True, "max_model_len": 1024}, "sampling": {"max_tokens": 64}},
+        "_env": shared.env(),
+    }
+    call = {**CALL, "workspace_path": str(workspace), "model_path": str(adapter),
+            "model_name": str(ensure_default_model())}  # fmt: skip
+    result = _call("rayeval", root, call, dict(settings))
+    return root, workspace, call, settings, result
+
+
+def _records(workspace: Path) -> list[dict]:
+    files = list((workspace / "benchmark_results/validation/rayeval/ft-gsm8k/samples").glob("*/gsm8k.jsonl"))
+    assert len(files) == 1
+    return [json.loads(line) for line in files[0].read_text().splitlines()]
+
+
+def test_rayeval_answers_rdagents_call_with_numbers_recomputed_from_its_samples(benchmarked):
+    _, workspace, _, _, result = benchmarked
+    assert result["patched"] == ["cluster.integrations.rdagent"] * 2  # install() reached RD-Agent's callers
+    records = _records(workspace)
+    assert sorted({r["doc_id"] for r in records}) == list(range(1313, 1319))  # [-6:] of the 1,319 questions
+    assert len(records) == 12 and {r["sample_index"] for r in records} == {0, 1}
+    by_question: dict[int, list[float]] = {}
+    for record in records:
+        by_question.setdefault(record["doc_id"], []).append(record["scores"][METRIC])
+    mean = sum(s for scores in by_question.values() for s in scores) / len(records)
+    pass2 = sum(max(scores) for scores in by_question.values()) / len(by_question)
+    expected = {
+        "accuracy": round(100 * mean, 2),
+        "pass@1": round(100 * mean, 2),
+        "pass@2": round(100 * pass2, 2),
+    }
+    assert result["accuracy_summary"] == {"gsm8k": expected}
+    summary = json.loads(
+        (workspace / "benchmark_results/validation/rayeval/ft-gsm8k/summary.json").read_text()
+    )
+    assert round(100 * summary["tasks"]["gsm8k"]["metrics"][METRIC]["mean"], 2) == expected["accuracy"]
+    wrong = {r["prompt"] for r in records if r["scores"][METRIC] != 1.0}
+    assert {e["question"] for e in result["error_samples"]} == wrong
+    assert all(e["model_output"] and e["gold"] for e in result["error_samples"])
+
+
+def test_rdagents_own_code_reads_rayevals_folder_as_rayeval_reported_it(benchmarked):
+    root, _, call, _, result = benchmarked
+    # RD-Agent's own list of benchmarks lacks gsm8k; the folder it reads does not depend on the name
+    read = _call("rdagent", root, {**call, "benchmark_name": "math"})
+    assert read["accuracy_summary"] == result["accuracy_summary"]
+    assert sorted(map(json.dumps, read["error_samples"])) == sorted(map(json.dumps, result["error_samples"]))
+
+
+def test_a_second_call_finds_the_results_and_runs_nothing(benchmarked):
+    root, workspace, call, settings, result = benchmarked
+    summary = workspace / "benchmark_results/validation/rayeval/ft-gsm8k/summary.json"
+    written = summary.stat().st_mtime_ns
+    again = _call("rayeval", root, call, dict(settings))
+    assert again["accuracy_summary"] == result["accuracy_summary"] and not again["ray_imported"]
+    assert summary.stat().st_mtime_ns == written
+    assert len(list((workspace / "benchmark_results/validation").glob("202*_*"))) == 1
+
+
+@pytest.fixture(scope="module")
+def adapter_copy(tmp_path_factory):
+    return make_adapter(tmp_path_factory.mktemp("bad") / "adapter", random_init=False)
+
+
+def _refused(tmp_path: Path, adapter: Path, match: str, **call: object) -> None:
+    from cluster.models import ensure_default_model
+    from tests.conftest import SHARED
+
+    arguments = {**CALL, "workspace_path": str(tmp_path), "model_path": str(adapter),
+                 "model_name": str(ensure_default_model()), **call}  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"Benchmark execution failed \(exit_code=2\)\n(.|\n)*" + match):
+        run_benchmark(**arguments, data_paths={"gsm8k": str(SHARED / "data" / "gsm8k" / "test.jsonl")})
+    assert not (tmp_path / "benchmark_results").exists()
+
+
+def test_an_unknown_benchmark_is_refused_with_the_supported_names(tmp_path, adapter_copy):
+    _refused(tmp_path, adapter_copy, "no benchmark named 'aime25': it runs gsm8k, ifeval, math, mmlu",
+             benchmark_name="aime25")  # fmt: skip
+
+
+def test_a_missing_adapter_file_is_refused(tmp_path, adapter_copy):
+    broken = tmp_path / "broken"
+    shutil.copytree(adapter_copy, broken)
+    (broken / "adapter_model.safetensors").unlink()
+    _refused(tmp_path, broken, "has no adapter_model.safetensors or adapter_model.bin")
+
+
+def _with_config(tmp_path: Path, adapter: Path, **changes: object) -> Path:
+    """A copy of the adapter whose adapter_config.json has these changes."""
+    changed = tmp_path / "changed"
+    shutil.copytree(adapter, changed)
+    config = json.loads((changed / "adapter_config.json").read_text())
+    (changed / "adapter_config.json").write_text(json.dumps({**config, **changes}))
+    return changed
+
+
+def test_an_adapter_for_another_base_model_is_refused(tmp_path, adapter_copy):
+    other = _with_config(tmp_path, adapter_copy, target_modules=["c_attn"])
+    _refused(tmp_path, other, "target_modules c_attn are not modules of")
+
+
+def test_whole_trained_modules_and_bad_ranges_are_refused(tmp_path, adapter_copy):
+    saved = _with_config(tmp_path, adapter_copy, modules_to_save=["lm_head"])
+    _refused(tmp_path, saved, "trains whole modules beside its LoRA \\(lm_head\\)")
+    _refused(tmp_path, adapter_copy, "getpid\\(\\)\" is not a form a range may use",
+             test_range="[:__import__('os').getpid()]")  # fmt: skip
