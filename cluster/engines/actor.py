@@ -275,13 +275,15 @@ class EngineActor:
 
     def _lora_request(self, adapter: Adapter | None) -> Any:
         """vLLM's LoRARequest for the adapter, one stable id per adapter for the engine's life (its LoRA cache
-        keeps the most recent `max_loras` loaded)."""
+        keeps the most recent `max_loras` loaded). Named by its identity (name and digest): vLLM keys adapters
+        by name too, and two adapters in folders of the same name (candidates of one round, each
+        `<workspace>/adapter`) crashed the engine under their folder name."""
         if adapter is None:
             return None
         from vllm.lora.request import LoRARequest
 
         lora_id = self.lora_ids.setdefault(adapter.identity, len(self.lora_ids) + 1)
-        return LoRARequest(adapter.name, lora_id, adapter.path)
+        return LoRARequest(adapter.identity, lora_id, adapter.path)
 
     @staticmethod
     def _hand_over_placement_group(config: Any) -> None:

@@ -2,5 +2,5 @@
 
 from cluster._lazy import lazy_exports
 
-_EXPORTS = {"rdagent": ("run_benchmark", "install", "SUPPORTED_BENCHMARKS")}
+_EXPORTS = {"rdagent": ("run_benchmark", "run_benchmarks", "install", "SUPPORTED_BENCHMARKS")}
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -71,9 +71,7 @@ def run_benchmark(
     `config` (more RunConfig settings, e.g. {"sampling": {"max_tokens": 512}}). Bad input raises RuntimeError
     in RD-Agent's shape ("Benchmark execution failed ...") before anything is written."""
     settings = {**_installed_settings, **settings}
-    results_base = Path(workspace_path) / "benchmark_results"
-    if result_subdir:
-        results_base = results_base / result_subdir
+    results_base = _results_base(workspace_path, result_subdir)
     try:
         done = _finished_runs(results_base)
         if not done:
@@ -89,6 +87,26 @@ def run_benchmark(
         }
     except (EvalInputError, ClusterError) as exc:
         raise RuntimeError(f"Benchmark execution failed (exit_code=2)\n{exc}") from exc
+
+
+def run_benchmarks(calls: list[Mapping[str, Any]], **settings: Any) -> list[dict[str, Any]]:
+    """Several `run_benchmark` calls of one round (the agent's candidate adapters of one base model, each
+    with its workspace) at once: their requests meet in the same base-model replicas, each adapter served by
+    vLLM's multi-LoRA engine beside the others (a LoRA sweep's way). Each call's folder and return value are
+    those of `run_benchmark(**call)`; calls whose folder is already there run nothing."""
+    settings = {**_installed_settings, **settings}
+    pending = []
+    for call in calls:
+        arguments = {**call, **settings}
+        base = _results_base(str(call["workspace_path"]), str(call.get("result_subdir", "")))
+        if not _finished_runs(base):
+            pending.append(_call_config(arguments, base))
+    if pending:
+        try:
+            _run_together(pending)
+        except (EvalInputError, ClusterError) as exc:
+            raise RuntimeError(f"Benchmark execution failed (exit_code=2)\n{exc}") from exc
+    return [run_benchmark(**call, **settings) for call in calls]
 
 
 def benchmark_config(
@@ -169,6 +187,53 @@ def _run(config: Any) -> None:
     if result.requests_failed:  # OpenCompass, too, scores a failed sample as wrong
         log.warning("%d samples failed, scored as wrong (reasons: %s/summary.json)", result.requests_failed,
                     result.run_dir)  # fmt: skip
+
+
+def _results_base(workspace_path: str, result_subdir: str) -> Path:
+    """Where RD-Agent looks for a call's results: benchmark_results[/<result_subdir>] of its workspace."""
+    base = Path(workspace_path) / "benchmark_results"
+    return base / result_subdir if result_subdir else base
+
+
+def _call_config(arguments: Mapping[str, Any], results_base: Path) -> Any:
+    """The RunConfig of one call given as run_benchmark's keyword arguments."""
+    names = ("model_path", "model_name", "benchmark_name", "gpu_count")
+    options = {"test_range": "[:100]", "num_runs": 1, "pass_k": None} | {
+        k: arguments[k] for k in ("test_range", "num_runs", "pass_k") if k in arguments
+    }
+    settings = {k: v for k, v in arguments.items() if k in ("address", "data_paths", "config")}
+    return benchmark_config(
+        *(arguments[n] for n in names), **options, results_base=results_base, settings=settings
+    )
+
+
+def _run_together(configs: list[Any]) -> None:
+    """Runs of one base model on one set of replicas, at once (each adapter a LoRA slot)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cluster.plan import build_plan
+    from cluster.preflight import preflight
+    from cluster.run import SharedReplicas, run_evaluation
+    from cluster.session import ray_session
+
+    plans = [build_plan(config) for config in configs]
+    models = {plan.model.path for plan in plans}
+    if len(models) > 1:
+        raise EvalInputError(
+            f"one round's candidates share one base model; these calls name {sorted(models)}"
+        )
+    for plan in plans:
+        preflight(plan)
+    first = plans[0]
+    with ray_session(first.config.cluster.address, first.replica, first.config.cluster.replicas, False):
+        shared = SharedReplicas(first, max_loras=len(plans), lora=any(p.adapter for p in plans))
+        try:
+            with ThreadPoolExecutor(len(plans), thread_name_prefix="candidate") as threads:
+                runs = [threads.submit(run_evaluation, plan, progress=False, shared=shared) for plan in plans]
+                for run in runs:
+                    run.result()
+        finally:
+            shared.close()
 
 
 def _finished_runs(results_base: Path) -> list[Path]:

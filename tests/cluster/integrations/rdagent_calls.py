@@ -1,6 +1,7 @@
 """RD-Agent's benchmark step called as RD-Agent calls it, in a process of its own with RD-Agent 1.0.0's code on
 the path (the set-up installs it into .venv/rdagent), printing the call's result as JSON on its last line.
 
+    python rdagent_calls.py round CALLS_JSON SETTINGS_JSON    # cluster.integrations.rdagent.run_benchmarks
     python rdagent_calls.py rayeval ARGS_JSON SETTINGS_JSON   # after cluster.integrations.rdagent.install()
     python rdagent_calls.py rdagent ARGS_JSON                  # RD-Agent's own run_benchmark
 
@@ -22,6 +23,11 @@ class NoContainer:
 
 def main() -> None:
     mode, call = sys.argv[1], json.loads(sys.argv[2])
+    if mode == "round":  # several candidates at once: ARGS_JSON is a list of calls
+        from cluster.integrations.rdagent import run_benchmarks
+
+        print(json.dumps(run_benchmarks(call, **json.loads(sys.argv[3]))))
+        return
     if mode == "rayeval":
         from cluster.integrations.rdagent import install
 

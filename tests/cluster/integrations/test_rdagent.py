@@ -47,13 +47,14 @@ def _call(mode: str, tmp_path: Path, call: dict, settings: dict | None = None) -
 
 @pytest.fixture(scope="module")
 def benchmarked(tmp_path_factory, shared_gsm8k):
-    """rayeval's run through RD-Agent's name for it, on a workspace holding a trained (random) adapter."""
+    """One round of two candidates benchmarked by one call (`run_benchmarks`), each in its own workspace: a
+    trained (random) adapter and a fresh (zero) one, on one set of base-model replicas."""
     from cluster.models import ensure_default_model
     from tests.warm_cluster import warm_cluster
 
     root = tmp_path_factory.mktemp("rdagent")
-    workspace = root / "workspace"
-    adapter = make_adapter(workspace / "adapter", random_init=True)
+    workspaces = [root / "candidate-1", root / "candidate-2"]
+    adapters = [make_adapter(w / "adapter", random_init=i == 0) for i, w in enumerate(workspaces)]
     shared = warm_cluster()
     settings = {
         "address": shared.head.gcs_address,
@@ -61,10 +62,10 @@ def benchmarked(tmp_path_factory, shared_gsm8k):
         "config": {"model": {"enforce_eager": True, "max_model_len": 1024}, "sampling": {"max_tokens": 64}},
         "_env": shared.env(),
     }
-    call = {**CALL, "workspace_path": str(workspace), "model_path": str(adapter),
-            "model_name": str(ensure_default_model())}  # fmt: skip
-    result = _call("rayeval", root, call, dict(settings))
-    return root, workspace, call, settings, result
+    calls = [{**CALL, "workspace_path": str(w), "model_path": str(a), "model_name": str(ensure_default_model())}
+             for w, a in zip(workspaces, adapters, strict=True)]  # fmt: skip
+    results = _call("round", root, calls, dict(settings))
+    return root, workspaces[0], calls[0], settings, results[0], workspaces[1]
 
 
 def _records(workspace: Path) -> list[dict]:
@@ -74,8 +75,7 @@ def _records(workspace: Path) -> list[dict]:
 
 
 def test_rayeval_answers_rdagents_call_with_numbers_recomputed_from_its_samples(benchmarked):
-    _, workspace, _, _, result = benchmarked
-    assert result["patched"] == ["cluster.integrations.rdagent"] * 2  # install() reached RD-Agent's callers
+    _, workspace, _, _, result, _ = benchmarked
     records = _records(workspace)
     assert sorted({r["doc_id"] for r in records}) == list(range(1313, 1319))  # [-6:] of the 1,319 questions
     assert len(records) == 12 and {r["sample_index"] for r in records} == {0, 1}
@@ -100,7 +100,7 @@ def test_rayeval_answers_rdagents_call_with_numbers_recomputed_from_its_samples(
 
 
 def test_rdagents_own_code_reads_rayevals_folder_as_rayeval_reported_it(benchmarked):
-    root, _, call, _, result = benchmarked
+    root, _, call, _, result, _ = benchmarked
     # RD-Agent's own list of benchmarks lacks gsm8k; the folder it reads does not depend on the name
     read = _call("rdagent", root, {**call, "benchmark_name": "math"})
     assert read["accuracy_summary"] == result["accuracy_summary"]
@@ -108,13 +108,24 @@ def test_rdagents_own_code_reads_rayevals_folder_as_rayeval_reported_it(benchmar
 
 
 def test_a_second_call_finds_the_results_and_runs_nothing(benchmarked):
-    root, workspace, call, settings, result = benchmarked
+    root, workspace, call, settings, result, _ = benchmarked
     summary = workspace / "benchmark_results/validation/rayeval/ft-gsm8k/summary.json"
     written = summary.stat().st_mtime_ns
-    again = _call("rayeval", root, call, dict(settings))
+    again = _call("rayeval", root, call, dict(settings))  # RD-Agent's name for it, switched by install()
+    assert again["patched"] == ["cluster.integrations.rdagent"] * 2
     assert again["accuracy_summary"] == result["accuracy_summary"] and not again["ray_imported"]
     assert summary.stat().st_mtime_ns == written
     assert len(list((workspace / "benchmark_results/validation").glob("202*_*"))) == 1
+
+
+def test_the_rounds_candidates_ran_at_once_on_the_same_replicas(benchmarked):
+    _, first, _, _, _, second = benchmarked
+    runs = [json.loads((w / "benchmark_results/validation/rayeval/ft-gsm8k/summary.json").read_text())["run"]
+            for w in (first, second)]  # fmt: skip
+    assert [r["engines_source"]["kind"] for r in runs] == ["sweep", "sweep"]
+    assert {e["name"] for e in runs[0]["engines"]} == {e["name"] for e in runs[1]["engines"]}
+    assert [r["adapter"]["path"] for r in runs] == [str((w / "adapter").resolve()) for w in (first, second)]
+    assert runs[0]["timeline"]["first result"] < runs[1]["timeline"]["last result"]
 
 
 @pytest.fixture(scope="module")
