@@ -9,7 +9,21 @@ import os
 import sys
 
 from cluster import timeline
-from cluster.cli import attach, compare, jobs, plot, pools, run, serve, submit, sweep, tasks, validate, watch
+from cluster.cli import (
+    attach,
+    compare,
+    jobs,
+    plot,
+    pools,
+    rdagent,
+    run,
+    serve,
+    submit,
+    sweep,
+    tasks,
+    validate,
+    watch,
+)
 from cluster.cli.parser import Parser
 from evaluators.errors import EvalInputError
 
@@ -17,7 +31,21 @@ from evaluators.errors import EvalInputError
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rayeval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (run, sweep, watch, serve, pools, submit, jobs, attach, compare, plot, tasks, validate):
+    for command in (
+        run,
+        sweep,
+        watch,
+        serve,
+        pools,
+        submit,
+        jobs,
+        attach,
+        compare,
+        plot,
+        tasks,
+        validate,
+        rdagent,
+    ):
         command.add_parser(sub)
     return parser
 
