@@ -6,7 +6,8 @@ layout (`evaluators.opencompass_layout`), with rayeval's own run folder beside i
 As RD-Agent does, an existing timestamped folder means the benchmark already ran: it is read, nothing runs.
 The model is a full model folder, or a LoRA adapter (found by its files) on the base model `model_name` names:
 that folder itself, or `$FT_FILE_PATH/models/<model_name>` (where RD-Agent keeps its models), or the adapter's
-own `base_model_name_or_path` where that is a folder. The run goes to the Ray cluster `address` names (or
+own `base_model_name_or_path` where that is a folder. An adapter that trains whole modules (`modules_to_save`,
+which vLLM cannot serve) is merged into the base model first, as RD-Agent merges it. The run goes to the Ray cluster `address` names (or
 RAY_ADDRESS; else a local one), on a warm pool whose settings match where one is up.
 
 `install(**settings)` puts this `run_benchmark` where RD-Agent's callers look it up, so an RD-Agent launch
@@ -255,19 +256,24 @@ def _model_and_adapter(model_path: Path, model_name: str) -> tuple[str, str | No
             f"{model_path} holds adapter weights but no adapter_config.json (peft writes both)"
         )
     config = json.loads(config_file.read_text())
-    if config.get("modules_to_save"):
-        raise EvalInputError(
-            f"{model_path} trains whole modules beside its LoRA ({', '.join(config['modules_to_save'])}), which "
-            "vLLM cannot serve as an adapter and rayeval's merge does not take yet: merge it into the base model "
-            "(RD-Agent's merge step) and benchmark the merged folder."
-        )
     candidates = [Path(model_name), Path(os.environ.get("FT_FILE_PATH", "")) / "models" / model_name]
     if base := config.get("base_model_name_or_path"):
         candidates.append(Path(base))
-    for candidate in candidates:
-        if (candidate / "config.json").is_file():
-            return str(candidate), str(model_path)
-    return model_name, str(model_path)  # a hub id, resolved (offline: from the local cache) by the run
+    found = next((str(c) for c in candidates if (c / "config.json").is_file()), model_name)  # else a hub id
+    if config.get("modules_to_save"):
+        return _merged(model_path, found), None
+    return found, str(model_path)
+
+
+def _merged(adapter: Path, base: str) -> str:
+    """An adapter that trains whole modules beside its LoRA (vLLM cannot serve those), merged into its base
+    model as RD-Agent merges it first (`cluster.models.merge`; made once, then reused)."""
+    from cluster.models import cache_root, load_adapter, merged_checkpoint, resolve_model
+
+    base_folder = Path(resolve_model(base).path)
+    digest = load_adapter(str(adapter), base_folder, None).digest
+    log.info("%s trains whole modules: merging it into %s", adapter, base_folder)
+    return str(merged_checkpoint(adapter, base_folder, digest, cache_root() / "merged"))
 
 
 def _leading_count(test_range: str, benchmark: str) -> int:

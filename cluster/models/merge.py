@@ -12,10 +12,11 @@ of the base model's speed (docs/BENCHMARKS.md). What is merged, per module the a
   `alpha_pattern` names it (the first key matching the end of the module's name, as peft matches them);
 - whole tensors the adapter carries replace the base model's before the LoRA deltas are added (as peft loads
   them before it merges): biases trained with `bias: all|lora_only`, an embedding saved beside its LoRA
-  (`<module>.base_layer.weight`).
+  (`<module>.base_layer.weight`), and every parameter of a module trained whole (`modules_to_save`: peft
+  saves `<module>.<param>` for each module whose name ends with an entry; vLLM cannot serve those as
+  an adapter, so merging is how they run).
 
-Anything else is refused before anything is written, naming what the merge does not do: DoRA, modules saved
-whole (`modules_to_save`), trainable tokens, LoRA on parameters, aLoRA, an initialisation that changed the
+Anything else is refused before anything is written, naming what the merge does not do: DoRA, trainable tokens, LoRA on parameters, aLoRA, an initialisation that changed the
 base weights (PiSSA, OLoRA, CorDA, LoftQ, LoRA-GA) saved without conversion, and a change to tied embeddings
 (merged, the output projection would change with the input embeddings, which the adapter served does not).
 The merge is done in float32 and cast back to the weights' dtype, so outputs match the adapter served by LoRA
@@ -40,7 +41,6 @@ PEFT_PREFIX = "base_model.model."
 # adapter_config.json settings this merge does not do: the setting, and what it is
 UNSUPPORTED_SETTINGS = {
     "use_dora": "DoRA (use_dora)",
-    "modules_to_save": "modules trained whole (modules_to_save)",
     "trainable_token_indices": "trainable tokens (trainable_token_indices)",
     "target_parameters": "LoRA on parameters (target_parameters)",
     "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
@@ -118,9 +118,12 @@ def merge_plan(config: dict[str, Any], tensors: dict[str, Any], adapter: Path) -
     """Every change the adapter's tensors make to the base model (see the module docstring)."""
     plan = MergePlan()
     names = {name.removeprefix(PEFT_PREFIX): tensor for name, tensor in tensors.items()}
+    saved_whole = tuple(config.get("modules_to_save") or ())
     for name, tensor in names.items():
         if name.endswith((".lora_A.weight", ".lora_embedding_A")):
             _add_lora(plan, config, names, name, adapter)
+        elif _in_module_saved_whole(name, saved_whole):
+            plan.replaced[name] = tensor  # a module trained whole: its tensor as trained
         elif name.endswith((".base_layer.weight", ".bias")) and ".lora_" not in name:
             plan.replaced[name.replace(".base_layer.", ".")] = tensor  # the base tensor, saved as trained
         elif not name.endswith((".lora_B.weight", ".lora_B.bias", ".lora_embedding_B")):
@@ -129,6 +132,13 @@ def merge_plan(config: dict[str, Any], tensors: dict[str, Any], adapter: Path) -
                 "a saved base tensor: this merge does not know what it is. Sweep it without --lora-merge."
             )
     return plan
+
+
+def _in_module_saved_whole(name: str, modules: tuple[str, ...]) -> bool:
+    """Whether tensor `name` is a parameter of a module peft saved whole: peft wraps every module whose name
+    ends with an entry of `modules_to_save` (a plain suffix: `norm` takes `input_layernorm` too)."""
+    module = name.rpartition(".")[0]
+    return ".lora_" not in name and any(module.endswith(m) for m in modules)
 
 
 def _add_lora(

@@ -170,8 +170,22 @@ def test_an_adapter_for_another_base_model_is_refused(tmp_path, adapter_copy):
     _refused(tmp_path, other, "target_modules c_attn are not modules of")
 
 
-def test_whole_trained_modules_and_bad_ranges_are_refused(tmp_path, adapter_copy):
-    saved = _with_config(tmp_path, adapter_copy, modules_to_save=["lm_head"])
-    _refused(tmp_path, saved, "trains whole modules beside its LoRA \\(lm_head\\)")
+def test_an_adapter_with_modules_trained_whole_is_merged_first(tmp_path, adapter_copy):
+    """vLLM serves no modules_to_save: the call's run is on the merged model (the merge itself is checked
+    against peft's in tests/cluster/models/test_merge.py)."""
+    from cluster.integrations.rdagent import benchmark_config
+    from cluster.models import ensure_default_model
+
+    saved = _with_config(tmp_path, adapter_copy, modules_to_save=["input_layernorm"])
+    config = benchmark_config(str(saved), str(ensure_default_model()), "gsm8k", 0, "[:5]", 1, None,
+                              tmp_path / "benchmark_results", {})  # fmt: skip
+    merged = Path(config.model.path)
+    assert config.model.lora is None and merged.name.startswith(
+        f"{ensure_default_model().name}+{saved.name}-"
+    )
+    assert (merged / "model.safetensors").is_file() and not (tmp_path / "benchmark_results").exists()
+
+
+def test_bad_ranges_are_refused(tmp_path, adapter_copy):
     _refused(tmp_path, adapter_copy, "getpid\\(\\)\" is not a form a range may use",
              test_range="[:__import__('os').getpid()]")  # fmt: skip

@@ -131,6 +131,45 @@ def test_the_merge_equals_peft_merge_and_unload_on_the_default_model(tmp_path):
     assert (merged / "tokenizer.json").stat().st_ino == (base / "tokenizer.json").stat().st_ino
 
 
+def test_modules_trained_whole_replace_the_base_modules_as_peft_merges_them(biased_base, tmp_path):
+    """modules_to_save (here every norm layer, as peft matches `norm` by the end of a name) beside LoRA on
+    q_proj: merged equals peft's merge_and_unload, and answers as peft serves the adapter."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(2)
+    model = AutoModelForCausalLM.from_pretrained(biased_base, dtype=torch.float32)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=["norm"], init_lora_weights=False
+    )
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "modules_to_save" in name:
+                parameter.mul_(1 + 0.2 * torch.randn_like(parameter))
+    adapter = tmp_path / "saved"
+    peft_model.save_pretrained(adapter)
+    merged = merged_checkpoint(adapter, biased_base, "m1", tmp_path / "cache")
+    ours = load_file(merged / "model.safetensors")
+    served = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(biased_base, dtype=torch.float32), adapter
+    )
+    tokens = greedy_tokens(served, biased_base)
+    theirs = served.merge_and_unload().state_dict()
+    original = load_file(biased_base / "model.safetensors")
+    changed = {n for n in ours if not torch.equal(ours[n], original[n])}
+    assert {n for n in changed if "norm" in n} == {n for n in original if n.endswith("norm.weight")}
+    assert {n for n in changed if "norm" not in n} == {n for n in original if n.endswith("q_proj.weight")}
+    for name in changed:
+        assert torch.allclose(ours[name], theirs[name], atol=1e-6), name
+    assert (
+        greedy_tokens(AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32), biased_base)
+        == tokens
+    )
+
+
 def test_what_the_merge_does_not_do_is_refused_by_name(tmp_path):
     import torch
     from safetensors.torch import save_file
@@ -150,7 +189,8 @@ def test_what_the_merge_does_not_do_is_refused_by_name(tmp_path):
     pair = {f"{q}.lora_A.weight": torch.ones(2, 576), f"{q}.lora_B.weight": torch.ones(576, 2)}
     cases = {
         "dora": ({"use_dora": True}, pair, "DoRA (use_dora)"),
-        "saved": ({"modules_to_save": ["lm_head"]}, pair, "modules trained whole (modules_to_save)"),
+        "saved": ({"modules_to_save": ["lm_head"]}, {"base_model.model.lm_head.weight": torch.ones(49152, 576)},
+                  "a model with tied embeddings stores no output projection of its own"),
         "pissa": ({"init_lora_weights": "pissa_niter_4"}, pair, "initialised with pissa_niter_4"),
         "rank": ({"rank_pattern": {"q_proj": 8}}, pair, "have rank 2, but adapter_config.json gives it rank 8"),
         "tied": ({}, {"base_model.model.model.embed_tokens.lora_embedding_A": torch.ones(2, 49152),
