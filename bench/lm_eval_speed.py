@@ -51,6 +51,7 @@ from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager
 import_s = time.perf_counter() - began
 model_args, tasks, include, limit, out, repo = sys.argv[1:7]
+chat = sys.argv[7:8] == ["chat"]  # lm_eval --apply_chat_template
 if "ifeval" in tasks:  # lm-eval's checkers need NLTK data that cannot be downloaded here: rayeval's offline Punkt
     sys.path.insert(0, repo)
     from evaluators.sentence_splitting import load_ifeval_utils
@@ -70,7 +71,7 @@ if __name__ == "__main__":
     load_s = time.perf_counter() - began
     began = time.perf_counter()
     results = simple_evaluate(model=lm, tasks=tasks.split(","), task_manager=TaskManager(include_path=include),
-                              limit=int(limit), log_samples=True)
+                              limit=int(limit), log_samples=True, apply_chat_template=chat)
     eval_s = time.perf_counter() - began
     outputs = {}
     for task, samples in results["samples"].items():
@@ -92,6 +93,7 @@ def run_lm_eval(
     max_num_seqs: int = MAX_NUM_SEQS,
     tasks: tuple[str, ...] = LOCAL_TASKS,
     engine_args: str = "",
+    chat: bool = False,
 ) -> dict:
     """`lm_eval --model vllm` as its CLI runs it, in its own process; `outputs`: per task, each document's
     prediction (generated text, or the index of the likeliest choice)."""
@@ -112,6 +114,7 @@ def run_lm_eval(
         str(limit),
         str(out),
         str(REPO),
+        *(["chat"] if chat else []),
     ]
     began = time.perf_counter()
     # Its own process group, so a timeout also ends the Ray cluster and engines the driver started.
