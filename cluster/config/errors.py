@@ -27,7 +27,7 @@ def format_validation_error(
     fix = (
         f"Fix {them}: `rayeval run --help` describes every flag"
         if source == COMMAND_LINE
-        else f"Fix {them} in {source}: README.md shows a full config, `rayeval run --help` every setting"
+        else f"Fix {them} in {source}: docs/RUNNING.md shows a full config, `rayeval run --help` every setting"
     )
     return f"{source} has {len(problems)} invalid setting(s): " + "; ".join(problems) + f". {fix}."
 
