@@ -85,18 +85,22 @@ class PromptRenderer:
         return text
 
 
+# transformers resolves its top-level names on first use; two threads asking at once can get "cannot import
+# name 'PreTrainedTokenizerFast'" (a sweep's or an RD-Agent round's runs render in threads of one process).
+_TRANSFORMERS_IMPORT = threading.Lock()
+
+
 def chat_tokenizer(path: str, revision: str | None = None) -> Any:
     """The tokenizer that renders chat templates. A model folder with a `tokenizer.json` loads it as the plain
     fast tokenizer: rendering needs only its template and special tokens, and that class loads without
     torch (1.3 s against AutoTokenizer's 5 to 6 s on two cores, while the engines start beside it). Anything
     else (a hub id, a slow-only tokenizer) goes through AutoTokenizer."""
-    if (Path(path) / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(path, revision=revision)
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, revision=revision)
+    with _TRANSFORMERS_IMPORT:  # its lazy module fails names asked for by two threads at once
+        if (Path(path) / "tokenizer.json").is_file():
+            from transformers import PreTrainedTokenizerFast as tokenizer_class
+        else:
+            from transformers import AutoTokenizer as tokenizer_class
+    return tokenizer_class.from_pretrained(path, revision=revision)
 
 
 class EndpointRenderer:

@@ -158,12 +158,25 @@ def sweep_steps(
     if close_engines:
         engines.close()
     outcomes.sort(key=lambda o: o.step)
+    _log_steps(plan, outcomes)
     files = _curves(plan, errorbar)
     wall_s = time.perf_counter() - began
     result = SweepResult(plan.root, outcomes, files, wall_s, engines.starts, engines.swaps, plan.location)
     _write_sweep_json(plan, result)
     _upload_sweep_files(plan)
     return result
+
+
+def _log_steps(plan: SweepPlan, outcomes: list[StepOutcome]) -> None:
+    """Each finished step into the sweep's tracker run (`--log-to`), at its checkpoint's step."""
+    log_to = plan.log_to
+    if not log_to:
+        return
+    from cluster.exporters import log_run
+
+    for outcome in outcomes:
+        if outcome.status is StepStatus.DONE and outcome.run_dir:
+            log_run(log_to, Path(outcome.run_dir), plan.root.name, outcome.step)
 
 
 def _upload_sweep_files(plan: SweepPlan) -> None:
@@ -227,10 +240,6 @@ def _run_steps(
 ) -> list[StepOutcome]:
     """LoRA steps at once (their requests meet in the same engines), full checkpoints one after another."""
     workers = len(steps) if kind is CheckpointKind.LORA else 1
-    # Steps in threads import transformers' lazy modules at once, which can fail ("cannot import name
-    # 'AutoTokenizer'"): load what rendering needs here first (cluster.models.prompts.chat_tokenizer).
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
-
     with ThreadPoolExecutor(workers, thread_name_prefix="sweep-step") as threads:
         futures = [threads.submit(_run_step, s, shared, retry_failed) for s in steps]
         outcomes = []

@@ -108,3 +108,26 @@ def test_a_cached_folder_without_a_template_still_refuses_chat_template(model_co
     assert RenderedPrompts.of_folder(folder, None, tmp_path).has_template() is False
     with pytest.raises(EvalInputError, match="--chat-template was asked for"):
         PromptRenderer(model, chat_template=True, cache_dir=tmp_path)
+
+
+def test_renderers_in_threads_of_a_fresh_process_all_load(model_copy):
+    """A sweep's or an RD-Agent round's runs render in threads: their first tokenizer loads meet in
+    transformers' lazy import (which failed one of four runs of a round with "cannot import name")."""
+    import subprocess
+    import sys
+
+    script = (
+        "import threading, sys\n"
+        "from cluster.models.prompts import chat_tokenizer\n"
+        "errors = []\n"
+        "def load():\n"
+        "    try: chat_tokenizer(sys.argv[1])\n"
+        "    except Exception as e: errors.append(repr(e))\n"
+        "threads = [threading.Thread(target=load) for _ in range(8)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "print(errors)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(model_copy)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
