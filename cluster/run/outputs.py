@@ -120,6 +120,15 @@ def write_outputs(run: FinishedRun) -> RunResult:
         with output_written(run.paths.root):
             where = writer(run)
         log.info("%s layout written to %s", config.output_layout.value, where)
+    if config.report:
+        from evaluators.view import write_run_report
+
+        with output_written(run.paths.root):
+            log.info("report page: %s", write_run_report(run.paths.root))
+    if config.log_to:  # a sweep's steps have none: the sweep logs them, by step (cluster.sweep.runner)
+        from cluster.exporters import log_run
+
+        log_run(config.log_to, run.paths.root, config.run_id or run.paths.root.name)
     stats = run.runner.stats
     return RunResult(
         run_dir=run.paths.root,

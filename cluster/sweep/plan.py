@@ -9,7 +9,7 @@ prints it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cluster.config import RunConfig
@@ -59,6 +59,7 @@ class SweepPlan:
     skipped: list[SkippedCheckpoint]
     lora_merge: bool = False  # adapters merged into the base weights and run as full checkpoints
     remote: RemoteFolder | None = None  # the sweep's folder on object storage; root is its staging copy
+    log_to: list[str] = field(default_factory=list)  # trackers the sweep logs its steps to (--log-to)
 
     @property
     def location(self) -> str:
@@ -116,7 +117,7 @@ def build_sweep_plan(
     base_config = config if adapters else _with_model(config, str(full[0].path))
     base = build_plan(base_config, materialise_model=materialise_model)
     _check_judge(base)
-    plan = SweepPlan(checkpoint_dir, root, [], [], lora_merge, remote)
+    plan = SweepPlan(checkpoint_dir, root, [], [], lora_merge, remote, list(config.log_to))
     # a merged adapter runs as a full checkpoint: the engines' LoRA rank does not limit it, the merge's does
     max_lora_rank = None if lora_merge else config.model.max_lora_rank
     for checkpoint in checkpoints:
@@ -146,6 +147,7 @@ def _step_plan(base: RunPlan, checkpoint: Checkpoint, output_dir: str, max_lora_
     config = base.config.model_copy(deep=True)
     config.output_dir = output_dir
     config.run_id = f"step_{checkpoint.step}"
+    config.log_to = []  # the sweep logs its steps as one tracker run, by step
     if checkpoint.kind is CheckpointKind.LORA:
         config.model.lora = str(checkpoint.path)
         adapter = load_adapter(str(checkpoint.path), Path(base.model.path), max_lora_rank)

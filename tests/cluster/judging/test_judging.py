@@ -328,3 +328,45 @@ def test_compare_pairs_one_named_judges_verdicts_on_every_judged_task(pipelined_
     assert moved, "the second draw's verdicts should differ somewhere"
     local = runs.rayeval("compare", str(run_a), str(run_b), "--judge", f"local:{runs.MODEL_DIR}")
     assert local.returncode == 2 and f"has no verdicts of judge local:{runs.MODEL_DIR}" in local.stderr
+
+
+def test_the_report_page_shows_each_judgment_and_filters_the_failed(pipelined_run, tmp_path):
+    """`rayeval view` on the judged run, in headless Chromium: a pairwise task's sample shows the judge's
+    verdict and rationale for each order, and "failed only" shows exactly the records that failed."""
+    import shutil
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from tests.browser import chromium, css, open_page
+
+    run_dir = tmp_path / "judged"
+    shutil.copytree(pipelined_run[0], run_dir)
+    done = rayeval("view", str(run_dir))
+    assert done.returncode == 0, done.stderr[-3000:]
+    judged = records(run_dir / "judges" / LOCAL_JUDGE_DIR / "samples" / "arena_hard.jsonl")
+    with chromium() as browser:
+        open_page(browser, Path(done.stdout.strip().splitlines()[-1]))
+        Select(browser.find_element(By.ID, "task-select")).select_by_value("arena_hard")
+        count = browser.find_element(By.ID, "match-count")
+        assert count.text == f"{len(judged)} match"
+        browser.find_element(By.ID, "failed-only").click()
+        failed = {(r["doc_id"], r["sample_index"]) for r in judged if r["error"]}
+        assert count.text == f"{len(failed)} match"
+        assert {
+            (int(s.get_attribute("data-doc")), int(s.get_attribute("data-index")))
+            for s in css(browser, ".sample")
+        } == failed
+        browser.find_element(By.ID, "failed-only").click()
+        first = next(
+            r for r in sorted(judged, key=lambda r: (r["doc_id"], r["sample_index"])) if r["judge_outputs"]
+        )
+        row = browser.find_element(
+            By.CSS_SELECTOR, f'.sample[data-doc="{first["doc_id"]}"][data-index="{first["sample_index"]}"]'
+        )
+        row.find_element(By.CSS_SELECTOR, ".summary").click()
+        rationales = [p.text.strip() for p in row.find_elements(By.CSS_SELECTOR, "pre.rationale")]
+        assert rationales == [first["judge_outputs"].get(order, "").strip() for order in first["verdicts"]]
+        assert len(first["verdicts"]) == 2  # a pairwise task is judged in both orders
+        verdicts = [p.text.strip() for p in row.find_elements(By.CSS_SELECTOR, "pre.verdict")]
+        assert verdicts == [str(v).strip() for v in first["verdicts"].values()]

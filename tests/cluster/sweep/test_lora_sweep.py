@@ -143,3 +143,71 @@ def test_merged_adapters_run_as_checkpoints_and_answer_as_served(lora_run, serve
     for folder, name in (("step_200", "checkpoint-200"), ("step_400", "step_400")):
         assert outputs(root, folder, name) == outputs(served_root, folder, name), name
     assert outputs(root, "step_300", "step_300") != base_outputs  # rank 32: merged, not served
+
+
+def test_the_sweeps_page_draws_each_curve_and_compares_two_steps(served, tmp_path):
+    """`rayeval view` on the sweep's folder and on two of its steps, in headless Chromium: a curve per task and
+    metric with a point per finished step whose values are sweep_summary.csv's, a point opens its step's page;
+    the comparison's numbers are `rayeval compare`'s, and it lists exactly the questions whose answers differ."""
+    import csv
+
+    from selenium.webdriver.common.by import By
+
+    from tests.browser import chromium, css, open_page
+
+    root = tmp_path / "sweep"
+    shutil.copytree(served[0], root)
+    done = rayeval("view", str(root))
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = Path(done.stdout.strip().splitlines()[-1])
+    assert page == root / "report" / "index.html"
+    with (root / "sweep_summary.csv").open() as handle:
+        table = list(csv.DictReader(handle))
+    curves = {f"{r['task']} / {r['metric']}" for r in table}
+    with chromium() as browser:
+        open_page(browser, page)
+        drawn = {svg.get_attribute("data-curve"): svg for svg in css(browser, "svg.curve")}
+        assert set(drawn) == curves
+        for row in table:
+            cell = browser.find_element(By.CSS_SELECTOR, f'#steps-table tr[data-step="{row["step"]}"]')
+            assert f"{float(row['mean']):.4f}" in cell.text
+        points = drawn[sorted(curves)[0]].find_elements(By.CSS_SELECTOR, "a.point")
+        assert sorted(int(p.get_attribute("data-step")) for p in points) == [100, 200, 400]
+        browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))",
+                               next(p for p in points if p.get_attribute("data-step") == "200"))  # fmt: skip
+        assert browser.current_url.endswith("/step_200/report/index.html")
+        assert "step_200" in browser.find_element(By.ID, "title").text
+
+    compared = rayeval(
+        "compare", str(root / "step_100"), str(root / "step_200"), "--output", str(tmp_path / "c.json")
+    )
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    numbers = json.loads((tmp_path / "c.json").read_text())["metrics"]
+    done = rayeval("view", str(root / "step_100"), str(root / "step_200"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = {
+        r["doc_id"]: r
+        for r in records(root / "step_100" / "samples" / f"{MODEL_DIR}+step_100" / "ifeval.jsonl")
+    }
+    second = {
+        r["doc_id"]: r
+        for r in records(root / "step_200" / "samples" / f"{MODEL_DIR}+checkpoint-200" / "ifeval.jsonl")
+    }
+    differing = {
+        d
+        for d in first
+        if (first[d]["output"], first[d]["scores"]) != (second[d]["output"], second[d]["scores"])
+    }
+    with chromium() as browser:
+        open_page(browser, Path(done.stdout.strip().splitlines()[-1]))
+        for metric in numbers:
+            row = browser.find_element(By.CSS_SELECTOR, f'#results tr[data-metric="{metric["metric"]}"]')
+            cells = {
+                c.get_attribute("data-col"): c.text
+                for c in row.find_elements(By.CSS_SELECTOR, "td[data-col]")
+            }
+            assert cells["difference"] == f"{metric['difference']:.4f}"
+            assert cells["p_adjusted"] == (
+                f"{metric['p_adjusted']:.4f}" if metric["p_adjusted"] is not None else "n/a"
+            )
+        assert {int(p.get_attribute("data-doc")) for p in css(browser, ".pair")} == differing

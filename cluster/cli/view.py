@@ -1,0 +1,74 @@
+"""`rayeval view`: a report page for a run, a sweep, or two runs compared."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+EPILOG = """examples:
+  rayeval view runs/qwen-gsm8k                 # runs/qwen-gsm8k/report/index.html
+  rayeval view runs/sweep-sft --open           # a sweep: curves by step, each step's page linked
+  rayeval view runs/base runs/tuned            # the paired comparison, and the questions where they differ
+The page is one file with its data inline: it opens from file://, from a static folder on object storage,
+or from a CI artifact, with no server and no network."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "view",
+        help="write a report page for a run, a sweep, or two runs compared (static HTML, no server)",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "folders", nargs="+", metavar="RUN_DIR", help="a run or sweep folder; two run folders compare"
+    )
+    p.add_argument(
+        "--open", action="store_true", help="open the page in this machine's browser, where one exists"
+    )
+    p.add_argument(
+        "--out", type=Path, metavar="DIR", help="where a comparison's page goes (default: under RUN_A)"
+    )
+    p.add_argument(
+        "--level", type=float, default=0.05, help="a comparison's significance level (default 0.05)"
+    )
+    p.set_defaults(handler=cmd_view)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from cluster.storage import readable_folder
+    from evaluators.errors import EvalInputError
+    from evaluators.view import is_sweep_folder, write_comparison_report, write_run_report, write_sweep_report
+
+    if len(args.folders) > 2:
+        raise EvalInputError(
+            f"rayeval view takes one folder, or two run folders to compare (got {len(args.folders)})"
+        )
+    folders = [Path(readable_folder(f)) for f in args.folders]
+    for folder in folders:
+        if not folder.is_dir():
+            raise EvalInputError(
+                f"{folder} is not a folder: give a run folder (with summary.json) or a sweep's"
+            )
+    if len(folders) == 2:
+        page = write_comparison_report(folders[0], folders[1], args.out, args.level)
+    elif is_sweep_folder(folders[0]):
+        page = write_sweep_report(folders[0])
+    else:
+        page = write_run_report(folders[0])
+    print(page)
+    if args.open:
+        _open(page)
+    return 0
+
+
+def _open(page: Path) -> None:
+    import webbrowser
+
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        print("no browser on this machine: open the file above where one is (it is self-contained)")
+        return
+    webbrowser.open(page.resolve().as_uri())

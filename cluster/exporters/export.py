@@ -1,0 +1,44 @@
+"""Logging a run folder to the trackers --log-to names (each exporter registers itself on import)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from cluster.exporters import mlflow_exporter, wandb_exporter  # noqa: F401 - they register themselves
+from cluster.exporters.base import EXPORTERS, Exporter, RunRecord
+from evaluators.errors import EvalInputError
+
+log = logging.getLogger(__name__)
+
+
+def check_log_to(value: str) -> str:
+    """A --log-to value names a known tracker (the config checks this when it is read)."""
+    if value.partition(":")[0] not in EXPORTERS:
+        kinds = " or ".join(f"{k}[:{v.target}]" for k, v in sorted(EXPORTERS.items()))
+        raise ValueError(f"--log-to {value!r} names no tracker: log to {kinds}")
+    return value
+
+
+def exporter_for(value: str) -> Exporter:
+    kind, _, target = value.partition(":")
+    return EXPORTERS[kind](target or None)
+
+
+def log_run(log_to: list[str], run_dir: Path, name: str, step: int | None = None) -> None:
+    """Log the run folder to every tracker `log_to` names. A tracker that fails is reported, never the run's
+    failure: its files are written already."""
+    if not log_to:
+        return
+    record = RunRecord.of_folder(run_dir, name)
+    for value in log_to:
+        try:
+            exporter_for(value).log(record, step)
+            log.info("logged %s%s to %s", name, "" if step is None else f" step {step}", value)
+        except ImportError as exc:
+            raise EvalInputError(
+                f"--log-to {value}: {exc.name or exc} is not installed here; `pip install {value.partition(':')[0]}` "
+                "(an optional extra of rayeval), or drop --log-to"
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - the tracker's own errors: the run's files stand
+            log.warning("could not log %s to %s: %s: %s", name, value, type(exc).__name__, exc)

@@ -1,0 +1,156 @@
+"""What a report page shows, read from the folders rayeval writes: a run's (summary.json, its sample records,
+judged tasks' verdicts, config.yaml), a sweep's (one run folder per step) and two runs' paired comparison.
+Everything becomes plain JSON-able dicts the page's script renders."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from evaluators.compare import CompareOptions, compare_runs, comparison_json, load_run
+from evaluators.curves import points_from_run
+from evaluators.errors import EvalInputError
+
+# What each metric (by name before the filter) means, shown on hover; a metric not listed shows its method.
+METRIC_DEFINITIONS = {
+    "exact_match": "share of answers whose extracted final answer equals the target",
+    "prompt_level_strict_acc": "share of prompts whose every instruction is followed (strict check)",
+    "inst_level_strict_acc": "share of all instructions followed (strict check)",
+    "prompt_level_loose_acc": "share of prompts whose every instruction is followed (loose: after removing "
+    "first/last lines and markdown)",
+    "inst_level_loose_acc": "share of all instructions followed (loose check)",
+    "win_rate": "share of pairwise judgments the model wins against the reference (ties count half), both orders",
+    "score": "the task's score per sample, averaged",
+    "acc": "share of questions whose likeliest choice is the right one",
+    "acc_norm": "as acc, with each choice's log-likelihood normalised by its length",
+}
+COLUMNS = ("mean", "sem", "ci95", "n", "questions", "failed", "pass_at_k")
+
+
+def run_page_data(run_dir: Path) -> dict[str, Any]:
+    """A finished run folder as the run page's data."""
+    summary = _summary(run_dir)
+    samples = load_run(run_dir)
+    tasks = []
+    for name, body in summary.get("tasks", {}).items():
+        tasks.append({
+            "name": name, "version": body.get("version"), "failed": body.get("failed", 0),
+            "failure_reasons": body.get("failure_reasons", {}), "num_runs": body.get("num_runs"),
+            "judge": samples.judges.get(name), "metrics": [_metric_row(k, m) for k, m in body.get("metrics", {}).items()],
+        })  # fmt: skip
+    records = {
+        task: [_record_json(r) for r in sorted(rows, key=lambda r: r.sort_key)]
+        for task, rows in samples.records.items()
+    }
+    config = run_dir / "config.yaml"
+    run = summary.get("run", {})
+    return {
+        "kind": "run",
+        "title": f"{run.get('run_id', run_dir.name)}: {run.get('model', '')}",
+        "tasks": tasks,
+        "samples": records,
+        "config": config.read_text(encoding="utf-8") if config.is_file() else "",
+        "timeline": run.get("timeline", {}),
+        "engines": [
+            {
+                k: e.get(k)
+                for k in ("name", "node_id", "pid", "start_s", "dtype", "vllm_version", "max_num_seqs")
+            }
+            for e in run.get("engines", [])
+        ],
+        "facts": {
+            k: run.get(k)
+            for k in (
+                "model",
+                "model_path",
+                "device",
+                "replicas",
+                "num_samples",
+                "requests",
+                "requests_generated",
+                "samples_failed",
+                "wall_s",
+                "generation_s",
+            )
+        },  # fmt: skip
+    }
+
+
+def sweep_page_data(sweep_dir: Path, step_pages: dict[int, str]) -> dict[str, Any]:
+    """A sweep folder's steps as curves (mean and CI95 by step, per task and metric) and a table; each
+    point links to its step's run page (`step_pages`: step -> relative URL)."""
+    steps = sorted(
+        (int(p.parent.name.removeprefix("step_")), p.parent)
+        for p in sweep_dir.glob("step_*/summary.json")
+        if p.parent.name.removeprefix("step_").isdigit()
+    )
+    if not steps:
+        raise EvalInputError(
+            f"{sweep_dir} holds no finished step (step_<N>/summary.json): is it a sweep folder?"
+        )
+    points = [
+        p for step, folder in steps for p in points_from_run(folder, sweep_dir.name, step, latest_judge=True)
+    ]
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for p in sorted(points, key=lambda p: (p.task, p.metric, p.step)):
+        curves.setdefault(f"{p.task} / {p.metric}", []).append({
+            "step": p.step, "mean": _finite(p.mean), "low": _finite(p.ci95_low), "high": _finite(p.ci95_high),
+            "sem": _finite(p.sem), "n": p.n, "questions": p.questions, "judge": p.judge, "page": step_pages.get(p.step),
+        })  # fmt: skip
+    return {
+        "kind": "sweep",
+        "title": f"sweep {sweep_dir.name}",
+        "curves": curves,
+        "steps": [s for s, _ in steps],
+    }
+
+
+def comparison_page_data(run_a: Path, run_b: Path, level: float = 0.05) -> dict[str, Any]:
+    """Two runs' paired comparison (compare's numbers, Holm-adjusted) and the questions where they differ."""
+    a, b = load_run(run_a), load_run(run_b)
+    rows = compare_runs(a, b, CompareOptions(level))
+    differing: list[dict[str, Any]] = []
+    for task in sorted(set(a.records) & set(b.records)):
+        first_a = {r.doc_id: r for r in sorted(a.records[task], key=lambda r: -r.sample_index)}
+        first_b = {r.doc_id: r for r in sorted(b.records[task], key=lambda r: -r.sample_index)}
+        for doc_id in sorted(set(first_a) & set(first_b)):
+            ra, rb = first_a[doc_id], first_b[doc_id]
+            if ra.scores != rb.scores or ra.output != rb.output:
+                differing.append(
+                    {"task": task, "doc_id": doc_id, "a": _record_json(ra), "b": _record_json(rb)}
+                )
+    return {"kind": "compare", "title": f"{a.run_id} vs {b.run_id}", "comparison": comparison_json(a, b, rows, level),
+            "differing": differing}  # fmt: skip
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise EvalInputError(
+            f"{run_dir} has no readable summary.json ({exc}); is it a finished run folder?"
+        ) from None
+
+
+def _metric_row(key: str, metric: dict[str, Any]) -> dict[str, Any]:
+    name = key.partition(",")[0]
+    definition = METRIC_DEFINITIONS.get(name, "")
+    method = f"SEM: {metric.get('sem_method', '')}. CI95: {metric.get('ci95_method', '')}."
+    return {
+        "key": key, "mean": _finite(metric.get("mean")), "sem": _finite(metric.get("sem")),
+        "ci95": [_finite(v) for v in metric.get("ci95") or [None, None]], "n": metric.get("n"),
+        "questions": metric.get("questions"), "pass_at_k": metric.get("pass_at_k", {}),
+        "definition": f"{definition}. {method}" if definition else method,
+    }  # fmt: skip
+
+
+def _record_json(record: Any) -> dict[str, Any]:
+    body = record.to_dict()
+    return {k: body[k] for k in ("doc_id", "sample_index", "prompt", "output", "target", "scores", "error",
+                                 "judge", "verdicts", "judge_outputs", "finish_reason", "output_tokens")}  # fmt: skip
+
+
+def _finite(value: Any) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value

@@ -1,0 +1,102 @@
+"""`--log-to`: a real run's numbers and files logged to a real MLflow tracking server (`mlflow server` on
+loopback, SQLite store) and to W&B in offline mode, read back through each tracker's own client and checked
+against the run's summary.json. The run is the shared base IFEval run's command again on a copy of its folder
+(everything reused from its store: the logging at the run's end is the subject)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, BASE_IFEVAL_SAMPLES, rayeval
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{folder}/mlflow.db", "--default-artifact-root", str(folder / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        server.kill()
+        pytest.fail("mlflow server did not listen within 120 s")
+    yield uri
+    os.killpg(server.pid, 15)
+    server.wait(timeout=30)
+
+
+def _rerun(base_ifeval_run: Path, tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> Path:
+    out = tmp_path / "runs"
+    shutil.copytree(base_ifeval_run, out / "base")
+    done = rayeval("run", *BASE_IFEVAL_ARGS, "--limit", str(BASE_IFEVAL_LIMIT), "--num-samples",
+                   str(BASE_IFEVAL_SAMPLES), "--output-dir", str(out), "--run-id", "base", *flags, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 to generate" in done.stderr
+    return out / "base"
+
+
+def test_a_run_logs_its_numbers_and_files_to_an_mlflow_server(base_ifeval_run, tmp_path, mlflow_server):
+    import mlflow
+
+    run_dir = _rerun(base_ifeval_run, tmp_path, "--log-to", f"mlflow:{mlflow_server}")
+    summary = json.loads((run_dir / "summary.json").read_text())["tasks"]["ifeval"]["metrics"]
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("rayeval")
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`rayeval.name` = 'base'")
+    assert len(runs) == 1
+    logged = runs[0].data
+    for key, metric in summary.items():
+        name = f"ifeval/{key.partition(',')[0]}"
+        assert logged.metrics[name] == pytest.approx(metric["mean"], abs=1e-12)
+        assert logged.metrics[f"{name}_sem"] == pytest.approx(metric["sem"], abs=1e-12)
+    assert logged.params["num_samples"] == str(BASE_IFEVAL_SAMPLES)
+    artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id, "summary")}
+    assert artifacts == {"summary/summary.json", "summary/results.json"}
+    samples = [a.path for a in client.list_artifacts(runs[0].info.run_id, "samples")]
+    assert samples == ["samples/ifeval.parquet"]
+
+
+def test_a_run_logs_to_wandb_offline(base_ifeval_run, tmp_path):
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir"), "WANDB_SILENT": "true"}
+    (tmp_path / "wandb-dir").mkdir()
+    run_dir = _rerun(base_ifeval_run, tmp_path, "--log-to", "wandb:rayeval-tests", env=env)
+    summary = json.loads((run_dir / "summary.json").read_text())["tasks"]["ifeval"]["metrics"]
+    offline = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1
+    logged = json.loads((offline[0] / "files" / "wandb-summary.json").read_text())
+    for key, metric in summary.items():
+        assert logged[f"ifeval/{key.partition(',')[0]}"] == pytest.approx(metric["mean"], abs=1e-12)
+    assert (offline[0] / "files" / "summary.json").is_file()
+
+
+def test_an_unknown_tracker_is_refused_before_anything_runs(tmp_path):
+    done = rayeval("run", "--log-to", "tensorboard", "--output-dir", str(tmp_path), "--dry-run")
+    assert (
+        done.returncode == 2
+        and "names no tracker: log to mlflow[:TRACKING_URI] or wandb[:PROJECT]" in done.stderr
+    )
