@@ -22,6 +22,10 @@ function fmt(value, digits = 4) {
   return String(value);
 }
 
+function count(value) {
+  return value === null || value === undefined ? "n/a" : String(value);
+}
+
 function section(title, id) {
   const body = el("section", { id });
   body.append(el("h2", { text: title }));
@@ -51,9 +55,9 @@ function renderRun() {
         el("td", { "data-col": "mean", text: fmt(m.mean) }),
         el("td", { "data-col": "sem", text: fmt(m.sem) }),
         el("td", { "data-col": "ci95", text: `[${fmt(m.ci95[0])}, ${fmt(m.ci95[1])}]` }),
-        el("td", { "data-col": "n", text: fmt(m.n) }),
-        el("td", { "data-col": "questions", text: fmt(m.questions) }),
-        el("td", { "data-col": "failed", text: fmt(task.failed) }),
+        el("td", { "data-col": "n", text: count(m.n) }),
+        el("td", { "data-col": "questions", text: count(m.questions) }),
+        el("td", { "data-col": "failed", text: count(task.failed) }),
         el("td", { "data-col": "pass_at_k", text: passk || "-" })));
     }
   }
