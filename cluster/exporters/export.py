@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 
@@ -14,9 +15,13 @@ log = logging.getLogger(__name__)
 
 def check_log_to(value: str) -> str:
     """A --log-to value names a known tracker (the config checks this when it is read)."""
-    if value.partition(":")[0] not in EXPORTERS:
+    kind = value.partition(":")[0]
+    if kind not in EXPORTERS:
         kinds = " or ".join(f"{k}[:{v.target}]" for k, v in sorted(EXPORTERS.items()))
         raise ValueError(f"--log-to {value!r} names no tracker: log to {kinds}")
+    if importlib.util.find_spec(kind) is None:  # found, not imported: checked before anything runs
+        raise ValueError(f"--log-to {value}: {kind} is not installed here; `pip install {kind}` (an optional extra "
+                         "of rayeval), or drop --log-to")  # fmt: skip
     return value
 
 
