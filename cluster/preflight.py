@@ -33,7 +33,17 @@ def preflight(plan: RunPlan) -> None:
     check_batched_tokens(plan)
     check_local_replicas(plan)
     check_kv_cache_fits(plan)
+    check_trackers(plan.config.log_to)
     check_address_reachable(plan.config.cluster.address)
+
+
+def check_trackers(log_to: list[str]) -> None:
+    """Each --log-to tracker that the run will reach over the network answers now, not at the run's end."""
+    from cluster.exporters import tracker_problem
+
+    for value in log_to:
+        if problem := tracker_problem(value):
+            raise EvalInputError(f"--log-to {value}: {problem}. Start it, fix the URI, or drop --log-to.")
 
 
 def check_endpoint(plan: RunPlan) -> None:

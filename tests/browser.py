@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
+# The tests' screenshots of each page (a test artifact; docs/images holds the ones the docs show)
+SCREENSHOTS = Path(__file__).resolve().parent / "artifacts" / "screenshots"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -58,3 +60,11 @@ def open_page(driver: Any, page: Path) -> None:
 
 def css(driver: Any, selector: str) -> list[Any]:
     return driver.find_elements("css selector", selector)
+
+
+def screenshot(driver: Any, name: str) -> Path:
+    """Save the page as it is now under tests/artifacts/screenshots/<name>.png."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    return path

@@ -7,6 +7,6 @@ from cluster._lazy import lazy_exports
 
 _EXPORTS = {
     "base": ("Exporter", "RunRecord", "EXPORTERS"),
-    "export": ("exporter_for", "log_run", "check_log_to"),
+    "export": ("exporter_for", "log_run", "check_log_to", "tracker_problem"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -47,3 +47,11 @@ def log_run(log_to: list[str], run_dir: Path, name: str, step: int | None = None
             ) from exc
         except Exception as exc:  # noqa: BLE001 - the tracker's own errors: the run's files stand
             log.warning("could not log %s to %s: %s: %s", name, value, type(exc).__name__, exc)
+
+
+def tracker_problem(value: str) -> str | None:
+    """Why the tracker `value` names cannot be reached, or None: an exporter that logs over the network asks
+    its server once (`Exporter.probe`)."""
+    kind, _, target = value.partition(":")
+    probe = getattr(EXPORTERS[kind], "probe", None)
+    return probe(target or None) if probe is not None else None

@@ -17,6 +17,20 @@ class MlflowExporter:
     def __init__(self, uri: str | None) -> None:
         self.uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
 
+    @staticmethod
+    def probe(uri: str | None) -> str | None:
+        """An http(s) tracking server that does not answer its /health, said; a local store needs no probe."""
+        target = uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
+        if not target.startswith(("http://", "https://")):
+            return None
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(target.rstrip("/") + "/health", timeout=10) as answer:
+                return None if answer.status == 200 else f"the tracking server answered {answer.status}"
+        except OSError as exc:
+            return f"the tracking server at {target} does not answer ({getattr(exc, 'reason', exc)})"
+
     def log(self, record: RunRecord, step: int | None) -> None:
         import mlflow
 

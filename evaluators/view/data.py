@@ -32,6 +32,11 @@ COLUMNS = ("mean", "sem", "ci95", "n", "questions", "failed", "pass_at_k")
 def run_page_data(run_dir: Path) -> dict[str, Any]:
     """A finished run folder as the run page's data."""
     summary = _summary(run_dir)
+    if not any(run_dir.glob("samples/*/*.jsonl")):
+        raise EvalInputError(
+            f"{run_dir} holds no sample records (samples/<model>/<task>.jsonl): a run writes them as it goes; is "
+            "it a run folder copied without its samples?"
+        )
     samples = load_run(run_dir)
     tasks = []
     for name, body in summary.get("tasks", {}).items():

@@ -252,4 +252,5 @@ function renderCompare() {
 document.title = DATA.title;
 document.getElementById("title").textContent = DATA.title;
 ({ run: renderRun, sweep: renderSweep, compare: renderCompare })[DATA.kind]();
+document.body.setAttribute("data-ready-ms", String(Math.round(performance.now())));  // interactive after this
 document.body.setAttribute("data-ready", "1");

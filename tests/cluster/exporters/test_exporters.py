@@ -6,48 +6,20 @@ against the run's summary.json. The run is the shared base IFEval run's command 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.mlflow_server import free_port
+from tests.mlflow_server import mlflow_server as tracking_server
 from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, BASE_IFEVAL_SAMPLES, rayeval
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{folder}/mlflow.db", "--default-artifact-root", str(folder / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        server.kill()
-        pytest.fail("mlflow server did not listen within 120 s")
-    yield uri
-    os.killpg(server.pid, 15)
-    server.wait(timeout=30)
+    with tracking_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
 
 
 def _rerun(base_ifeval_run: Path, tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> Path:
@@ -117,3 +89,11 @@ def test_an_unknown_tracker_is_refused_before_anything_runs(tmp_path):
         done.returncode == 2
         and "names no tracker: log to mlflow[:TRACKING_URI] or wandb[:PROJECT]" in done.stderr
     )
+
+
+def test_an_unreachable_tracking_server_is_refused_before_anything_runs(tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    done = rayeval("run", "--log-to", f"mlflow:{uri}", "--output-dir", str(tmp_path / "runs"), "--dry-run")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"the tracking server at {uri} does not answer" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()

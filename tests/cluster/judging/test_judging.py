@@ -338,7 +338,7 @@ def test_the_report_page_shows_each_judgment_and_filters_the_failed(pipelined_ru
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    from tests.browser import chromium, css, open_page
+    from tests.browser import chromium, css, open_page, screenshot
 
     run_dir = tmp_path / "judged"
     shutil.copytree(pipelined_run[0], run_dir)
@@ -379,3 +379,5 @@ def test_the_report_page_shows_each_judgment_and_filters_the_failed(pipelined_ru
             assert len(first["verdicts"]) == 2  # a pairwise task is judged in both orders
         verdicts = [p.text.strip() for p in row.find_elements(By.CSS_SELECTOR, "pre.verdict")]
         assert verdicts == [str(v).strip() for v in first["verdicts"].values()]
+        browser.execute_script("arguments[0].scrollIntoView()", row)
+        screenshot(browser, "judged-sample")

@@ -153,7 +153,7 @@ def test_the_sweeps_page_draws_each_curve_and_compares_two_steps(served, tmp_pat
 
     from selenium.webdriver.common.by import By
 
-    from tests.browser import chromium, css, open_page
+    from tests.browser import chromium, css, open_page, screenshot
 
     root = tmp_path / "sweep"
     shutil.copytree(served[0], root)
@@ -171,6 +171,7 @@ def test_the_sweeps_page_draws_each_curve_and_compares_two_steps(served, tmp_pat
         for row in table:
             cell = browser.find_element(By.CSS_SELECTOR, f'#steps-table tr[data-step="{row["step"]}"]')
             assert f"{float(row['mean']):.4f}" in cell.text
+        screenshot(browser, "sweep")
         points = drawn[sorted(curves)[0]].find_elements(By.CSS_SELECTOR, "a.point")
         assert sorted(int(p.get_attribute("data-step")) for p in points) == [100, 200, 400]
         browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))",
@@ -211,3 +212,34 @@ def test_the_sweeps_page_draws_each_curve_and_compares_two_steps(served, tmp_pat
                 f"{metric['p_adjusted']:.4f}" if metric["p_adjusted"] is not None else "n/a"
             )
         assert {int(p.get_attribute("data-doc")) for p in css(browser, ".pair")} == differing
+        screenshot(browser, "comparison")
+
+
+def test_a_sweep_logs_each_step_to_mlflow_at_its_step(lora_run, served, tmp_path):
+    """The finished sweep run again with --log-to (every step read back from its store, no engine): one
+    MLflow run named after the sweep's folder holds each metric at steps 100, 200 and 400, as
+    sweep_summary.csv has them."""
+    import csv
+
+    import mlflow
+
+    from tests.mlflow_server import mlflow_server
+
+    shutil.copytree(served[0], tmp_path / "sweep")
+    with mlflow_server(tmp_path / "mlflow") as uri:
+        done = rayeval("sweep", str(lora_run), *COMMON, "--output-dir", str(tmp_path), "--run-id", "sweep",
+                       "--log-to", f"mlflow:{uri}")  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("rayeval")
+        runs = client.search_runs([experiment.experiment_id], filter_string="tags.`rayeval.name` = 'sweep'")
+        assert len(runs) == 1
+        with (tmp_path / "sweep" / "sweep_summary.csv").open() as handle:
+            table = list(csv.DictReader(handle))
+        for row in table:
+            history = client.get_metric_history(
+                runs[0].info.run_id, f"{row['task']}/{row['metric'].partition(',')[0]}"
+            )
+            by_step = {m.step: m.value for m in history}
+            assert by_step[int(row["step"])] == pytest.approx(float(row["mean"]), abs=1e-9)
+        assert sorted({m.step for m in history}) == [100, 200, 400]
