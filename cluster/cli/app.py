@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import logging
 import os
@@ -112,12 +113,17 @@ def entry() -> int:
     `gc.freeze()` takes that heap out of the collection (the process's exit frees its memory); `main` does
     not freeze, for callers that stay in the same process (tests, notebooks).
 
-    Once `main` has returned, everything the command says is said: the standard error the interpreter's
-    shutdown writes to goes to /dev/null. Libraries print there while they are torn down (triton's nanobind
-    bindings list ~80 "leaked" objects when a sweep's driver imported torch), below the command's result."""
+    Once the command's own exit handlers are done, everything it says is said: the standard error the
+    interpreter's shutdown writes to goes to /dev/null. Libraries print there while they are torn down (triton's
+    nanobind bindings list ~80 "leaked" objects when a sweep's driver imported torch), below the command's
+    result."""
     code = main()
     gc.freeze()
+    atexit.register(_quiet_shutdown)  # runs before the handlers registered earlier (Ray's) and the teardown
+    return code
+
+
+def _quiet_shutdown() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
-    return code

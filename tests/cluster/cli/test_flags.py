@@ -3,6 +3,8 @@ default, and a flag sets exactly the field it names."""
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 from cluster.cli import build_parser
@@ -43,6 +45,10 @@ def test_each_flag_sets_the_field_it_names():
         kind = spec.field.annotation
         if spec.consts or "bool" in str(kind) or "list" in str(kind) or "Literal" in str(kind):
             continue
+        if isinstance(kind, type) and issubclass(
+            kind, enum.Enum
+        ):  # choices: test_enum_flags_take_their_values
+            continue
         number = "int" in str(kind) or "float" in str(kind)
         as_written = spec.metavar in PARSED_BY_THE_FIELD  # a duration's text, for the field to read
         args = parser.parse_args(["run", spec.flag, "7" if number else "x"])
@@ -63,3 +69,15 @@ def test_the_mode_flags_set_the_mode_and_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["run", "--judge-only", "--inference-only"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_enum_flags_take_their_values():
+    parser = build_parser()
+    for spec in config_flags():
+        kind = spec.field.annotation
+        if spec.consts or not (isinstance(kind, type) and issubclass(kind, enum.Enum)):
+            continue
+        for member in kind:
+            assert overrides(parser.parse_args(["run", spec.flag, member.value])) == {spec.dest: member.value}
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", spec.flag, "no-such-value"])
