@@ -58,9 +58,24 @@ def cmd_view(args: argparse.Namespace) -> int:
     else:
         page = write_run_report(folders[0])
     print(page)
+    if not args.out:
+        _upload_pages(args.folders[0], folders[0], page)
     if args.open:
         _open(page)
     return 0
+
+
+def _upload_pages(given: str, local: Path, page: Path) -> None:
+    """A folder on object storage gets its pages beside its files (a sweep's steps' too), so the folder served
+    as static files shows them; the URI of the page is printed."""
+    from cluster.storage import FolderMirror, RemoteFolder, is_remote
+
+    if not is_remote(given):
+        return
+    remote = RemoteFolder.parse(given, "the folder")
+    pages = tuple(p.parent.relative_to(local).as_posix() for p in local.glob("**/report/**/index.html"))
+    FolderMirror(local, remote).push(final=True, only=pages)
+    print(f"{remote.uri.rstrip('/')}/{page.relative_to(local).as_posix()}")
 
 
 def _open(page: Path) -> None:

@@ -243,3 +243,17 @@ def test_a_sweep_logs_each_step_to_mlflow_at_its_step(lora_run, served, tmp_path
             by_step = {m.step: m.value for m in history}
             assert by_step[int(row["step"])] == pytest.approx(float(row["mean"]), abs=1e-9)
         assert sorted({m.step for m in history}) == [100, 200, 400]
+
+
+def test_the_pages_of_a_sweep_on_object_storage_go_beside_its_files(served, s3, tmp_path):
+    """`rayeval view s3://...` (the sweep as it is on the store, read from another node's empty staging): the
+    sweep's page and each step's are written up beside the folders they show, and the page's URI is printed."""
+    done = rayeval(
+        "view", s3.uri("sweeps/sweep"), env={**s3.env(), "RAYEVAL_STAGING_DIR": str(tmp_path / "node")}
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == f"{s3.uri('sweeps/sweep')}/report/index.html"
+    stored = s3.read("sweeps/sweep")
+    local = Path(done.stdout.strip().splitlines()[0])
+    assert stored["report/index.html"] == local.read_bytes()
+    assert {f"step_{s}/report/index.html" for s in (100, 200, 400)} <= set(stored)
