@@ -81,7 +81,8 @@ def test_a_run_page_shows_summary_values_and_filters_samples_as_the_records_say(
         css(browser, ".sample .summary")[0].click()
         details = browser.find_element(By.CSS_SELECTOR, ".sample .details")
         assert (
-            details.find_element(By.CSS_SELECTOR, "pre.output").text.strip() == expected[0]["output"].strip()
+            details.find_element(By.CSS_SELECTOR, "pre.output").get_attribute("textContent")
+            == expected[0]["output"]
         )
         assert browser.find_element(By.CSS_SELECTOR, "#config pre").text.startswith("model:")
         assert css(browser, "#engines tbody tr")

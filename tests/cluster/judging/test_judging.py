@@ -373,11 +373,14 @@ def test_the_report_page_shows_each_judgment_and_filters_the_failed(pipelined_ru
             By.CSS_SELECTOR, f'.sample[data-doc="{first["doc_id"]}"][data-index="{first["sample_index"]}"]'
         )
         row.find_element(By.CSS_SELECTOR, ".summary").click()
-        rationales = [p.text.strip() for p in row.find_elements(By.CSS_SELECTOR, "pre.rationale")]
-        assert rationales == [first["judge_outputs"].get(order, "").strip() for order in first["verdicts"]]
+        # textContent: the text as the page holds it (Selenium's .text is the rendered, whitespace-normalised one)
+        rationales = [
+            p.get_attribute("textContent") for p in row.find_elements(By.CSS_SELECTOR, "pre.rationale")
+        ]
+        assert rationales == [first["judge_outputs"].get(order, "") for order in first["verdicts"]]
         if task in ("alpaca_eval", "arena_hard"):
             assert len(first["verdicts"]) == 2  # a pairwise task is judged in both orders
-        verdicts = [p.text.strip() for p in row.find_elements(By.CSS_SELECTOR, "pre.verdict")]
-        assert verdicts == [str(v).strip() for v in first["verdicts"].values()]
+        verdicts = [p.get_attribute("textContent") for p in row.find_elements(By.CSS_SELECTOR, "pre.verdict")]
+        assert verdicts == [str(v) for v in first["verdicts"].values()]
         browser.execute_script("arguments[0].scrollIntoView()", row)
         screenshot(browser, "judged-sample")
