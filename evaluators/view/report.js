@@ -43,7 +43,7 @@ function table(headers, rows, attrs = {}) {
 function renderRun() {
   const facts = section("Run", "facts");
   facts.append(table(["setting", "value"], Object.entries(DATA.facts).map(([k, v]) =>
-    el("tr", {}, el("td", { text: k }), el("td", { text: fmt(v, 2) })))));
+    el("tr", {}, el("td", { text: k }), el("td", { text: Number.isInteger(v) ? String(v) : fmt(v, 2) })))));
   const results = section("Results", "results-section");
   const rows = [];
   for (const task of DATA.tasks) {
