@@ -157,7 +157,7 @@ def check_same_prompts(a: RunSamples, b: RunSamples, tasks: list[str]) -> None:
     prompt's hash are compared by it (the prompt as the task posed it, so two models' chat templates do not
     count); older records by the text they sent."""
     for task in tasks:
-        first_a, first_b = _first_record(a.records[task]), _first_record(b.records[task])
+        first_a, first_b = first_record(a.records[task]), first_record(b.records[task])
         for doc_id in sorted(first_a.keys() & first_b.keys()):
             ra, rb = first_a[doc_id], first_b[doc_id]
             same = (
@@ -174,7 +174,8 @@ def check_same_prompts(a: RunSamples, b: RunSamples, tasks: list[str]) -> None:
                 )
 
 
-def _first_record(records: list[SampleRecord]) -> dict[int, SampleRecord]:
+def first_record(records: list[SampleRecord]) -> dict[int, SampleRecord]:
+    """Each question's first sample (lowest sample index), by doc id."""
     first: dict[int, SampleRecord] = {}
     for record in sorted(records, key=lambda r: r.sort_key):
         first.setdefault(record.doc_id, record)

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from evaluators.compare import CompareOptions, compare_runs, comparison_json, load_run
+from evaluators.compare import CompareOptions, compare_runs, comparison_json, first_record, load_run
 from evaluators.curves import points_from_run
 from evaluators.errors import EvalInputError
 
@@ -118,8 +118,7 @@ def comparison_page_data(run_a: Path, run_b: Path, level: float = 0.05) -> dict[
     rows = compare_runs(a, b, CompareOptions(level))
     differing: list[dict[str, Any]] = []
     for task in sorted(set(a.records) & set(b.records)):
-        first_a = {r.doc_id: r for r in sorted(a.records[task], key=lambda r: -r.sample_index)}
-        first_b = {r.doc_id: r for r in sorted(b.records[task], key=lambda r: -r.sample_index)}
+        first_a, first_b = first_record(a.records[task]), first_record(b.records[task])
         for doc_id in sorted(set(first_a) & set(first_b)):
             ra, rb = first_a[doc_id], first_b[doc_id]
             if ra.scores != rb.scores or ra.output != rb.output:
