@@ -61,14 +61,15 @@ class CompareOptions:
     allow_different_prompts: bool = False
 
 
-def load_run(run_dir: Path, judge: str | None = None) -> RunSamples:
+def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False) -> RunSamples:
     """A finished run's per-sample records and metrics; a judged task's come from one judge's verdicts
-    (`evaluators.verdicts.choose_judge`: `judge` where given, else the run's only one)."""
+    (`evaluators.verdicts.choose_judge`: `judge` where given, else the run's only one; with `latest_judge`,
+    where none is named, the judge of the run's latest invocation, whose numbers summary.json holds)."""
     summary = _read_summary(run_dir)
     records, metrics, directions, judges = {}, {}, {}, {}
     for task, body in summary.get("tasks", {}).items():
         found = sorted(run_dir.glob(f"samples/*/{task}.jsonl"))[:1]
-        chosen = choose_judge(run_dir, task, judge)
+        chosen = choose_judge(run_dir, task, judge or (body.get("judge") if latest_judge else None))
         if chosen is not None:
             found, body = [chosen.samples(task)], chosen.task_summary(task) or body
             judges[task] = chosen.name

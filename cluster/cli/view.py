@@ -33,6 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--level", type=float, default=0.05, help="a comparison's significance level (default 0.05)"
     )
+    p.add_argument(
+        "--judge",
+        metavar="NAME",
+        help="a run judged by several judges: whose verdicts to show (default: the latest judge's, as in "
+        "summary.json); a comparison pairs this judge's verdicts, as `rayeval compare --judge`",
+    )
     p.set_defaults(handler=cmd_view)
 
 
@@ -52,11 +58,11 @@ def cmd_view(args: argparse.Namespace) -> int:
                 f"{folder} is not a folder: give a run folder (with summary.json) or a sweep's"
             )
     if len(folders) == 2:
-        page = write_comparison_report(folders[0], folders[1], args.out, args.level)
+        page = write_comparison_report(folders[0], folders[1], args.out, args.level, args.judge)
     elif is_sweep_folder(folders[0]):
         page = write_sweep_report(folders[0])
     else:
-        page = write_run_report(folders[0])
+        page = write_run_report(folders[0], args.judge)
     print(page)
     if not args.out:
         _upload_pages(args.folders[0], folders[0], page)

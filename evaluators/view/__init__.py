@@ -25,9 +25,10 @@ def is_sweep_folder(folder: Path) -> bool:
     return not (folder / "summary.json").is_file() and any(folder.glob("step_*/summary.json"))
 
 
-def write_run_report(run_dir: Path) -> Path:
-    """`run_dir`/report/index.html for a finished run folder."""
-    return write_page(run_dir / REPORT_FOLDER, run_page_data(run_dir))
+def write_run_report(run_dir: Path, judge: str | None = None) -> Path:
+    """`run_dir`/report/index.html for a finished run folder (judged tasks: `judge`'s verdicts, else the
+    latest judge's)."""
+    return write_page(run_dir / REPORT_FOLDER, run_page_data(run_dir, judge))
 
 
 def write_sweep_report(sweep_dir: Path) -> Path:
@@ -41,7 +42,9 @@ def write_sweep_report(sweep_dir: Path) -> Path:
     return write_page(sweep_dir / REPORT_FOLDER, sweep_page_data(sweep_dir, pages))
 
 
-def write_comparison_report(run_a: Path, run_b: Path, out: Path | None = None, level: float = 0.05) -> Path:
+def write_comparison_report(
+    run_a: Path, run_b: Path, out: Path | None = None, level: float = 0.05, judge: str | None = None
+) -> Path:
     """The comparison page, by default `run_a`/report/compare-<run_b's folder>/index.html."""
     folder = out or run_a / REPORT_FOLDER / f"compare-{run_b.name}"
-    return write_page(folder, comparison_page_data(run_a, run_b, level))
+    return write_page(folder, comparison_page_data(run_a, run_b, level, judge))

@@ -12,6 +12,7 @@ from typing import Any
 from evaluators.compare import CompareOptions, compare_runs, comparison_json, first_record, load_run
 from evaluators.curves import points_from_run
 from evaluators.errors import EvalInputError
+from evaluators.verdicts import choose_judge
 
 # What each metric (by name before the filter) means, shown on hover; a metric not listed shows its method.
 METRIC_DEFINITIONS = {
@@ -29,17 +30,20 @@ METRIC_DEFINITIONS = {
 COLUMNS = ("mean", "sem", "ci95", "n", "questions", "failed", "pass_at_k")
 
 
-def run_page_data(run_dir: Path) -> dict[str, Any]:
-    """A finished run folder as the run page's data."""
+def run_page_data(run_dir: Path, judge: str | None = None) -> dict[str, Any]:
+    """A finished run folder as the run page's data. A judged task shows `judge`'s verdicts and numbers, else
+    those of the run's latest judge (the one summary.json's numbers come from); each task names its judge."""
     summary = _summary(run_dir)
     if not any(run_dir.glob("samples/*/*.jsonl")):
         raise EvalInputError(
             f"{run_dir} holds no sample records (samples/<model>/<task>.jsonl): a run writes them as it goes; is "
             "it a run folder copied without its samples?"
         )
-    samples = load_run(run_dir)
+    samples = load_run(run_dir, judge, latest_judge=True)
     tasks = []
     for name, body in summary.get("tasks", {}).items():
+        if judge is not None and name in samples.judges:
+            body = choose_judge(run_dir, name, judge).task_summary(name) or body  # type: ignore[union-attr]
         tasks.append({
             "name": name, "version": body.get("version"), "failed": body.get("failed", 0),
             "failure_reasons": body.get("failure_reasons", {}), "num_runs": body.get("num_runs"),
@@ -112,9 +116,12 @@ def sweep_page_data(sweep_dir: Path, step_pages: dict[int, str]) -> dict[str, An
     }
 
 
-def comparison_page_data(run_a: Path, run_b: Path, level: float = 0.05) -> dict[str, Any]:
-    """Two runs' paired comparison (compare's numbers, Holm-adjusted) and the questions where they differ."""
-    a, b = load_run(run_a), load_run(run_b)
+def comparison_page_data(
+    run_a: Path, run_b: Path, level: float = 0.05, judge: str | None = None
+) -> dict[str, Any]:
+    """Two runs' paired comparison (compare's numbers, Holm-adjusted) and the questions where they differ; a
+    judged task pairs `judge`'s verdicts (as `rayeval compare --judge`)."""
+    a, b = load_run(run_a, judge), load_run(run_b, judge)
     rows = compare_runs(a, b, CompareOptions(level))
     differing: list[dict[str, Any]] = []
     for task in sorted(set(a.records) & set(b.records)):

@@ -24,3 +24,47 @@ def test_sample_text_stays_data_and_reads_back_exactly():
     assert page.count("</script>") == 2  # the data's own and the script's, none from the sample
     assert "<title>&lt;/script&gt;" in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+
+
+def _judged_run(folder, judges: dict[str, float], latest: str):
+    """A run folder whose task `t` was judged by each of `judges` (slug -> its win rate); summary.json holds the
+    latest judge's numbers, as a `--judge-only` run leaves it."""
+    from evaluators.records import SampleRecord
+
+    def metrics(rate: float) -> dict:
+        return {"win_rate,none": {"mean": rate, "sem": 0.1, "ci95": [0.0, 1.0], "n": 2, "questions": 2}}
+
+    def write(path, rate: float, judge: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [
+            SampleRecord(
+                "t", doc, 0, f"r{doc}", "q", "a", "", {"win_rate": rate}, judge=judge, verdicts={"ab": judge}
+            )
+            for doc in range(2)
+        ]
+        path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in rows))
+
+    write(folder / "samples" / "m" / "t.jsonl", 0.0, "")
+    for slug, rate in judges.items():
+        write(folder / "judges" / slug / "samples" / "t.jsonl", rate, f"openai:{slug}")
+        body = {"tasks": {"t": {"judge": f"openai:{slug}", "metrics": metrics(rate)}}}
+        (folder / "judges" / slug / "summary.json").write_text(json.dumps(body))
+    summary = {
+        "run": {"run_id": folder.name},
+        "tasks": {"t": {"judge": f"openai:{latest}", "metrics": metrics(judges[latest])}},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_run_judged_twice_shows_the_latest_judge_or_the_one_asked_for(tmp_path):
+    from evaluators.view.data import run_page_data
+
+    _judged_run(tmp_path / "run", {"first": 0.25, "second": 0.75}, latest="second")
+    latest = run_page_data(tmp_path / "run")
+    assert latest["tasks"][0]["judge"] == "openai:second"
+    assert latest["tasks"][0]["metrics"][0]["mean"] == 0.75
+    assert {s["judge"] for s in latest["samples"]["t"]} == {"openai:second"}
+    asked = run_page_data(tmp_path / "run", judge="first")  # by folder name, as `--judge` takes it
+    assert asked["tasks"][0]["judge"] == "openai:first"
+    assert asked["tasks"][0]["metrics"][0]["mean"] == 0.25
+    assert {s["verdicts"]["ab"] for s in asked["samples"]["t"]} == {"openai:first"}

@@ -342,7 +342,8 @@ def test_the_report_page_shows_each_judgment_and_filters_the_failed(pipelined_ru
 
     run_dir = tmp_path / "judged"
     shutil.copytree(pipelined_run[0], run_dir)
-    done = runs.rayeval("view", str(run_dir))
+    # other tests of this module may have judged the run again with other judges: the local judge's verdicts
+    done = runs.rayeval("view", str(run_dir), "--judge", LOCAL_JUDGE_DIR)
     assert done.returncode == 0, done.stderr[-3000:]
     judged = records(run_dir / "judges" / LOCAL_JUDGE_DIR / "samples" / "arena_hard.jsonl")
     with chromium() as browser:
