@@ -58,6 +58,14 @@ def _shared_cluster_serves(args: tuple[str, ...]) -> bool:
     )
 
 
+def without_max_num_seqs(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A command that asked for `--max-num-seqs N` (a few sequences at a time, so a fault lands mid-run), as
+    resumed on the engine settings of the tests' warm pool: what a run resumes is keyed by its requests, not by
+    how many sequences an engine batches, and the pool saves the resume an engine start."""
+    at = list(argv).index("--max-num-seqs")
+    return [*argv[:at], *argv[at + 2 :]]
+
+
 def ray_cli() -> str:
     """The `ray` command of this interpreter's environment (a venv need not be on PATH)."""
     beside = Path(sys.executable).parent / "ray"

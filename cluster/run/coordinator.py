@@ -196,7 +196,9 @@ def _prepare(
         renderer = loading.result()
     if len(store) == 0 and config.mode is not RunMode.JUDGE_ONLY:
         # A fresh run needs engines: start them while prompts are rendered (loading a tokenizer takes seconds)
-        # and lm-eval builds its requests.
+        # and lm-eval builds its requests; not where a scorer's import (begun with Ray's start) already failed.
+        for task_plan in plan.tasks:
+            task_plan.task.raise_if_scorer_failed()
         runner.start_in_background()
     planned = build_requests(plan, renderer or loading.result()) if loading is not None else []
     timeline.mark("requests built")

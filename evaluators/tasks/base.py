@@ -110,6 +110,11 @@ class Task(ABC):
         before it scores the task's first output (its requests go out meanwhile)."""
         return None
 
+    def raise_if_scorer_failed(self) -> None:
+        """Raise `wait_for_scorer`'s error where `preload_scorer`'s import has already failed; never blocks. A
+        run asks before it starts engines, so a checker that cannot import costs no engine start."""
+        return None
+
     def load_fewshot(self, data_path: str | None) -> list[Sample]:
         """Samples few-shot examples are drawn from; tasks without few-shot support keep the default."""
         return []

@@ -108,6 +108,10 @@ class IFEval(Task):
         except ImportError as error:
             raise _checkers_missing(str(error)) from None
 
+    def raise_if_scorer_failed(self) -> None:
+        if preload_ifeval_utils().done():
+            self.wait_for_scorer()
+
     def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:
         text = sample.doc["prompt"]
         return Prompt.user_turn(text)

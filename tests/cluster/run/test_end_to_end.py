@@ -17,7 +17,6 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tests.ray_head import start_head
 from tests.runs import (
     ENGINE_FLAGS,
     MODEL_DIR,
@@ -26,8 +25,9 @@ from tests.runs import (
     records,
     start_in_background,
     wait_for_records,
+    without_max_num_seqs,
 )
-from tests.warm_cluster import shared_pids
+from tests.warm_cluster import shared_pids, warm_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,8 @@ def test_rerun_reuses_everything_and_writes_the_same_results(two_replica_run):
 
 
 def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
-    """Ctrl-C half way, then the same command against a cluster from `ray start`: only the rest is generated."""
+    """Ctrl-C half way, then the same command against a cluster from `ray start` (the tests' shared one, whose
+    warm pool generates the rest): only the rest is generated."""
     argv = [
         "run",
         "--tasks",
@@ -148,20 +149,18 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
         *ENGINE_FLAGS,
     ]  # fmt: skip  (two sequences in flight, so completions arrive a pair at a time and the cut lands mid-run)
     store = tmp_path / "cut" / "cache" / "completions.jsonl"
-    head = start_head(num_cpus=2)
-    try:
-        # Without --address rayeval starts its own cluster, even with a `ray start` cluster on the machine.
-        proc = start_in_background(argv)
-        wait_for_records(proc, store, 3)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-        done_before = len(store.read_text().splitlines())
-        assert proc.returncode != 0 and 3 <= done_before < 10, err[-2000:]
-        assert "started a local Ray cluster" in err
-        resumed = rayeval(*argv, "--address", head.gcs_address, env=head.client_env())  # as a job's run
-    finally:
-        head.stop()
+    shared = warm_cluster()
+    # Without --address rayeval starts its own cluster, even with a `ray start` cluster on the machine.
+    proc = start_in_background(argv)
+    wait_for_records(proc, store, 3)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    done_before = len(store.read_text().splitlines())
+    assert proc.returncode != 0 and 3 <= done_before < 10, err[-2000:]
+    assert "started a local Ray cluster" in err
+    resumed = rayeval(*without_max_num_seqs(argv), *shared.run_args(), env=shared.env())  # as a job's run
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "engines: warm (pool tests-auto" in resumed.stdout
     assert "connected to Ray cluster" in resumed.stderr
     assert f"10 requests, {done_before} reused" in resumed.stderr
     assert f"{10 - done_before} to generate" in resumed.stderr
@@ -236,7 +235,7 @@ def test_losing_every_replica_fails_clearly_and_loses_nothing(tmp_path):
     assert all(p.info["status"] == psutil.STATUS_ZOMBIE for p in cores), cores  # a zombie has ended
     kept = records(store)
     assert kept and all(r["error"] is None for r in kept)  # deaths are not cached as results
-    resumed = rayeval(*argv)
+    resumed = rayeval(*without_max_num_seqs(argv))  # on the tests' warm pool, where the cluster is shared
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"8 requests, {len(kept)} reused" in resumed.stderr
     rows = records(tmp_path / "lost" / "samples" / MODEL_DIR / "ifeval.jsonl")

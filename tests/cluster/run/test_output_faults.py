@@ -22,6 +22,7 @@ from tests.runs import (
     records,
     start_in_background,
     wait_for_records,
+    without_max_num_seqs,
 )
 
 pytestmark = pytest.mark.slow
@@ -88,7 +89,7 @@ def test_a_full_disk_mid_run_stops_cleanly_and_the_same_command_resumes(small_di
     kept = whole_records(store)
     assert 3 <= len(kept) < LIMIT and all(r["error"] is None for r in kept)
     filled[0].unlink()
-    resumed = rayeval(*argv)
+    resumed = rayeval(*without_max_num_seqs(argv))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{LIMIT} requests, {len(kept)} reused" in resumed.stderr
     rows = records(small_disk / "runs" / "r" / "samples" / MODEL_DIR / "ifeval.jsonl")
