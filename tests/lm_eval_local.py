@@ -27,8 +27,12 @@ def _final_answer(solution: str) -> int:
     return int(solution.split("####")[-1].strip().replace(",", ""))
 
 
-def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Path:
-    """Write the three task YAMLs and their data into `directory`; returns it for `--include-path`."""
+def write_local_tasks(
+    directory: Path, gsm8k_jsonl: Path, rows: int = 200, max_gen_toks: int | None = None
+) -> Path:
+    """Write the three task YAMLs and their data into `directory`; returns it for `--include-path`.
+    `max_gen_toks` caps gsm8k_local's answers (lm-eval's default is 256) with gsm8k.yaml's own stop strings:
+    tests comparing two ways of running the same task need no long answers, which the small model rarely ends."""
     directory.mkdir(parents=True, exist_ok=True)
     lines = gsm8k_jsonl.read_text(encoding="utf-8").splitlines()[:rows]
     docs = [json.loads(line) for line in lines]
@@ -45,8 +49,9 @@ def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Pa
     data_path = directory / "gsm8k_test.jsonl"
     data_path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
+    capped = "" if max_gen_toks is None else _generation_kwargs("gsm8k", max_gen_toks=max_gen_toks)
     _write_on_local_data(directory, "gsm8k", "gsm8k_local", data_path,
-                         "tag: []\ntraining_split: null\nfewshot_split: test\nnum_fewshot: 0\n")  # fmt: skip
+                         "tag: []\ntraining_split: null\nfewshot_split: test\nnum_fewshot: 0\n" + capped)  # fmt: skip
     (directory / "gsm8k_repeats_local.yaml").write_text(  # self-consistency style: 2 draws per question
         "include: gsm8k_local.yaml\ntask: gsm8k_repeats_local\nrepeats: 2\n", encoding="utf-8"
     )
@@ -89,6 +94,19 @@ def write_local_tasks(directory: Path, gsm8k_jsonl: Path, rows: int = 200) -> Pa
         encoding="utf-8",
     )
     return directory
+
+
+def _generation_kwargs(lm_eval_task: str, **changed: object) -> str:
+    """lm-eval's own `lm_eval_task` YAML's generation_kwargs with `changed` set, as a YAML block."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):  # lm-eval's `!function` tags are none of this block's business
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    included = Path(lm_eval.__file__).parent / "tasks" / lm_eval_task / f"{lm_eval_task}.yaml"
+    own = yaml.load(included.read_text(encoding="utf-8"), Loader=Loader)["generation_kwargs"]
+    return yaml.safe_dump({"generation_kwargs": {**own, **changed}}, sort_keys=False)
 
 
 def _write_on_local_data(directory: Path, lm_eval_task: str, name: str, data: Path, extra: str) -> None:

@@ -37,7 +37,7 @@ def default_model_path() -> str:
 
 @pytest.fixture(scope="module")
 def local_tasks(tmp_path_factory, shared_gsm8k) -> Path:
-    return write_local_tasks(tmp_path_factory.mktemp("lm_eval_tasks"), shared_gsm8k)
+    return write_local_tasks(tmp_path_factory.mktemp("lm_eval_tasks"), shared_gsm8k, max_gen_toks=64)
 
 
 # The chat-template comparison's settings, as simple_evaluate's arguments (`our_flags` spells them for rayeval)
