@@ -139,7 +139,7 @@ def side(name: str, launches: list[list[tuple[Run, str, list[str]]]], work: Path
             "gpu_busy_samples": len(busy.samples), "runs": runs}  # fmt: skip
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -158,7 +158,11 @@ def main() -> None:
     parser.add_argument(
         "--budget-s", type=float, default=0, help="start no new pool round after this (0: none)"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     ifeval = args.ifeval_data or _installed_ifeval()
     a = Run("ifeval", "ifeval", ifeval, args.limit_a)
     b = Run("gsm8k", "gsm8k", str(Path(args.gsm8k_data).resolve()), args.limit_b)
