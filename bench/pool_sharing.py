@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -103,6 +105,17 @@ def records_of(work: Path, run_id: str) -> list[dict]:
     ]
 
 
+def finished(work: Path, run_id: str, returncode: int, asked: int) -> dict:
+    """What an ended run left: its records against the samples asked, or the end of its output."""
+    if returncode != 0:
+        return {"failed": (work / f"{run_id}.log").read_text()[-2000:]}
+    found = records_of(work, run_id)
+    summary = json.loads((work / run_id / "summary.json").read_text())["run"]
+    return {"records": len(found), "distinct_samples": len({(r["doc_id"], r["sample_index"]) for r in found}),
+            "asked": asked, "engines_source": summary.get("engines_source"),
+            "generation_s": summary.get("generation_s")}  # fmt: skip
+
+
 def side(name: str, launches: list[list[tuple[Run, str, list[str]]]], work: Path, samples: int) -> dict:
     """Each inner list starts together; the lists run one after the other. Returns the side's row."""
     began = time.perf_counter()
@@ -118,21 +131,12 @@ def side(name: str, launches: list[list[tuple[Run, str, list[str]]]], work: Path
                 for run_id in list(pending):
                     run, proc, started = procs[run_id]
                     row = runs.setdefault(run_id, {"run": run.name, "started_s": round(started - began, 2)})
-                    if "first_record_s" not in row and any((work / run_id / "samples").glob("*/*.jsonl")):
-                        if records_of(work, run_id):
-                            row["first_record_s"] = round(time.perf_counter() - began, 2)
+                    if "first_record_s" not in row and records_of(work, run_id):
+                        row["first_record_s"] = round(time.perf_counter() - began, 2)
                     if proc.poll() is not None:
-                        row["ended_s"] = round(time.perf_counter() - began, 2)
-                        row["wall_s"] = round(time.perf_counter() - started, 2)
-                        if proc.returncode != 0:
-                            row["failed"] = (work / f"{run_id}.log").read_text()[-2000:]
-                        else:
-                            found = records_of(work, run_id)
-                            keys = {(r["doc_id"], r["sample_index"]) for r in found}
-                            summary = json.loads((work / run_id / "summary.json").read_text())["run"]
-                            row |= {"records": len(found), "distinct_samples": len(keys),
-                                    "asked": run.limit * samples, "engines_source": summary.get("engines_source"),
-                                    "generation_s": summary.get("generation_s")}  # fmt: skip
+                        row |= {"ended_s": round(time.perf_counter() - began, 2),
+                                "wall_s": round(time.perf_counter() - started, 2)}  # fmt: skip
+                        row |= finished(work, run_id, proc.returncode, run.limit * samples)
                         pending.discard(run_id)
                 time.sleep(0.2)
     return {"side": name, "wall_s": round(time.perf_counter() - began, 2), "gpu_busy_fraction": busy.fraction(),
@@ -201,17 +205,15 @@ def main() -> None:
                 common | {"round": round_} | side("pool-together", launches, args.work, args.samples),
             )
     finally:
-        import os
-        import signal
-
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
 
 
 def _installed_ifeval() -> str:
     from evaluators.data import package_data_file
+    from evaluators.tasks.ifeval import PACKAGED
 
-    return str(package_data_file("eval_framework.tasks.ifeval", "data/input_data.jsonl"))
+    return str(package_data_file(*PACKAGED))
 
 
 if __name__ == "__main__":

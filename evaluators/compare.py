@@ -39,6 +39,8 @@ class RunSamples:
     metrics: dict[str, list[str]]  # by task: its per-sample metrics, in the run's order
     higher_is_better: dict[str, dict[str, bool]]
     judges: dict[str, str] = field(default_factory=dict)  # judged tasks: whose verdicts the records hold
+    # judged tasks: that judge's summary entry for the task (its numbers), else the run's summary.json entry
+    judge_summaries: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,13 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
     (`evaluators.verdicts.choose_judge`: `judge` where given, else the run's only one; with `latest_judge`,
     where none is named, the judge of the run's latest invocation, whose numbers summary.json holds)."""
     summary = _read_summary(run_dir)
-    records, metrics, directions, judges = {}, {}, {}, {}
+    records, metrics, directions, judges, judge_summaries = {}, {}, {}, {}, {}
     for task, body in summary.get("tasks", {}).items():
         found = sorted(run_dir.glob(f"samples/*/{task}.jsonl"))[:1]
         chosen = choose_judge(run_dir, task, judge or (body.get("judge") if latest_judge else None))
         if chosen is not None:
             found, body = [chosen.samples(task)], chosen.task_summary(task) or body
-            judges[task] = chosen.name
+            judges[task], judge_summaries[task] = chosen.name, body
         if not found or not body.get("metrics"):
             continue
         with found[0].open(encoding="utf-8") as lines:
@@ -80,7 +82,7 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
         metrics[task] = list(body["metrics"])
         directions[task] = body.get("higher_is_better", {})
     run_id = summary.get("run", {}).get("run_id", run_dir.name)
-    return RunSamples(run_dir, run_id, records, metrics, directions, judges)
+    return RunSamples(run_dir, run_id, records, metrics, directions, judges, judge_summaries)
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:

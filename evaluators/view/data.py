@@ -12,7 +12,6 @@ from typing import Any
 from evaluators.compare import CompareOptions, compare_runs, comparison_json, first_record, load_run
 from evaluators.curves import points_from_run
 from evaluators.errors import EvalInputError
-from evaluators.verdicts import choose_judge
 
 # What each metric (by name before the filter) means, shown on hover; a metric not listed shows its method.
 METRIC_DEFINITIONS = {
@@ -42,8 +41,8 @@ def run_page_data(run_dir: Path, judge: str | None = None) -> dict[str, Any]:
     samples = load_run(run_dir, judge, latest_judge=True)
     tasks = []
     for name, body in summary.get("tasks", {}).items():
-        if judge is not None and name in samples.judges:
-            body = choose_judge(run_dir, name, judge).task_summary(name) or body  # type: ignore[union-attr]
+        if judge is not None:  # the asked judge's numbers (else summary.json's: the latest judge's)
+            body = samples.judge_summaries.get(name, body)
         tasks.append({
             "name": name, "version": body.get("version"), "failed": body.get("failed", 0),
             "failure_reasons": body.get("failure_reasons", {}), "num_runs": body.get("num_runs"),
