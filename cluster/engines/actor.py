@@ -160,19 +160,29 @@ class EngineActor:
         )
         return self.info
 
-    async def push_weights(self, blobs: list[bytes], label: str) -> EngineInfo:
+    async def push_weights(self, blobs: list[Any], label: str) -> EngineInfo:
         """Load the packed tensors of `blobs` (`cluster.engines.pushed_weights.pack`, checked against the model
         by the sender) into the engine in place, and serve them as `label` from now on; call it only while no
         request is in flight. A failure raises EngineStartFailed with the engine's root error."""
+        from cluster.engines.pushed_weights import stage_blobs, unstage
+
         began = time.perf_counter()
         before = mark(self.log_files)
+        # workers on this node map the buffers from shared memory; workers on other nodes get them in the message
+        staged = stage_blobs(blobs) if self.settings.executor is not ExecutorKind.RAY else None
         try:
-            loaded = await self.engine.collective_rpc("load_pushed_weights", args=(blobs,))
+            if staged is not None:
+                loaded = await self.engine.collective_rpc("load_pushed_files", args=(staged,))
+            else:
+                loaded = await self.engine.collective_rpc("load_pushed_weights", args=(blobs,))
             await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
         except Exception as exc:
             raise EngineStartFailed(self._failure(f"{type(exc).__name__}: {exc}", before)) from None
-        note = (f"{loaded[0]} tensors ({sum(map(len, blobs)) / 1e6:.0f} MB) pushed in memory, loaded by the engine in "
-                f"{time.perf_counter() - began:.2f} s")  # fmt: skip
+        finally:
+            unstage(staged or [])
+        how = "through shared memory" if staged is not None else "in the engine's message"
+        note = (f"{loaded[0]} tensors ({sum(map(len, blobs)) / 1e6:.0f} MB) pushed in memory, loaded by the engine "
+                f"{how} in {time.perf_counter() - began:.2f} s")  # fmt: skip
         self.info = replace(self.info, model=label, loaded_by=SwapKind.PUSH.value, load_note=note,
                             start_s=time.perf_counter() - began)  # fmt: skip
         return self.info

@@ -1,12 +1,15 @@
-"""Weights handed to a running engine by a trainer, without a file: packed into one buffer here, unpacked
-into tensors on each of the engine's workers, which load them in place through vLLM's own reload.
+"""Weights handed to a running engine by a trainer, without a file on disk: packed into one buffer here,
+unpacked into tensors on each of the engine's workers, which load them in place through vLLM's own reload.
 
 A trainer's tensors travel as raw bytes (any dtype, bfloat16 included) with their name, dtype and shape:
-`raw_tensor` gives a tensor that form, `pack` joins a group of them into one buffer (a push is a list of
-such buffers, since a field of vLLM's messages holds at most 4 GiB) for vLLM's `collective_rpc`, and the worker extension `PushedWeights` (named in every
-engine's `worker_extension_cls`, so it is importable in the engine's processes) unpacks them as views of
-that message and calls the model runner's `reload_weights`, which maps checkpoint names onto vLLM's fused
-layers as a load from disk does. The names and shapes are checked before anything is sent
+`raw_tensor` gives a tensor that form, `pack` joins a group of them into one buffer (a push is a list of such
+buffers, since a field of vLLM's messages holds at most 4 GiB). The replica's actor writes the buffers to its
+node's shared memory (`stage_blobs`) and names the files in vLLM's `collective_rpc`; the worker extension
+`PushedWeights` (named in every engine's `worker_extension_cls`, so it is importable in the engine's
+processes) maps them, unpacks them as views and calls the model runner's `reload_weights`, which maps
+checkpoint names onto vLLM's fused layers as a load from disk does. Where the workers are on other nodes
+(a replica over nodes) or the node has no room, the buffers go in the message itself, which copies them on
+both sides of the engine's socket. The names and shapes are checked before anything is sent
 (`cluster.training.weights`): an engine never gets a tensor its model does not have.
 """
 
@@ -23,6 +26,9 @@ from typing import Any
 WEIGHTS_EXTENSION = "cluster.engines.pushed_weights.PushedWeights"
 _HEADER = struct.Struct("<Q")  # the JSON header's length in bytes
 ALIGN = 64
+SHARED_MEMORY = (
+    "/dev/shm"  # a push's buffers on their way from the actor to its engine's worker (memory, no disk)
+)
 
 
 @dataclass(frozen=True)
@@ -50,19 +56,27 @@ def raw_tensor(name: str, tensor: Any) -> RawTensor:
     )
 
 
-def pack(tensors: Iterable[RawTensor]) -> bytes:
-    """One buffer: the header's length, a JSON header of [name, dtype, shape, offset, nbytes], then each
-    tensor's data at an offset aligned to ALIGN bytes (a view of another dtype needs its alignment)."""
+def pack(tensors: Iterable[RawTensor]) -> Any:
+    """One buffer, a flat uint8 numpy array (Ray's object store hands an array to its readers without a
+    copy, where bytes would be copied on every read): the header's length, a JSON header of [name, dtype,
+    shape, offset, nbytes], then each tensor's data at an offset aligned to ALIGN bytes (a view of another
+    dtype needs its alignment)."""
+    import numpy as np
+
     tensors = list(tensors)
-    entries, parts, offset = [], [], 0
+    entries, offset = [], 0
     for t in tensors:
         entries.append([t.name, t.dtype, list(t.shape), offset, t.nbytes])
-        padding = -t.nbytes % ALIGN
-        parts += [t.data, bytes(padding)]
-        offset += t.nbytes + padding
+        offset += t.nbytes + (-t.nbytes % ALIGN)
     header = json.dumps(entries).encode()
     header += b" " * (-(_HEADER.size + len(header)) % ALIGN)
-    return b"".join([_HEADER.pack(len(header)), header, *parts])
+    start = _HEADER.size + len(header)
+    buffer = np.zeros(start + offset, dtype=np.uint8)
+    buffer[:start] = np.frombuffer(_HEADER.pack(len(header)) + header, dtype=np.uint8)
+    for t, (_, _, _, at, nbytes) in zip(tensors, entries, strict=True):
+        if nbytes:
+            buffer[start + at : start + at + nbytes] = np.frombuffer(t.data, dtype=np.uint8)
+    return buffer
 
 
 def in_dtype(tensors: Iterable[RawTensor], dtype: str | None) -> list[RawTensor]:
@@ -91,14 +105,16 @@ def in_dtype(tensors: Iterable[RawTensor], dtype: str | None) -> list[RawTensor]
     return converted
 
 
-def unpack(blob: bytes) -> list[tuple[str, Any]]:
+def unpack(blob: Any) -> list[tuple[str, Any]]:
     """The (name, tensor) pairs of a packed buffer, as views of it (no copy)."""
     import torch
 
     (length,) = _HEADER.unpack_from(blob)
     start = _HEADER.size + length
     entries = json.loads(bytes(memoryview(blob)[_HEADER.size : start]))
-    with warnings.catch_warnings():  # a bytes object is read-only; the engine copies each tensor into its own
+    with (
+        warnings.catch_warnings()
+    ):  # Ray's objects and mapped files are read-only; the engine copies from them
         warnings.simplefilter("ignore", UserWarning)
         whole = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) > start else torch.empty(0)
     pairs = []
@@ -111,7 +127,7 @@ def unpack(blob: bytes) -> list[tuple[str, Any]]:
 class PushedWeights:
     """Mixed into vLLM's worker class (`worker_extension_cls`): what `collective_rpc` calls on each worker."""
 
-    def load_pushed_weights(self, blobs: list[bytes]) -> int:
+    def load_pushed_weights(self, blobs: list[Any]) -> int:
         """Load the packed tensors into the model in place through the model runner's `reload_weights` (layer
         by layer, with the processing a load from disk applies; the model's `load_weights` maps checkpoint
         names onto vLLM's fused layers); returns how many there were. Several buffers, since one message
@@ -122,6 +138,15 @@ class PushedWeights:
         before the reload is shared again after it and its holders' kernels are prepared again (`_retie`).
         """
         pairs = [pair for blob in blobs for pair in unpack(blob)]
+        return self._load_pairs(pairs)
+
+    def load_pushed_files(self, paths: list[str]) -> int:
+        """`load_pushed_weights` on packed buffers that the actor wrote to files of its node's memory
+        (`stage_blobs`): mapped here, not sent through the engine's message socket, which copies every byte
+        once more on each side. The views hold the mappings until the reload has copied them in."""
+        return self._load_pairs([pair for mapped in map_staged(paths) for pair in unpack(mapped)])
+
+    def _load_pairs(self, pairs: list[tuple[str, Any]]) -> int:
         runner = self.model_runner  # type: ignore[attr-defined]
         model = runner.get_model() if hasattr(runner, "get_model") else runner.model
         shared = _shared_parameters(model)
@@ -132,6 +157,49 @@ class PushedWeights:
             model.load_weights(weights=iter(pairs))
         _retie(shared)
         return len(pairs)
+
+
+def stage_blobs(blobs: list[Any], folder: str = SHARED_MEMORY) -> list[str] | None:
+    """Each packed buffer written to a file of `folder` (the node's shared memory) for the engine's worker
+    to map; None, with nothing left behind, where the folder is missing or has no room (the push then
+    travels in the engine's message). The caller removes the files (`unstage`) once the load returns."""
+    import os
+    import tempfile
+
+    if not os.path.isdir(folder):
+        return None
+    paths: list[str] = []
+    try:
+        for blob in blobs:
+            handle, path = tempfile.mkstemp(dir=folder, prefix="rayeval-push-")
+            paths.append(path)
+            with os.fdopen(handle, "wb") as out:
+                out.write(blob)
+    except OSError:
+        unstage(paths)
+        return None
+    return paths
+
+
+def map_staged(paths: list[str]) -> list[Any]:
+    """The staged buffers mapped read-only (no copy): what `unpack` reads on the worker."""
+    import mmap
+
+    maps = []
+    for path in paths:
+        with open(path, "rb") as file:
+            maps.append(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
+    return maps
+
+
+def unstage(paths: list[str]) -> None:
+    import os
+
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _shared_parameters(model: Any) -> list[list[tuple[Any, str, Any]]]:

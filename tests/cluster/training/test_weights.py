@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.engines.pushed_weights import ALIGN, pack, raw_tensor, unpack
+from cluster.engines.pushed_weights import ALIGN, map_staged, pack, raw_tensor, stage_blobs, unpack, unstage
 from cluster.models import ensure_default_model
 from cluster.training.evaluator import _check_folder, _chunks
 from cluster.training.weights import ModelTensors
@@ -78,6 +78,19 @@ def test_packed_tensors_come_back_equal_in_every_dtype_and_aligned():
             assert (
                 back[name].data_ptr() % ALIGN == torch.frombuffer(blob, dtype=torch.uint8).data_ptr() % ALIGN
             )
+
+
+def test_staged_buffers_map_back_to_the_same_tensors_and_are_removed_after(tmp_path: Path):
+    originals = {"a": torch.randn(4, 3), "b": torch.arange(5, dtype=torch.int32)}
+    blobs = [pack([raw_tensor(n, t)]) for n, t in originals.items()]
+    paths = stage_blobs(blobs, str(tmp_path))
+    assert paths is not None and [Path(p).read_bytes() for p in paths] == [b.tobytes() for b in blobs]
+    back = dict(pair for mapped in map_staged(paths) for pair in unpack(mapped))
+    assert all(torch.equal(back[n], t) for n, t in originals.items())
+    unstage(paths)
+    assert list(tmp_path.iterdir()) == []
+    # no shared-memory folder on the node: the push travels in the engine's message instead
+    assert stage_blobs(blobs, str(tmp_path / "missing")) is None
 
 
 def test_a_raw_tensor_of_a_non_contiguous_tensor_holds_its_values_in_order():
