@@ -2,13 +2,14 @@
 test's `rayeval run` generates at once instead of starting Ray and an engine (about 20 s each on two cores).
 
 It is rayeval's own warm-pool feature used as a user would: a `ray start --head` cluster (token auth on),
-`rayeval up` once per engine setting the tests share (ENGINE_FLAGS' engines, and BASE_IFEVAL_ARGS' float32
-ones), and `tests.runs.rayeval("run", ...)` adding `--address` of this cluster with `--keep-warm off`: a run
-whose engine settings match a pool generates on it, any other starts its own engines on this cluster and
-stops them after. The cluster starts with the first run that needs it and stops when the test run ends
-(`pytest_sessionfinish` in tests/conftest.py). Tests whose subject is an engine's start or death, or the
-local cluster a command starts itself, opt out with `rayeval(..., local=True)` (or start their own
-cluster); `RAYEVAL_TESTS_LOCAL=1` turns the shared cluster off for a whole test run.
+`rayeval up` once per engine setting the tests share (ENGINE_FLAGS' engines, BASE_IFEVAL_ARGS' float32 ones,
+and LoRA-capable ones for BASE_IFEVAL_ARGS' runs with an adapter), and `tests.runs.rayeval("run", ...)` adding
+`--address` of this cluster with `--keep-warm off`: a run whose engine settings match a pool generates on it,
+any other starts its own engines on this cluster and stops them after. The cluster starts with the first run
+that needs it and stops when the test run ends (`pytest_sessionfinish` in tests/conftest.py). Tests whose
+subject is an engine's start or death, or the local cluster a command starts itself, opt out with
+`rayeval(..., local=True)` (or start their own cluster); `RAYEVAL_TESTS_LOCAL=1` turns the shared cluster off
+for a whole test run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ ENGINE_POOL = ["--enforce-eager", "--max-model-len", "1024"]  # tests.runs.ENGIN
 POOLS = {
     "tests-auto": ENGINE_POOL,
     "tests-float32": [*ENGINE_POOL, "--dtype", "float32"],  # tests.runs.BASE_IFEVAL_ARGS'
+    # BASE_IFEVAL_ARGS' runs with a LoRA adapter (`--lora PATH`, rank up to the default --max-lora-rank)
+    "tests-lora": [*ENGINE_POOL, "--dtype", "float32", "--lora-slots", "4"],
 }
 CPUS = 8  # Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them
 

@@ -13,6 +13,7 @@ UP_EPILOG = """examples:
   rayeval up                                       # the embedded SmolLM2, one replica, on this machine's cluster
   rayeval up --model Qwen/Qwen2.5-7B-Instruct --replicas 4 --address auto --idle-timeout 2h
   rayeval run --address auto --model Qwen/Qwen2.5-7B-Instruct --tasks ifeval   # served by the pool
+  rayeval up --lora-slots 4 --address auto && rayeval run --address auto --lora ./adapter   # adapters, live
   rayeval pools --address auto        |   rayeval down NAME   |   rayeval down --all
 A run uses a pool whose engine settings equal its own (model, dtype, context length, batch limits,
 parallelism, eager or compiled, LoRA); `rayeval run --dry-run --address ...` says which pool would serve it

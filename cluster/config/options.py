@@ -846,6 +846,15 @@ class PoolConfig(Strict):
         description="stop the pool after this long with no run using it (e.g. 30m, 2h, 600)",
         json_schema_extra=cli("--idle-timeout", "DURATION", group="pool"),
     )
+    lora_slots: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="serve LoRA adapters named by the runs (`rayeval run --lora`, RD-Agent's candidates), up to "
+        "this many in one batch; 0: LoRA off (vLLM's enable_lora and max_loras; adapters of rank up to "
+        "--max-lora-rank)",
+        json_schema_extra=cli("--lora-slots", "N", group="pool"),
+    )
 
     @field_validator("idle_timeout_s", mode="before")
     @classmethod

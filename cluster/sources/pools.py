@@ -4,12 +4,12 @@ down` stops them, and a dry run says which pool would serve a run and why the ot
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
 
 from cluster.config import PoolConfig
-from cluster.engines import ReplicaPool, engine_settings
+from cluster.engines import EngineSettings, ReplicaPool, engine_settings
 from cluster.engines.warm import PoolKey, PoolRecord, default_pool_name, pools_here, registry
 from cluster.errors import ClusterError
 from cluster.plan import RunPlan, build_model_plan, resolve_device
@@ -19,7 +19,6 @@ from cluster.sources.registry import (
     register_pool,
     run_engine_settings,
     start_logged,
-    with_lora_slots,
 )
 
 DEFAULT_ADDRESS = "auto"  # a warm pool lives on a running cluster: this machine's `ray start` one by default
@@ -64,9 +63,7 @@ def up(config: PoolConfig, verbose: bool = False) -> PoolRow:
         run_config = config.run_config()
         device = resolve_device(run_config, ray.cluster_resources().get("GPU", 0) > 0)
         plan = build_model_plan(run_config, device)
-        settings = with_lora_slots(
-            engine_settings(config.model, plan.model.path, device), 1, plan.adapter is not None
-        )
+        settings = pool_engine_settings(config, plan.model.path, device)
         name = config.name or default_pool_name(settings)
         key = PoolKey.of(settings)
         for record in pools_here():
@@ -84,6 +81,14 @@ def up(config: PoolConfig, verbose: bool = False) -> PoolRow:
         )
         start_logged(pool, request)
         return PoolRow.of(register_pool(registry(), pool, config.idle_timeout_s), started=True)
+
+
+def pool_engine_settings(config: PoolConfig, model_path: str, device: str) -> EngineSettings:
+    """The pool's engines: a run's settings for its model, with LoRA layers where --lora-slots asks for them
+    (a run with an adapter of the same --max-lora-rank then matches the pool's key)."""
+    base = engine_settings(config.model, model_path, device)
+    lora_rank = config.model.max_lora_rank if config.lora_slots else 0
+    return replace(base, max_lora_rank=lora_rank, max_loras=max(config.lora_slots, 1))
 
 
 def list_pools(address: str | None, verbose: bool = False) -> list[PoolRow]:

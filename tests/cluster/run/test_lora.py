@@ -13,6 +13,7 @@ import pytest
 from cluster.models import ensure_default_model
 from tests.lm_eval_local import write_local_tasks
 from tests.runs import BASE_IFEVAL_ARGS, MODEL_DIR, rayeval, records
+from tests.warm_cluster import enabled as warm_cluster_enabled
 
 GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
@@ -54,6 +55,8 @@ def test_a_zero_adapter_reproduces_the_base_model_and_names_the_run(
     run = json.loads((tmp_path / "tuned" / "summary.json").read_text())["run"]
     assert run["model"] == f"{MODEL_DIR}+zero" and run["adapter"]["path"] == str(zero_adapter.resolve())
     assert "generating: 3 requests, 0 reused from the store" in tuned.stderr
+    # the tests' LoRA-capable warm pool (`rayeval up --lora-slots 4`) loaded the adapter live and served it
+    assert "engines: warm (pool tests-lora" in tuned.stderr or not warm_cluster_enabled()
 
 
 def test_a_broken_adapter_is_refused_before_any_engine_starts(zero_adapter, tmp_path):

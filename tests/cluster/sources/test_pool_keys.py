@@ -40,6 +40,24 @@ def test_a_pool_is_keyed_by_every_setting_that_changes_outputs_and_no_other():
     ]
 
 
+def test_a_pool_with_lora_slots_serves_runs_with_an_adapter_of_its_rank_and_no_others():
+    from cluster.config import PoolConfig
+    from cluster.sources.pools import pool_engine_settings
+    from cluster.sources.registry import with_lora_slots
+
+    def pool(**fields: object):
+        config = PoolConfig(model=ModelOptions(dtype="float32"), **fields)
+        return pool_engine_settings(config, "/models/SmolLM2-135M-Instruct", "cpu")
+
+    lora_pool = pool(lora_slots=4)
+    assert (lora_pool.max_lora_rank, lora_pool.max_loras) == (16, 4)
+    with_adapter = with_lora_slots(settings(dtype="float32", lora="/adapters/a"), 1, adapter=True)
+    without = with_lora_slots(settings(dtype="float32"), 1, adapter=False)
+    assert PoolKey.of(lora_pool) == PoolKey.of(with_adapter) != PoolKey.of(without)
+    assert PoolKey.of(pool()) == PoolKey.of(without)  # no slots: LoRA off, as a run without an adapter
+    assert PoolKey.of(lora_pool).differences(PoolKey.of(without)) == ["max_lora_rank 16 (wanted 0)"]
+
+
 def test_a_pool_is_named_after_its_model_and_key():
     base = settings()
     assert default_pool_name(base) == f"SmolLM2-135M-Instruct-{PoolKey.of(base).digest}"

@@ -44,7 +44,8 @@ def answers(run_dir: Path) -> list[str]:
 
 
 def fresh_answers(checkpoint: Path, out: Path, extra: tuple[str, ...] = ()) -> list[str]:
-    """A cold `rayeval run` of the same settings: its own engine, started from the saved folder."""
+    """A `rayeval run` of the same settings on the saved folder: a full checkpoint on an engine of its own
+    started from it; an adapter loaded from it by the tests' LoRA-capable pool (tests/warm_cluster.py)."""
     run_id = f"fresh-{checkpoint.name}"
     done = rayeval("run", *BASE_IFEVAL_ARGS, "--limit", str(BASE_IFEVAL_LIMIT), "--num-samples",
                    str(BASE_IFEVAL_SAMPLES), *extra, "--output-dir", str(out), "--run-id", run_id)  # fmt: skip
