@@ -45,12 +45,18 @@ class RawTensor:
         return memoryview(self.data).nbytes
 
 
-def raw_tensor(name: str, tensor: Any) -> RawTensor:
+def raw_tensor(name: str, tensor: Any, dtype: str | None = None) -> RawTensor:
     """A torch tensor's contents as bytes on the CPU: a view where the tensor is a contiguous CPU one (a GPU
-    tensor is copied here), so whoever keeps it past the caller's next optimizer step copies it (`ray.put`)."""
+    tensor is copied here), so whoever keeps it past the caller's next optimizer step copies it (`ray.put`).
+    `dtype`: the engines' dtype, where known; a floating-point tensor of a wider one is converted where it
+    lies (on its GPU: half the bytes to copy to the host), as `in_dtype` would convert it later."""
     import torch
 
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    source = tensor.detach()
+    target = getattr(torch, dtype) if dtype is not None else source.dtype
+    if source.is_floating_point() and target.is_floating_point and target.itemsize < source.element_size():
+        source = source.to(dtype=target)
+    flat = source.to("cpu").contiguous().reshape(-1)
     return RawTensor(
         name, str(flat.dtype).removeprefix("torch."), tuple(tensor.shape), flat.view(torch.uint8).numpy()
     )

@@ -140,6 +140,7 @@ class Evaluator:
         self._jobs = itertools.count()
         self._submitted: list[Any] = []  # the calls that queue each job, until `delivered` has seen them
         self._started = self._call("start")
+        self._dtype: str | None = None  # the replicas' dtype, read once they have started
         self._weights_step = 0  # the step whose weights the replicas will serve once the queue is done
         self._evaluated: set[int] = set()
         self._pushes: deque[PushHandle] = deque()
@@ -176,10 +177,25 @@ class Evaluator:
         self.tensors.check(tensors, partial)
         self._wait_for_room()
         # a tied output layer is the embeddings again, which vLLM's loader skips: not sent
-        raws = [raw_tensor(name, t) for name, t in tensors.items() if name not in self.tensors.optional]
+        dtype = self._engine_dtype()
+        raws = [
+            raw_tensor(name, t, dtype) for name, t in tensors.items() if name not in self.tensors.optional
+        ]
         chunks = [ray.put(chunk) for chunk in _chunks(raws)]
         future = self._call("push_weights", step, chunks).future()
         return self._pushed(step, called, future)
+
+    def _engine_dtype(self) -> str | None:
+        """The replicas' dtype once they have started (None before: the coordinator converts then)."""
+        import ray
+
+        if self._dtype is None and ray.wait([self._started], timeout=0)[0]:
+            try:
+                infos = ray.get(self._started)
+            except Exception:  # noqa: BLE001 - a failed start is reported by the push's own job
+                return None
+            self._dtype = infos[0]["dtype"] if infos else None
+        return self._dtype
 
     def push_adapter(
         self, step: int, adapter_state_dict: Mapping[str, Any], adapter_config: Any

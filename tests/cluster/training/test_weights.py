@@ -93,6 +93,15 @@ def test_staged_buffers_map_back_to_the_same_tensors_and_are_removed_after(tmp_p
     assert stage_blobs(blobs, str(tmp_path / "missing")) is None
 
 
+def test_a_raw_tensor_narrows_to_the_engines_dtype_where_it_lies_and_never_widens():
+    wide, narrow, ints = torch.randn(6), torch.randn(4).to(torch.bfloat16), torch.arange(3)
+    ((_, back),) = unpack(pack([raw_tensor("w", wide, "bfloat16")]))
+    assert back.dtype == torch.bfloat16 and torch.equal(back, wide.to(torch.bfloat16))
+    assert raw_tensor("n", narrow, "float32").dtype == "bfloat16"
+    assert raw_tensor("i", ints, "bfloat16").dtype == "int64"
+    assert raw_tensor("w", wide).dtype == "float32"  # the engines' dtype not known yet: as it is
+
+
 def test_a_raw_tensor_of_a_non_contiguous_tensor_holds_its_values_in_order():
     tensor = torch.arange(12.0).reshape(3, 4).t()
     ((name, back),) = unpack(pack([raw_tensor("t", tensor)]))
