@@ -116,12 +116,15 @@ def test_a_client_run_is_coordinated_and_written_on_the_head_and_resumed_there(
     client = laptop.popen([PYTHON, "-m", "cluster.cli", *argv], env={KEY_ENV: key},
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     store = head.home / "runs" / RUN_ID / "cache" / "completions.jsonl"
-    wait_for_lines(store, 2, client)
-    threads, deadline = {}, time.time() + 30  # the engine runs on the worker, bound to the worker's core
+    # the engine runs on the worker, bound to the worker's core: looked for while it generates (from its start:
+    # after the first answers, the rest of a run this small can end before a look)
+    threads, deadline = {}, time.time() + 600
     while not threads and time.time() < deadline:
-        threads = engine_core_threads(worker) or time.sleep(0.5) or {}
+        assert client.poll() is None, client.communicate()[1][-3000:]
+        threads = engine_core_threads(worker) or time.sleep(0.3) or {}
     assert threads and set(threads.values()) == {"1"}, threads
     assert engine_core_threads(head) == {}
+    wait_for_lines(store, 2, client)
     kill_group(client)  # the laptop goes away mid-run: the run goes on inside the cluster
     client.communicate()
 

@@ -12,6 +12,7 @@ chat template) are lm-eval's `simple_evaluate` on one `vllm` model object in one
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 
 from tests.lm_eval_local import LOCAL_TASKS, lm_eval_vllm_env, write_local_tasks
 from tests.runs import rayeval, records
+from tests.warm_cluster import enabled as warm_cluster_enabled
+from tests.warm_cluster import warm_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -273,7 +276,7 @@ import cluster.lm_eval.backend  # registers "rayeval" with lm-eval
 if __name__ == "__main__":
     out = lm_eval.simple_evaluate(
         model="rayeval",
-        model_args="dtype=float32,max_model_len=1024,enforce_eager=True",
+        model_args="dtype=float32,max_model_len=1024,enforce_eager=True" + sys.argv[3],
         tasks=["gsm8k_mc_local"],
         task_manager=TaskManager(include_path=sys.argv[1]),
         limit=int(sys.argv[2]),
@@ -283,11 +286,17 @@ if __name__ == "__main__":
 
 
 def test_lm_eval_simple_evaluate_with_the_registered_rayeval_model(tmp_path, local_tasks, ours):
+    """lm-eval drives the backend on the tests' cluster (`address=` in model_args), where a warm pool of its
+    engine settings serves it as it serves `rayeval run --address`."""
     script = tmp_path / "api.py"
     script.write_text(API_SCRIPT)
+    address, env = "", None
+    if warm_cluster_enabled():
+        shared = warm_cluster()
+        address, env = f",address={shared.head.gcs_address}", {**os.environ, **shared.env()}
     done = subprocess.run(
-        [sys.executable, str(script), str(local_tasks), LIMIT], capture_output=True, text=True, timeout=900,
-        check=False,
+        [sys.executable, str(script), str(local_tasks), LIMIT, address], capture_output=True, text=True,
+        timeout=900, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
