@@ -168,10 +168,8 @@ class EngineActor:
 
         began = time.perf_counter()
         before = mark(self.log_files)
-        # workers on this node map the buffers from shared memory; workers on other nodes get them in the message.
-        # Written off the event loop: a GPU model's gigabytes take seconds.
-        on_node = self.settings.executor is not ExecutorKind.RAY
-        staged = await asyncio.to_thread(stage_blobs, blobs) if on_node else None
+        # workers on this node map the buffers from shared memory; workers on other nodes get them in the message
+        staged = stage_blobs(blobs) if self.settings.executor is not ExecutorKind.RAY else None
         try:
             if staged is not None:
                 loaded = await self.engine.collective_rpc("load_pushed_files", args=(staged,))
