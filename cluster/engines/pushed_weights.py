@@ -26,9 +26,8 @@ from typing import Any
 WEIGHTS_EXTENSION = "cluster.engines.pushed_weights.PushedWeights"
 _HEADER = struct.Struct("<Q")  # the JSON header's length in bytes
 ALIGN = 64
-SHARED_MEMORY = (
-    "/dev/shm"  # a push's buffers on their way from the actor to its engine's worker (memory, no disk)
-)
+# a push's buffers on their way from the actor to its engine's worker (memory, no disk)
+SHARED_MEMORY = "/dev/shm"
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ def raw_tensor(name: str, tensor: Any, dtype: str | None = None) -> RawTensor:
 
     source = tensor.detach()
     target = getattr(torch, dtype) if dtype is not None else source.dtype
-    if source.is_floating_point() and target.is_floating_point and target.itemsize < source.element_size():
+    if narrows(source.dtype, target):
         source = source.to(dtype=target)
     flat = source.to("cpu").contiguous().reshape(-1)
     return RawTensor(
@@ -85,6 +84,12 @@ def pack(tensors: Iterable[RawTensor]) -> Any:
     return buffer
 
 
+def narrows(source: Any, target: Any) -> bool:
+    """Whether a tensor of torch dtype `source` goes to the engine as `target`: floating point to a narrower
+    floating point only (what the engine's loader would round it to anyway); never widened."""
+    return source.is_floating_point and target.is_floating_point and target.itemsize < source.itemsize
+
+
 def in_dtype(tensors: Iterable[RawTensor], dtype: str | None) -> list[RawTensor]:
     """Floating-point tensors of a wider dtype converted to the engine's `dtype` (None: all as they are),
     as the engine's loader rounds them into its parameters: a bfloat16 engine then gets half a float32
@@ -95,8 +100,7 @@ def in_dtype(tensors: Iterable[RawTensor], dtype: str | None) -> list[RawTensor]
     for t in tensors:
         source = getattr(torch, t.dtype)
         target = getattr(torch, dtype) if dtype is not None else source
-        narrower = target.is_floating_point and target.itemsize < source.itemsize
-        if not (source.is_floating_point and narrower):
+        if not narrows(source, target):
             converted.append(t)
             continue
         with warnings.catch_warnings():  # a read-only buffer (Ray's object store): read, never written
@@ -118,9 +122,8 @@ def unpack(blob: Any) -> list[tuple[str, Any]]:
     (length,) = _HEADER.unpack_from(blob)
     start = _HEADER.size + length
     entries = json.loads(bytes(memoryview(blob)[_HEADER.size : start]))
-    with (
-        warnings.catch_warnings()
-    ):  # Ray's objects and mapped files are read-only; the engine copies from them
+    # Ray's objects and mapped files are read-only; the engine copies from them
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         whole = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) > start else torch.empty(0)
     pairs = []
