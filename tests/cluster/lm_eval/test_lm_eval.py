@@ -287,7 +287,7 @@ if __name__ == "__main__":
 
 def test_lm_eval_simple_evaluate_with_the_registered_rayeval_model(tmp_path, local_tasks, ours):
     """lm-eval drives the backend on the tests' cluster (`address=` in model_args), where a warm pool of its
-    engine settings serves it as it serves `rayeval run --address`."""
+    engine settings can serve it, as for `rayeval run --address`."""
     script = tmp_path / "api.py"
     script.write_text(API_SCRIPT)
     address, env = "", None
