@@ -26,14 +26,17 @@ _PREFIX = "task-index-"
 KEEP = 8  # indexes kept (about 16 MB each): one per set of folders, the least recently used dropped first
 
 
-def task_manager(include_paths: Sequence[str], cache_dir: Path | None) -> Any:
-    """lm-eval's `TaskManager` over its own tasks plus `include_paths`, read from `cache_dir` when the files
-    it indexes are unchanged since it was stored there (built and stored otherwise; built when None)."""
+def task_manager(
+    include_paths: Sequence[str], cache_dir: Path | None, *, include_defaults: bool = True
+) -> Any:
+    """lm-eval's `TaskManager` over its own tasks (unless `include_defaults` is False, as lm-eval's own
+    argument) plus `include_paths`, read from `cache_dir` when the files it indexes are unchanged since it was
+    stored there (built and stored otherwise; built when None)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    roots = [Path(lm_eval.tasks.__file__).parent, *(Path(p).expanduser().resolve() for p in include_paths)]
-    folders = [str(root) for root in roots[1:]]  # absolute: a stored index's task paths hold in any folder
+    folders = [str(Path(p).expanduser().resolve()) for p in include_paths]  # absolute: valid from any folder
+    roots = [*([Path(lm_eval.tasks.__file__).parent] if include_defaults else []), *map(Path, folders)]
     path = None
     if cache_dir is not None:
         folders_key = _digest([str(root) for root in roots])
@@ -42,7 +45,7 @@ def task_manager(include_paths: Sequence[str], cache_dir: Path | None) -> Any:
         if isinstance(stored, TaskManager):
             _touch(path)
             return stored
-    manager = TaskManager(include_path=folders or None)
+    manager = TaskManager(include_path=folders or None, include_defaults=include_defaults)
     if path is not None:
         _write(path, manager)
     return manager

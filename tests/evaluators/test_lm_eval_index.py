@@ -1,6 +1,7 @@
 """lm-eval's task index kept on disk: stored by the first process, read back by the next, built again when a
-task file it indexed changes, and never an error when the cache cannot be used. Real lm-eval TaskManagers
-over lm-eval's own tasks and a task folder of the test's (each build reads lm-eval's ~14,000 YAMLs)."""
+task file it indexed changes, and never an error when the cache cannot be used. Real lm-eval TaskManagers:
+one over lm-eval's own tasks and a task folder of the test's (a build reads lm-eval's ~14,000 YAMLs), the
+others over the test's folders alone."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _timed(include: str, cache: Path | None) -> tuple[object, float]:
     return manager, time.perf_counter() - began
 
 
-def test_the_index_is_stored_read_back_and_rebuilt_when_a_task_file_or_the_cache_changes(
+def test_the_index_of_lm_evals_tasks_and_a_folder_is_stored_and_read_back_from_any_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     include, cache = tmp_path / "tasks", tmp_path / "cache"
@@ -32,22 +33,34 @@ def test_the_index_is_stored_read_back_and_rebuilt_when_a_task_file_or_the_cache
 
     monkeypatch.chdir(tmp_path)  # stored from a relative --include-path, read from another folder
     built, build_s = _timed("tasks", cache)
-    (stored,) = cache.glob("task-index-*.pkl")
     assert "my_task" in built.all_tasks and "gsm8k" in built.all_tasks
-
     monkeypatch.chdir(cache)
     read, read_s = _timed(str(include), cache)
     assert read.all_tasks == built.all_tasks and read.task_index["my_task"].yaml_path == include / "mine.yaml"
     assert read_s < build_s / 3, (read_s, build_s)  # read back, not parsed again
     print(f"index built in {build_s:.2f} s, read back in {read_s:.2f} s")
 
+
+def test_the_index_is_rebuilt_when_a_task_file_or_the_cache_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The cache's rules on indexes of the test's folders alone (lm-eval's `include_defaults=False`): each
+    build here parses two YAML files, not lm-eval's ~14,000, and the rules are the same."""
+    include, cache = tmp_path / "tasks", tmp_path / "cache"
+    include.mkdir()
+    (include / "mine.yaml").write_text(TASK.format(name="my_task"))
+
+    def index(folder: Path, cache_dir: Path) -> set[str]:
+        return set(task_manager([str(folder)], cache_dir, include_defaults=False).all_tasks)
+
+    assert index(include, cache) == {"my_task"}
+    (stored,) = cache.glob("task-index-*.pkl")
     stored.write_bytes(stored.read_bytes()[:100])  # a truncated file: built again and stored whole
-    assert task_manager([str(include)], cache).all_tasks == built.all_tasks
-    assert pickle.loads(stored.read_bytes()).all_tasks == built.all_tasks
+    assert index(include, cache) == {"my_task"}
+    assert pickle.loads(stored.read_bytes()).all_tasks == ["my_task"]
 
     (include / "mine.yaml").write_text(TASK.format(name="my_renamed_task"))
-    rebuilt = task_manager([str(include)], cache)
-    assert "my_renamed_task" in rebuilt.all_tasks and "my_task" not in rebuilt.all_tasks
+    assert index(include, cache) == {"my_renamed_task"}
     (now,) = cache.glob("task-index-*.pkl")  # the same folders' older index is dropped
     assert now != stored
 
@@ -55,12 +68,10 @@ def test_the_index_is_stored_read_back_and_rebuilt_when_a_task_file_or_the_cache
     other = tmp_path / "other-tasks"
     other.mkdir()
     (other / "theirs.yaml").write_text(TASK.format(name="their_task"))
-    assert "their_task" in task_manager([str(other)], cache).all_tasks
+    assert index(other, cache) == {"their_task"}
     (kept,) = cache.glob("task-index-*.pkl")
     assert kept != now and "their_task" in pickle.loads(kept.read_bytes()).all_tasks
 
     blocked = tmp_path / "a-file"
     blocked.write_text("")
-    assert (
-        "my_renamed_task" in task_manager([str(include)], blocked).all_tasks
-    )  # cannot store: built, no error
+    assert index(include, blocked) == {"my_renamed_task"}  # cannot store: built, no error
