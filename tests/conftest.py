@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,25 @@ def shared_gsm8k() -> Path:
         f"the tests need ../shared/data/gsm8k/test.jsonl beside the checkout (looked at {path})"
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def local_lm_eval_tasks(tmp_path_factory, shared_gsm8k) -> Path:
+    """The local-data lm-eval tasks (tests/lm_eval_local.py) on GSM8K's first 5 rows, in one folder for the
+    whole test run: lm-eval's task index over it is built by the first run that names it, read back by the rest."""
+    from tests.lm_eval_local import write_local_tasks
+
+    return write_local_tasks(tmp_path_factory.mktemp("lm_eval_local"), shared_gsm8k, rows=5)
+
+
+@pytest.fixture(scope="session")
+def mlflow_tracking(tmp_path_factory) -> Iterator[str]:
+    """A real MLflow tracking server for the test run (tests/mlflow_server.py): its URI. Tests tell their runs
+    apart by the `rayeval.name` tag."""
+    from tests.mlflow_server import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
 
 
 @pytest.fixture(scope="session")

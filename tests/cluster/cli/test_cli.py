@@ -132,11 +132,8 @@ def test_replica_that_no_node_can_hold_fails_fast(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_lm_eval_tasks_in_a_config_file_are_planned_with_their_options(capsys, tmp_path):
-    from tests.conftest import SHARED
-    from tests.lm_eval_local import write_local_tasks
-
-    tasks_dir = write_local_tasks(tmp_path / "tasks", SHARED / "data" / "gsm8k" / "test.jsonl", rows=5)
+def test_lm_eval_tasks_in_a_config_file_are_planned_with_their_options(capsys, tmp_path, local_lm_eval_tasks):
+    tasks_dir = local_lm_eval_tasks
     config = tmp_path / "run.yaml"
     config.write_text(
         "tasks:\n  - ifeval\n  - {name: gsm8k_mc_local, limit: 3, num_fewshot: 2}\n  - lm_eval:arc_easy\n"

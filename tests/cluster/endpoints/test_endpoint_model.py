@@ -17,11 +17,9 @@ from cluster.endpoints import NO_KEY, ApiSettings, ApiUser, read_api_key
 from cluster.models import default_model_dir
 from evaluators.errors import EvalInputError
 from tests.judge_api_standin import JudgeApiStandin, dealt
-from tests.lm_eval_local import write_local_tasks
 from tests.runs import rayeval, records
 
 ANSWER = "Hello. This answer has two sentences."
-GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
 KEY_ENV = "RAYEVAL_TEST_ENDPOINT_KEY"
 
 
@@ -72,11 +70,11 @@ def test_bad_endpoint_settings_are_refused_before_anything_starts(argv: list[str
 
 
 def test_log_likelihood_tasks_are_refused_up_front_where_the_endpoint_returns_no_prompt_logprobs(
-    tmp_path: Path,
+    local_lm_eval_tasks: Path,
 ) -> None:
     """The stand-in answers chat completions only (its /v1/completions is a 404), as a hosted chat API would;
     a generate_until lm-eval task needs no prompt logprobs, so the same endpoint passes the check with it."""
-    tasks = write_local_tasks(tmp_path / "tasks", GSM8K, rows=4)
+    tasks = local_lm_eval_tasks
     with JudgeApiStandin() as standin:
         common = [
             "run", "--model", "openai:standin", "--base-url", standin.base_url, "--tokenizer", str(default_model_dir()),

@@ -278,7 +278,7 @@ if __name__ == "__main__":
         model="rayeval",
         model_args="dtype=float32,max_model_len=1024,enforce_eager=True" + sys.argv[3],
         tasks=["gsm8k_mc_local"],
-        task_manager=TaskManager(include_path=sys.argv[1]),
+        task_manager=TaskManager(include_path=sys.argv[1], include_defaults=False),
         limit=int(sys.argv[2]),
     )
     print("RESULT " + json.dumps(out["results"]["gsm8k_mc_local"]))

