@@ -11,20 +11,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from cluster.models import default_model_dir
-from tests.lm_eval_local import write_local_tasks
 from tests.ray_head import free_port
 from tests.runs import MODEL_DIR, rayeval, records
 
 pytestmark = pytest.mark.slow
 
 SERVED_NAME = "smol"
-GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
 TASKS = ("gsm8k_local", "gsm8k_mc_local", "gsm8k_rolling_local")
 # float32, eager, no chunked prefill, 1 GiB of KV cache, 64 sequences: what a run gives its CPU engine
 ENGINE = ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
@@ -32,7 +30,9 @@ SERVER = [*ENGINE, "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2
 
 
 @pytest.fixture(scope="module")
-def vllm_server() -> Iterator[str]:
+def vllm_server() -> Iterator[Callable[[], str]]:
+    """`vllm serve` started; the fixture's value waits until it answers and returns its URL (a test does its
+    local work while the server starts)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     command = [
@@ -43,8 +43,7 @@ def vllm_server() -> Iterator[str]:
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)  # fmt: skip
     try:
-        _wait_until_serving(url, server)
-        yield url
+        yield lambda: _wait_until_serving(url, server)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -53,41 +52,41 @@ def vllm_server() -> Iterator[str]:
             os.killpg(server.pid, signal.SIGKILL)
 
 
-def _wait_until_serving(url: str, server: subprocess.Popen, timeout_s: float = 600) -> None:
+def _wait_until_serving(url: str, server: subprocess.Popen, timeout_s: float = 600) -> str:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if server.poll() is not None:
             pytest.fail(f"vllm serve exited with {server.returncode}: {server.stderr.read()[-3000:]}")
         try:
             urllib.request.urlopen(f"{url}/models", timeout=2)  # noqa: S310 - the local server
-            return
+            return url
         except OSError:
-            time.sleep(1)
+            time.sleep(0.5)
     pytest.fail(f"vllm serve did not answer at {url} within {timeout_s:g} s")
 
 
 def test_lm_eval_tasks_through_the_endpoint_score_as_on_local_replicas_and_resume_asking_nothing(
-    vllm_server: str, tmp_path: Path
+    vllm_server: Callable[[], str], tmp_path: Path, local_lm_eval_tasks: Path
 ) -> None:
     """GSM8K generated, multiple choice and rolling log-likelihood: prompts tokenised here with --tokenizer,
     log-likelihoods read from the server's prompt logprobs."""
-    tasks = write_local_tasks(tmp_path / "tasks", GSM8K, rows=5)
+    tasks = local_lm_eval_tasks
     common = [
         "--tasks", ",".join(TASKS), "--include-path", str(tasks), "--limit", "5", "--gen-kwargs", "max_gen_toks=32",
         "--no-progress", "--output-dir", str(tmp_path),
     ]  # fmt: skip
+    local = rayeval("run", *ENGINE, *common, "--run-id", "local")  # while the server starts
+    assert local.returncode == 0, local.stderr[-3000:]
     endpoint = [
         "--model",
         f"openai:{SERVED_NAME}",
         "--base-url",
-        vllm_server,
+        vllm_server(),
         "--tokenizer",
         str(default_model_dir()),
     ]
     first = rayeval("run", *endpoint, *common, "--run-id", "endpoint")
     assert first.returncode == 0, first.stderr[-3000:]
-    local = rayeval("run", *ENGINE, *common, "--run-id", "local")
-    assert local.returncode == 0, local.stderr[-3000:]
     for task in TASKS:
         assert_same_records(
             task, tmp_path / "endpoint" / "samples" / SERVED_NAME, tmp_path / "local" / "samples" / MODEL_DIR

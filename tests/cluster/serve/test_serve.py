@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +35,10 @@ from cluster.models import default_model_dir
 from cluster.serve.adapters import adapter_digest
 from tests.cluster.run.test_lora import make_adapter
 from tests.judge_local_data import write_judge_data
-from tests.lm_eval_local import write_local_tasks
 from tests.object_store import BUCKET
 from tests.ray_head import HeadNode, free_port, start_head
 from tests.runs import BASE_IFEVAL_ARGS, MODEL_DIR, rayeval, records, start_in_background, wait_for_records
+from tests.warm_cluster import warm_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,6 @@ SERVED_NAME = "smol"
 ADAPTER = "tuned"  # a LoRA adapter served beside the base model under its own name
 ENGINE = ["--dtype", "float32", "--max-model-len", "1024"]  # float32: outputs equal to the local replicas'
 RUN = ["--tasks", "ifeval", "--max-tokens", "48", "--no-progress", "--enforce-eager"]
-GSM8K = Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k" / "test.jsonl"
 KEY_ENV = (
     "RAYEVAL_TEST_SERVE_KEY"  # the variable `--api-key-env` names, set only for the commands that use it
 )
@@ -209,12 +209,14 @@ def test_the_staged_adapters_greedy_answers_equal_a_run_with_the_local_adapter(
 ) -> None:
     """The adapter served from its copy on the object store answers as `rayeval run --lora` with the local
     folder does (float32 both sides, three IFEval questions)."""
-    local = rayeval("run", *BASE_IFEVAL_ARGS, "--limit", "3", "--lora", str(served.adapter), "--output-dir",
-                    str(tmp_path), "--run-id", "local")  # fmt: skip
+    with ThreadPoolExecutor(2) as both:  # side by side: each on engines of its own
+        running = both.submit(rayeval, "run", *BASE_IFEVAL_ARGS, "--limit", "3", "--lora", str(served.adapter),
+                              "--output-dir", str(tmp_path), "--run-id", "local")  # fmt: skip
+        endpoint = rayeval("run", "--model", f"openai:{ADAPTER}", "--base-url", served.url, "--api-key-env",
+                           KEY_ENV, "--limit", "3", *RUN, "--output-dir", str(tmp_path), "--run-id", "served",
+                           env=served.key_env)  # fmt: skip
+        local = running.result()
     assert local.returncode == 0, local.stderr[-3000:]
-    endpoint = rayeval("run", "--model", f"openai:{ADAPTER}", "--base-url", served.url, "--api-key-env", KEY_ENV,
-                       "--limit", "3", *RUN, "--output-dir", str(tmp_path), "--run-id", "served",
-                       env=served.key_env)  # fmt: skip
     assert endpoint.returncode == 0, endpoint.stderr[-3000:]
     [by_lora] = (tmp_path / "local" / "samples").glob(f"{MODEL_DIR}+*/ifeval.jsonl")
     by_endpoint = records(tmp_path / "served" / "samples" / ADAPTER / "ifeval.jsonl")
@@ -223,7 +225,7 @@ def test_the_staged_adapters_greedy_answers_equal_a_run_with_the_local_adapter(
 
 
 def test_a_lora_server_refuses_prompt_logprobs_and_so_do_log_likelihood_runs_against_it(
-    served: Served, tmp_path: Path
+    served: Served, local_lm_eval_tasks: Path
 ) -> None:
     """vLLM's LoRA logits layer fails on prompt positions and kills the engine: the LoRA-enabled server
     answers such a request with a 400 instead, and a run's probe turns that into a refusal before it starts."""
@@ -235,7 +237,7 @@ def test_a_lora_server_refuses_prompt_logprobs_and_so_do_log_likelihood_runs_aga
             extra_body={"prompt_logprobs": 1},
         )
     assert refused.value.status_code == 400 and "LoRA adapters enabled" in str(refused.value.body)
-    tasks = write_local_tasks(tmp_path / "tasks", GSM8K, rows=4)
+    tasks = local_lm_eval_tasks
     done = rayeval(
         "run", "--model", f"openai:{SERVED_NAME}", "--base-url", served.url, "--tokenizer", str(default_model_dir()),
         "--tasks", "gsm8k_mc_local", "--include-path", str(tasks), "--dry-run", "--api-key-env", KEY_ENV,
@@ -332,9 +334,9 @@ def test_a_run_against_the_endpoint_equals_a_run_on_local_replicas_and_resumes_a
 
 
 def test_lm_evals_local_chat_completions_model_scores_a_task_through_the_served_model(
-    served: Served, tmp_path: Path
+    served: Served, tmp_path: Path, local_lm_eval_tasks: Path
 ) -> None:
-    tasks = write_local_tasks(tmp_path / "tasks", GSM8K, rows=4)
+    tasks = local_lm_eval_tasks
     command = [
         sys.executable, "-m", "lm_eval", "--model", "local-chat-completions",
         "--model_args", f"model={SERVED_NAME},base_url={served.url}/chat/completions,num_concurrent=2,"
@@ -404,24 +406,24 @@ def test_the_key_is_in_no_file_of_the_cluster_no_state_listing_and_no_output(ser
 
 
 def test_a_served_replica_killed_mid_run_is_restarted_and_every_sample_is_scored_once(
-    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served: Served, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(
-        KEY_ENV, served.key
-    )  # the run starts in the background with this process's environment
+    shared = (
+        warm_cluster()
+    )  # the run's coordinator and clients on the tests' cluster, not a cluster of its own
     argv = [
-        "run", "--model", f"openai:{SERVED_NAME}", "--base-url", served.url, "--api-key-env", KEY_ENV, "--limit", "24",
+        "run", "--model", f"openai:{SERVED_NAME}", "--base-url", served.url, "--api-key-env", KEY_ENV, "--limit", "12",
         "--max-concurrency", "4", "--endpoint-max-attempts", "12", *RUN,
-        "--output-dir", str(tmp_path), "--run-id", "killed",
+        "--output-dir", str(tmp_path), "--run-id", "killed", *shared.run_args(),
     ]  # fmt: skip
-    proc = start_in_background(argv)
+    proc = start_in_background(argv, env={**shared.env(), KEY_ENV: served.key})
     wait_for_records(proc, tmp_path / "killed" / "cache" / "completions.jsonl", 4)
     killed = _kill_served_replica()
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr[-3000:]
     assert killed, "no Serve replica process of the model was found to kill"
     samples = records(tmp_path / "killed" / "samples" / SERVED_NAME / "ifeval.jsonl")
-    assert sorted(s["doc_id"] for s in samples) == list(range(24))  # each question once
+    assert sorted(s["doc_id"] for s in samples) == list(range(12))  # each question once
     assert all(s["error"] is None and s["output"] for s in samples)
     calls = json.loads((tmp_path / "killed" / "summary.json").read_text())["run"]["endpoint"]["calls"]
     assert calls["failures"] == 0 and calls["retries"] >= 1, calls  # the requests the kill cut were retried
