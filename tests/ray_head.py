@@ -54,6 +54,40 @@ class HeadNode:
         }
         return {**env, "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
 
+    def pids(self) -> set[int]:
+        """Every live process of this cluster: the head's descendants (raylet, workers, engines and their
+        cores), and what a daemon left its parent for, still in the head's process group."""
+        import psutil
+
+        found = set()
+        try:
+            found = {p.pid for p in psutil.Process(self.process.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) == self.process.pid:
+                    found.add(process.pid)
+            except (ProcessLookupError, psutil.Error):
+                continue
+        return found
+
+    def engine_actor_pids(self) -> list[int]:
+        """The live engine actors of this cluster, by the pid of their worker process (titled
+        `ray::EngineActor...`), sorted."""
+        import psutil
+
+        alive = []
+        for pid in self.pids():
+            try:
+                process = psutil.Process(pid)
+                title = " ".join(process.cmdline())
+                if title.startswith("ray::EngineActor") and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.Error:
+                continue
+        return sorted(alive)
+
     def stop(self) -> None:
         """`ray start --block` stops what it started on SIGTERM; the process group catches any straggler."""
         self.process.send_signal(signal.SIGTERM)

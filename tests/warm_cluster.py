@@ -28,8 +28,10 @@ POOLS = {
     "tests-float32": [*ENGINE_POOL, "--dtype", "float32"],  # tests.runs.BASE_IFEVAL_ARGS'
     # BASE_IFEVAL_ARGS' runs with a LoRA adapter (`--lora PATH`, rank up to the default --max-lora-rank)
     "tests-lora": [*ENGINE_POOL, "--dtype", "float32", "--lora-slots", "4"],
+    # runs that batch two sequences at a time, so that a fault lands mid-run (tests/cluster/run/test_output_faults.py)
+    "tests-seqs2": [*ENGINE_POOL, "--max-num-seqs", "2"],
 }
-CPUS = 8  # Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them
+CPUS = 10  # Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them
 
 
 @dataclass
@@ -58,8 +60,10 @@ def warm_cluster() -> WarmCluster:
         if _cluster is None:
             head = start_head(num_cpus=CPUS)
             try:
-                for name, flags in POOLS.items():
-                    up(head, name, flags)
+                from cluster.models import ensure_default_model
+
+                ensure_default_model()  # once, before the pools' processes would each build it
+                up(head, POOLS)
             except BaseException:
                 head.stop()
                 raise
@@ -67,37 +71,45 @@ def warm_cluster() -> WarmCluster:
         return _cluster
 
 
-def up(head: HeadNode, name: str, flags: list[str]) -> None:
-    argv = [sys.executable, "-m", "cluster.cli", "up", *flags, "--name", name, "--idle-timeout", "1d",
-            "--address", head.gcs_address]  # fmt: skip
-    done = subprocess.run(
-        argv, capture_output=True, text=True, env=head.client_env(), timeout=600, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"`rayeval up` for the tests' pool {name} failed:\n{done.stderr[-3000:]}")
+def up(head: HeadNode, pools: dict[str, list[str]]) -> None:
+    """`rayeval up` for every pool at once (their engines start side by side, as several users' would)."""
+    started = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cluster.cli",
+                "up",
+                *flags,
+                "--name",
+                name,
+                "--idle-timeout",
+                "1d",
+                "--address",
+                head.gcs_address,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=head.client_env(),
+        )  # fmt: skip
+        for name, flags in pools.items()
+    }
+    failed = []
+    for name, process in started.items():
+        _, err = process.communicate(timeout=600)
+        if process.returncode != 0:
+            failed.append(f"`rayeval up` for the tests' pool {name} failed:\n{err[-3000:]}")
+    if failed:
+        raise RuntimeError("\n".join(failed))
 
 
 def shared_pids() -> set[int]:
     """Every process of the shared cluster (its raylets, pools' engines and their cores): tests that look for
     their own engine processes by name leave these out."""
-    import psutil
-
     with _lock:
-        if _cluster is None:
-            return set()
-        head_pid = _cluster.head.process.pid
-    found = set()
-    try:
-        found = {p.pid for p in psutil.Process(head_pid).children(recursive=True)}
-    except psutil.NoSuchProcess:
-        pass
-    for process in psutil.process_iter():  # what a daemon left its parent for: still in the head's group
-        try:
-            if os.getpgid(process.pid) == head_pid:
-                found.add(process.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return found
+        head = None if _cluster is None else _cluster.head
+    return set() if head is None else head.pids()
 
 
 def stop_warm_cluster() -> None:

@@ -3,7 +3,8 @@
 The full disk is a small tmpfs mounted for the test (root is needed to mount); the unwritable folder is made
 immutable with `chattr +i`, which stops even root from making files in it. Generation is real: a local Ray
 cluster and a vLLM CPU engine. The test asserts one clear error with no traceback, a store whose
-every line is a whole record, and that the same command resumes and generates only what is missing.
+every line is a whole record, and that the same command resumes and generates only what is missing. The runs
+go to the test run's shared cluster, where its two-sequence pool serves them (tests/warm_cluster.py).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from tests.runs import (
     records,
     start_in_background,
     wait_for_records,
-    without_max_num_seqs,
 )
+from tests.warm_cluster import warm_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,8 @@ def whole_records(store: Path) -> list[dict]:
 
 
 def stopped_with(argv: list[str], store: Path, fault) -> str:
-    proc = start_in_background(argv)
+    shared = warm_cluster()
+    proc = start_in_background([*argv, *shared.run_args()], env=shared.env())
     wait_for_records(proc, store, 3)
     fault()
     _, err = proc.communicate(timeout=600)
@@ -89,7 +91,7 @@ def test_a_full_disk_mid_run_stops_cleanly_and_the_same_command_resumes(small_di
     kept = whole_records(store)
     assert 3 <= len(kept) < LIMIT and all(r["error"] is None for r in kept)
     filled[0].unlink()
-    resumed = rayeval(*without_max_num_seqs(argv))
+    resumed = rayeval(*argv)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{LIMIT} requests, {len(kept)} reused" in resumed.stderr
     rows = records(small_disk / "runs" / "r" / "samples" / MODEL_DIR / "ifeval.jsonl")

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,22 +61,9 @@ def summary_of(tmp_path: Path, run_id: str) -> dict:
     return json.loads((tmp_path / run_id / "summary.json").read_text())["run"]
 
 
-ENGINES = """
-import json, sys
-from ray.util.state import list_actors
-import cluster
-cluster.connect(sys.argv[1])
-alive = list_actors(sys.argv[1], filters=[("class_name", "=", "EngineActor"), ("state", "=", "ALIVE")], detail=True)
-print(json.dumps(sorted(actor.pid for actor in alive)))
-"""
-
-
 def engine_pids(head: HeadNode) -> list[int]:
-    """The live engine actors of this module's cluster, by pid (Ray's state API)."""
-    done = subprocess.run([sys.executable, "-c", ENGINES, head.gcs_address], capture_output=True, text=True,
-                          env=head.client_env(), timeout=120, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """The live engine actors of this module's cluster, by pid (its processes, as the machine lists them)."""
+    return head.engine_actor_pids()
 
 
 def pools_listed(head: HeadNode) -> dict[str, list[str]]:
