@@ -35,7 +35,7 @@ ENGINE_FLAGS = [
     "--judge-max-tokens",
     "96",
     "--max-model-len",
-    "2048",
+    "1024",  # the judges' prompts are at most ~400 tokens (+ 96 answered): the tests' warm pool serves both
 ]
 N = 2
 LOCAL_JUDGE_DIR = "local-SmolLM2-135M-Instruct"
@@ -159,6 +159,7 @@ def test_judge_only_with_a_faulty_api_judge_rate_limited_across_two_actors(pipel
             "--judge", "openai:standin-judge", "--judge-base-url", api.base_url, "--judge-replicas", "2",
             "--judge-rps", str(rps), "--judge-max-concurrency", "4", "--judge-timeout", "1",
             "--judge-max-attempts", str(attempts), "--judge-api-key-env", "STANDIN_KEY",
+            "--judge-second-pass-pause", "1",  # the outage ends by a count of requests, not by time
             env={"STANDIN_KEY": "sk-test-standin"},
         )  # fmt: skip
         served = api.log()
@@ -277,7 +278,8 @@ def test_compare_pairs_one_named_judges_verdicts_on_every_judged_task(pipelined_
     questions, by that judge only. A has two judges, so compare asks which; with --judge, each row is the
     paired difference of that judge's verdicts, computed here from its scored samples."""
     run_a, base, _ = pipelined_run
-    judge = ["--judge", "openai:varied-judge", "--judge-base-url", "", "--judge-api-key-env", "STANDIN_KEY"]
+    judge = ["--judge", "openai:varied-judge", "--judge-base-url", "", "--judge-api-key-env", "STANDIN_KEY",
+             "--judge-rps", "50"]  # fmt: skip
     env = {"STANDIN_KEY": "sk-test-standin"}
     b_args = [
         *base[: base.index("--output-dir")],
