@@ -59,7 +59,7 @@ def benchmarked(tmp_path_factory, shared_gsm8k):
     settings = {
         "address": shared.head.gcs_address,
         "data_paths": {"gsm8k": str(shared_gsm8k)},
-        "config": {"model": {"enforce_eager": True, "max_model_len": 1024}, "sampling": {"max_tokens": 64}},
+        "config": {"model": {"enforce_eager": True, "max_model_len": 1024}, "sampling": {"max_tokens": 32}},
         "_env": shared.env(),
     }
     calls = [{**CALL, "workspace_path": str(w), "model_path": str(a), "model_name": str(ensure_default_model())}

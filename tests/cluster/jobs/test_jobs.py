@@ -1,5 +1,6 @@
-"""Ray Jobs and Ray client against a real `ray start --head` cluster with token authentication on: the user's
-side has the token in a file and no RAY_AUTH_MODE, as after copying the head's token (issue 21)."""
+"""Ray Jobs and Ray client against a real `ray start --head` cluster with token authentication on (the test
+run's shared cluster, whose warm pool serves the jobs' runs): the user's side has the token in a file and no
+RAY_AUTH_MODE, as after copying the head's token."""
 
 from __future__ import annotations
 
@@ -7,22 +8,20 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.ray_head import HeadNode, start_head
+from tests.ray_head import HeadNode
 from tests.runs import ENGINE_FLAGS, rayeval
+from tests.warm_cluster import warm_cluster
 
 SMALL_RUN = ["--limit", "4", *ENGINE_FLAGS, "--max-tokens", "24"]
 
 
 @pytest.fixture(scope="module")
-def head() -> Iterator[HeadNode]:
-    node = start_head(num_cpus=2)
-    yield node
-    node.stop()
+def head() -> HeadNode:
+    return warm_cluster().head
 
 
 def test_submit_runs_the_job_on_the_cluster_and_follows_it_to_its_results(head: HeadNode, tmp_path: Path):

@@ -18,9 +18,10 @@ from ray.cluster_utils import Cluster
 from tests.runs import ENGINE_FLAGS, MODEL_DIR, records, start_in_background, wait_for_records
 
 
-@pytest.fixture
-def three_nodes(tmp_path) -> Iterator[Cluster]:
-    token = tmp_path / "auth_token"
+@pytest.fixture(scope="module")
+def three_nodes(tmp_path_factory) -> Iterator[Cluster]:
+    """One cluster for the module: the refusal test runs first on it, then the lost-node test removes a node."""
+    token = tmp_path_factory.mktemp("three_nodes") / "auth_token"
     token.write_text(secrets.token_hex(32))
     with token_auth(token):  # on, as `ray start` has it by default; the run finds the token and uses it
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the head hosts no replica
@@ -51,10 +52,24 @@ def token_auth(token: Path) -> Iterator[None]:
         AuthenticationTokenLoader.instance().reset_cache()
 
 
+def test_a_cpu_replica_larger_than_any_node_is_refused_naming_the_numbers(three_nodes: Cluster, tmp_path):
+    """Four CPUs per replica, nodes of two: vLLM's CPU backend has no Ray executor, so a CPU replica cannot
+    span nodes (a GPU one would, docs/BENCHMARKS.md "One model over two nodes"), and the run stops before any
+    engine starts."""
+    argv = ["run", "--address", three_nodes.address, "--tasks", "ifeval", "--limit", "2", "--tensor-parallel-size",
+            "2", "--cpus-per-worker", "2", "--output-dir", str(tmp_path), "--run-id", "big", *ENGINE_FLAGS]  # fmt: skip
+    proc = start_in_background(argv)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "Each replica needs {4 CPU} for 2 engine worker(s)" in err and "offers 2 CPU" in err
+    assert "vLLM's CPU backend runs a replica on one node only" in err
+    assert "Traceback" not in err
+
+
 def test_a_worker_node_lost_mid_run_is_replaced_and_loses_nothing(three_nodes: Cluster, tmp_path):
     first, second = three_nodes.worker_nodes
-    # 64 questions at one sequence per engine: the rest outlasts a replacement's engine start on a fast CPU too
-    argv = ["run", "--address", three_nodes.address, "--tasks", "ifeval", "--limit", "64", "--replicas", "2",
+    # 48 questions at one sequence per engine: the rest outlasts a replacement's engine start on a fast CPU too
+    argv = ["run", "--address", three_nodes.address, "--tasks", "ifeval", "--limit", "48", "--replicas", "2",
             "--max-num-seqs", "1", "--output-dir", str(tmp_path), "--run-id", "nodes", *ENGINE_FLAGS, "--max-tokens", "32"]  # fmt: skip
     store = tmp_path / "nodes" / "cache" / "completions.jsonl"
     proc = start_in_background(argv)
@@ -77,19 +92,5 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_loses_nothing(three_nodes: C
     assert summary["replica_restarts"] == {"allowed": 2, "used": 1}
     assert summary["samples_failed"] == 0
     rows = records(tmp_path / "nodes" / "samples" / MODEL_DIR / "ifeval.jsonl")
-    assert sorted(r["doc_id"] for r in rows) == list(range(64)) and all(r["error"] is None for r in rows)
+    assert sorted(r["doc_id"] for r in rows) == list(range(48)) and all(r["error"] is None for r in rows)
     assert f"in place of {lost}" in err
-
-
-def test_a_cpu_replica_larger_than_any_node_is_refused_naming_the_numbers(three_nodes: Cluster, tmp_path):
-    """Four CPUs per replica, nodes of two: vLLM's CPU backend has no Ray executor, so a CPU replica cannot
-    span nodes (a GPU one would, docs/BENCHMARKS.md "One model over two nodes"), and the run stops before any
-    engine starts."""
-    argv = ["run", "--address", three_nodes.address, "--tasks", "ifeval", "--limit", "2", "--tensor-parallel-size",
-            "2", "--cpus-per-worker", "2", "--output-dir", str(tmp_path), "--run-id", "big", *ENGINE_FLAGS]  # fmt: skip
-    proc = start_in_background(argv)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode != 0
-    assert "Each replica needs {4 CPU} for 2 engine worker(s)" in err and "offers 2 CPU" in err
-    assert "vLLM's CPU backend runs a replica on one node only" in err
-    assert "Traceback" not in err

@@ -1,9 +1,10 @@
-"""`rayeval sweep` over full checkpoints: saved copies of the embedded default model, some with perturbed
-weights, in safetensors and .bin files, one storing its tied embeddings as lm_head.weight. Two replicas score
-every step; each replica's engine moves from one checkpoint to the next in the same actor process (an in-place
-weight reload, checked after it, or a new engine where the tensors changed in a way a reload cannot give),
-and its outputs and scores are those of a fresh engine on that checkpoint. Run again with a new step, the
-sweep evaluates only that step."""
+"""`rayeval sweep` over full checkpoints: saved copies of the embedded default model, one with perturbed layers,
+one storing perturbed tied embeddings as lm_head.weight. Two replicas score every step; each replica's engine
+moves from one checkpoint to the next in the same actor process (an in-place weight reload, checked after it,
+or a new engine where the tensors changed in a way a reload cannot give), and its outputs and scores are those
+of a fresh engine on that checkpoint. Run again with a new step, the sweep evaluates only that step. Which move
+each kind of change needs (.bin files, embeddings under either name) is decided on the files alone and tested
+there (tests/cluster/models/test_checkpoints.py); a rebuild is the same move whatever asked for it."""
 
 from __future__ import annotations
 
@@ -72,16 +73,12 @@ def training_run(tmp_path_factory) -> Path:
     save_copy(run / "step_100")
     save_copy(run / "step_200", perturb="layers")
     save_copy(run / "step_300")
-    save_copy(run / "step_400", perturb="embeddings")
-    # the tied embeddings changed between checkpoints no safetensors file names model.embed_tokens.weight in:
-    # two .bin ones, then one that stores them as lm_head.weight
-    save_copy(run / "step_450", perturb="embeddings", seed=1, as_bin=True)
-    save_copy(run / "step_460", perturb="embeddings", seed=2, as_bin=True)
+    # perturbed tied embeddings stored under the other name: a reload cannot refresh the output side
     save_copy(run / "step_470", perturb="embeddings", seed=3, tied_as="lm_head.weight")
     return run
 
 
-STEPS = (100, 200, 300, 400, 450, 460, 470)
+STEPS = (100, 200, 300, 470)
 
 
 def test_a_full_checkpoint_sweep_moves_warm_engines_and_resumes_a_new_step(training_run, tmp_path):
@@ -106,25 +103,22 @@ def test_a_full_checkpoint_sweep_moves_warm_engines_and_resumes_a_new_step(train
     pids = sorted(steps[100]["engine_pids"])
     assert len(pids) == 2 and all(sorted(steps[s]["engine_pids"]) == pids for s in STEPS)
     loaded_by = [steps[s]["loaded_by"] for s in STEPS]
-    assert loaded_by == [["start"] * 2, ["reload"] * 2, ["reload"] * 2, *[["rebuild"] * 2] * 4]
+    assert loaded_by == [["start"] * 2, ["reload"] * 2, ["reload"] * 2, ["rebuild"] * 2]
     assert steps[200]["load_notes"] == ["same architecture and tokenizer; the reload check passed"] * 2
-    assert steps[460]["load_notes"] == ["the tied embeddings changed (model.embed_tokens.weight)"] * 2
     assert all(
         n.startswith("the checkpoints name their tensors differently") for n in steps[470]["load_notes"]
     )
 
     first, perturbed, third = (outputs(tmp_path / "sweep" / f"step_{s}") for s in (100, 200, 300))
     assert third == first and perturbed != first  # the reload back restored the first weights exactly
-    # a reloaded engine, and one rebuilt for weights no reload could give, answer as a new one would (the
-    # rebuilds of 400 to 460 are the same move as 470's; their outputs differ from every other step's, below)
+    # a reloaded engine, and one rebuilt for weights no reload could give, answer as a new one would
     for step in (200, 470):
         fresh = rayeval(
             "run", "--model", str(training_run / f"step_{step}"), *common, "--run-id", f"fresh_{step}"
         )
         assert fresh.returncode == 0, fresh.stderr[-3000:]
         assert scored(tmp_path / f"fresh_{step}") == scored(tmp_path / "sweep" / f"step_{step}"), step
-    changed = [outputs(tmp_path / "sweep" / f"step_{s}") for s in (400, 450, 460, 470)]
-    assert all(o not in (first, perturbed) for o in changed) and len({tuple(o) for o in changed}) == 4
+    assert outputs(tmp_path / "sweep" / "step_470") not in (first, perturbed)
 
     save_copy(training_run / "step_500")
     again = rayeval(*sweep)

@@ -59,7 +59,7 @@ def test_watch_evaluates_each_checkpoint_once_as_it_completes_and_resumes_after_
 
     writing = threading.Thread(target=trainer)
     writing.start()
-    again = rayeval(*base, "--until-idle", "15s", env=cluster.env())
+    again = rayeval(*base, "--until-idle", "10s", env=cluster.env())
     writing.join()
     assert again.returncode == 0, again.stderr[-3000:]
     lines = [line for line in again.stdout.splitlines() if line.startswith("step ")]
