@@ -26,11 +26,12 @@ def shared_gsm8k() -> Path:
 
 @pytest.fixture(scope="session")
 def local_lm_eval_tasks(tmp_path_factory, shared_gsm8k) -> Path:
-    """The local-data lm-eval tasks (tests/lm_eval_local.py) on GSM8K's first 5 rows, in one folder for the
-    whole test run: lm-eval's task index over it is built by the first run that names it, read back by the rest."""
+    """The local-data lm-eval tasks (tests/lm_eval_local.py) on GSM8K's first 200 rows, gsm8k_local's answers
+    capped at 64 tokens, in one folder for the whole test run: lm-eval's task index over it is built by the
+    first run that names it, read back by the rest."""
     from tests.lm_eval_local import write_local_tasks
 
-    return write_local_tasks(tmp_path_factory.mktemp("lm_eval_local"), shared_gsm8k, rows=5)
+    return write_local_tasks(tmp_path_factory.mktemp("lm_eval_local"), shared_gsm8k, max_gen_toks=64)
 
 
 @pytest.fixture(scope="session")

@@ -15,11 +15,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.lm_eval_local import LOCAL_TASKS, lm_eval_vllm_env, write_local_tasks
+from tests.lm_eval_local import LOCAL_TASKS, lm_eval_vllm_env
 from tests.runs import rayeval, records
 from tests.warm_cluster import enabled as warm_cluster_enabled
 from tests.warm_cluster import warm_cluster
@@ -39,8 +40,8 @@ def default_model_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def local_tasks(tmp_path_factory, shared_gsm8k) -> Path:
-    return write_local_tasks(tmp_path_factory.mktemp("lm_eval_tasks"), shared_gsm8k, max_gen_toks=64)
+def local_tasks(local_lm_eval_tasks) -> Path:
+    return local_lm_eval_tasks
 
 
 # The chat-template comparison's settings, as simple_evaluate's arguments (`our_flags` spells them for rayeval)
@@ -55,9 +56,10 @@ PLAIN_TASKS = (*LOCAL_TASKS, "gsm8k_repeats_local")
 GENERATIVE = ("gsm8k_local", "gsm8k_repeats_local")
 
 
-def run_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> None:
+def start_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> subprocess.Popen[str]:
     """lm-eval's own `vllm` backend and evaluator (tests/lm_eval_reference.py: what `lm_eval --model vllm
-    --log_samples` runs) for each named option set, on one engine; each run's files under out/<name>."""
+    --log_samples` runs) for each named option set, on one engine, in a process started here; each run's files
+    under out/<name> once `wait_for_references` returns."""
     model_args = ",".join([f"pretrained={default_model_path()}", *(f"{k}={v}" for k, v in ENGINE.items())])
     for name, run in runs.items():
         run["out"] = str(out / name / "results")
@@ -65,14 +67,18 @@ def run_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> None:
     spec.write_text(
         json.dumps({"model_args": model_args, "include_path": str(tasks_dir), "runs": list(runs.values())})
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.lm_eval_reference", str(spec)], capture_output=True, text=True,
-        timeout=900, env=lm_eval_vllm_env(out / "stand_in"), check=False,
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.lm_eval_reference", str(spec)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=lm_eval_vllm_env(out / "stand_in"),
     )  # fmt: skip
+
+
+def wait_for_references(process: subprocess.Popen[str], out: Path, runs: dict[str, dict]) -> None:
+    _, err = process.communicate(timeout=900)
     # lm-eval's process at times aborts at interpreter exit, after writing everything, while vLLM's engine is
     # torn down ("terminate called without an active exception"); what counts is that its files are complete.
     finished = all(list((out / name / "results").rglob("results_*.json")) for name in runs)
-    assert done.returncode == 0 or finished, done.stderr[-4000:]
+    assert process.returncode == 0 or finished, err[-4000:]
 
 
 def read_reference(results_dir: Path, leaves: tuple[str, ...]) -> dict:
@@ -110,9 +116,9 @@ def run_ours(
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory, local_tasks) -> dict[str, dict]:
-    """Both of the module's lm-eval reference runs: the three local tasks plain, and the group with a chat
-    template, few-shot turns and a system instruction."""
+def started_references(tmp_path_factory, local_tasks) -> Iterator[tuple[subprocess.Popen[str], Path, dict]]:
+    """Both of the module's lm-eval reference runs, started: the three local tasks plain, and the group with a
+    chat template, few-shot turns and a system instruction. Our own runs go on beside them."""
     out = tmp_path_factory.mktemp("lm_eval_reference")
     runs = {
         "plain": {
@@ -122,7 +128,19 @@ def references(tmp_path_factory, local_tasks) -> dict[str, dict]:
         },
         "chat": {"tasks": list(CHAT_GROUP), "limit": int(CHAT_LIMIT), "options": CHAT_ARGUMENTS},
     }
-    run_references(out, local_tasks, runs)
+    process = start_references(out, local_tasks, runs)
+    try:
+        yield process, out, runs
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+@pytest.fixture(scope="module")
+def references(started_references) -> dict[str, dict]:
+    process, out, runs = started_references
+    wait_for_references(process, out, runs)
     return {
         "plain": read_reference(out / "plain", PLAIN_TASKS),
         "chat": read_reference(out / "chat", CHAT_TASKS),
@@ -135,8 +153,9 @@ def reference(references) -> dict:
 
 
 @pytest.fixture(scope="module")
-def ours(tmp_path_factory, local_tasks) -> Path:
-    # two replicas: the tasks' requests sharded over both (test_same_predictions... checks both did work)
+def ours(tmp_path_factory, local_tasks, started_references) -> Path:
+    # while the references run; two replicas: the tasks' requests sharded over both (test_same_predictions...
+    # checks both did work)
     return run_ours(tmp_path_factory.mktemp("runs"), local_tasks, PLAIN_TASKS, LIMIT, {}, replicas=2)
 
 
@@ -184,7 +203,7 @@ def assert_same_as_reference(reference: dict, ours: Path, tasks: tuple[str, ...]
                 assert our_results[task][key] == pytest.approx(value, abs=1e-9), (task, key)
 
 
-def test_same_predictions_loglikelihoods_and_metrics_as_lm_eval_vllm(reference, ours):
+def test_same_predictions_loglikelihoods_and_metrics_as_lm_eval_vllm(ours, reference):
     summary = json.loads((ours / "summary.json").read_text())
     assert {e["name"] for e in summary["run"]["engines"]} == {"replica-0", "replica-1"}
     assert all(s["sequences"] > 0 for s in summary["run"]["dispatch"]["per_replica"].values())
