@@ -28,7 +28,7 @@ POOLS = {
     "tests-float32": [*ENGINE_POOL, "--dtype", "float32"],  # tests.runs.BASE_IFEVAL_ARGS'
     # BASE_IFEVAL_ARGS' runs with a LoRA adapter (`--lora PATH`, rank up to the default --max-lora-rank)
     "tests-lora": [*ENGINE_POOL, "--dtype", "float32", "--lora-slots", "4"],
-    # runs that batch two sequences at a time, so that a fault lands mid-run (tests/cluster/run/test_output_faults.py)
+    # runs batching two sequences at a time, so that a fault lands mid-run (tests/cluster/run/test_output_faults.py)
     "tests-seqs2": [*ENGINE_POOL, "--max-num-seqs", "2"],
 }
 CPUS = 10  # Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them
@@ -73,28 +73,11 @@ def warm_cluster() -> WarmCluster:
 
 def up(head: HeadNode, pools: dict[str, list[str]]) -> None:
     """`rayeval up` for every pool at once (their engines start side by side, as several users' would)."""
-    started = {
-        name: subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cluster.cli",
-                "up",
-                *flags,
-                "--name",
-                name,
-                "--idle-timeout",
-                "1d",
-                "--address",
-                head.gcs_address,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=head.client_env(),
-        )  # fmt: skip
-        for name, flags in pools.items()
-    }
+    started = {}
+    for name, flags in pools.items():
+        argv = ["up", *flags, "--name", name, "--idle-timeout", "1d", "--address", head.gcs_address]
+        started[name] = subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, env=head.client_env())  # fmt: skip
     failed = []
     for name, process in started.items():
         _, err = process.communicate(timeout=600)
