@@ -28,10 +28,11 @@ POOLS = {
     "tests-float32": [*ENGINE_POOL, "--dtype", "float32"],  # tests.runs.BASE_IFEVAL_ARGS'
     # BASE_IFEVAL_ARGS' runs with a LoRA adapter (`--lora PATH`, rank up to the default --max-lora-rank)
     "tests-lora": [*ENGINE_POOL, "--dtype", "float32", "--lora-slots", "4"],
-    # runs batching two sequences at a time, so that a fault lands mid-run (tests/cluster/run/test_output_faults.py)
-    "tests-seqs2": [*ENGINE_POOL, "--max-num-seqs", "2"],
 }
-CPUS = 10  # Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them
+# Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them. Memory is what
+# bounds the pools: each CPU engine holds about 4 GiB (its core with a 1 GiB KV cache, its actor and the
+# forkserver it starts from), so three pools leave room for about two engines of the tests' own on 24 GiB.
+CPUS = 8
 
 
 @dataclass

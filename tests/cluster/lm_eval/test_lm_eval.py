@@ -118,7 +118,7 @@ def run_ours(
 @pytest.fixture(scope="module")
 def started_references(tmp_path_factory, local_tasks) -> Iterator[tuple[subprocess.Popen[str], Path, dict]]:
     """Both of the module's lm-eval reference runs, started: the three local tasks plain, and the group with a
-    chat template, few-shot turns and a system instruction. Our own runs go on beside them."""
+    chat template, few-shot turns and a system instruction (`references` waits for them)."""
     out = tmp_path_factory.mktemp("lm_eval_reference")
     runs = {
         "plain": {
@@ -153,9 +153,9 @@ def reference(references) -> dict:
 
 
 @pytest.fixture(scope="module")
-def ours(tmp_path_factory, local_tasks, started_references) -> Path:
-    # while the references run; two replicas: the tasks' requests sharded over both (test_same_predictions...
-    # checks both did work)
+def ours(tmp_path_factory, local_tasks, references) -> Path:
+    # once the references' engine is gone (the machine's memory holds the pools and two engines more, not
+    # three); two replicas: the tasks' requests sharded over both (test_same_predictions... checks both did work)
     return run_ours(tmp_path_factory.mktemp("runs"), local_tasks, PLAIN_TASKS, LIMIT, {}, replicas=2)
 
 
@@ -203,7 +203,7 @@ def assert_same_as_reference(reference: dict, ours: Path, tasks: tuple[str, ...]
                 assert our_results[task][key] == pytest.approx(value, abs=1e-9), (task, key)
 
 
-def test_same_predictions_loglikelihoods_and_metrics_as_lm_eval_vllm(ours, reference):
+def test_same_predictions_loglikelihoods_and_metrics_as_lm_eval_vllm(reference, ours):
     summary = json.loads((ours / "summary.json").read_text())
     assert {e["name"] for e in summary["run"]["engines"]} == {"replica-0", "replica-1"}
     assert all(s["sequences"] > 0 for s in summary["run"]["dispatch"]["per_replica"].values())

@@ -4,7 +4,8 @@ The full disk is a small tmpfs mounted for the test (root is needed to mount); t
 immutable with `chattr +i`, which stops even root from making files in it. Generation is real: a local Ray
 cluster and a vLLM CPU engine. The test asserts one clear error with no traceback, a store whose
 every line is a whole record, and that the same command resumes and generates only what is missing. The runs
-go to the test run's shared cluster, where its two-sequence pool serves them (tests/warm_cluster.py).
+go to the test run's shared cluster (tests/warm_cluster.py): the faulted one on an engine of its own, batching
+two sequences so that the fault lands mid-run, the resume on the shared pool.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tests.runs import (
     records,
     start_in_background,
     wait_for_records,
+    without_max_num_seqs,
 )
 from tests.warm_cluster import warm_cluster
 
@@ -91,7 +93,7 @@ def test_a_full_disk_mid_run_stops_cleanly_and_the_same_command_resumes(small_di
     kept = whole_records(store)
     assert 3 <= len(kept) < LIMIT and all(r["error"] is None for r in kept)
     filled[0].unlink()
-    resumed = rayeval(*argv)
+    resumed = rayeval(*without_max_num_seqs(argv))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{LIMIT} requests, {len(kept)} reused" in resumed.stderr
     rows = records(small_disk / "runs" / "r" / "samples" / MODEL_DIR / "ifeval.jsonl")
@@ -135,7 +137,7 @@ def test_an_output_folder_made_unwritable_mid_run_stops_cleanly_and_the_same_com
     assert len(records(samples / "ifeval.jsonl")) == LIMIT  # the live records, readable
     for folder in immutable:
         subprocess.run(["chattr", "-i", str(folder)], check=True)
-    resumed = rayeval(*argv)
+    resumed = rayeval(*without_max_num_seqs(argv))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{LIMIT} requests, {LIMIT} reused" in resumed.stderr
     assert (run_dir / "summary.json").is_file() and (samples / "ifeval.parquet").is_file()
