@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,16 +31,6 @@ def local_lm_eval_tasks(tmp_path_factory, shared_gsm8k) -> Path:
     from tests.lm_eval_local import write_local_tasks
 
     return write_local_tasks(tmp_path_factory.mktemp("lm_eval_local"), shared_gsm8k, max_gen_toks=64)
-
-
-@pytest.fixture(scope="session")
-def mlflow_tracking(tmp_path_factory) -> Iterator[str]:
-    """A real MLflow tracking server for the test run (tests/mlflow_server.py): its URI. Tests tell their runs
-    apart by the `rayeval.name` tag."""
-    from tests.mlflow_server import mlflow_server
-
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
 
 
 @pytest.fixture(scope="session")

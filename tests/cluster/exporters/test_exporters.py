@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from tests.mlflow_server import free_port
+from tests.mlflow_server import mlflow_server as tracking_server
 from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, BASE_IFEVAL_SAMPLES, rayeval
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    with tracking_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
 
 
 def _rerun(base_ifeval_run: Path, tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> Path:
@@ -25,12 +32,12 @@ def _rerun(base_ifeval_run: Path, tmp_path: Path, *flags: str, env: dict[str, st
     return out / "base"
 
 
-def test_a_run_logs_its_numbers_and_files_to_an_mlflow_server(base_ifeval_run, tmp_path, mlflow_tracking):
+def test_a_run_logs_its_numbers_and_files_to_an_mlflow_server(base_ifeval_run, tmp_path, mlflow_server):
     import mlflow
 
-    run_dir = _rerun(base_ifeval_run, tmp_path, "--log-to", f"mlflow:{mlflow_tracking}")
+    run_dir = _rerun(base_ifeval_run, tmp_path, "--log-to", f"mlflow:{mlflow_server}")
     summary = json.loads((run_dir / "summary.json").read_text())["tasks"]["ifeval"]["metrics"]
-    client = mlflow.MlflowClient(tracking_uri=mlflow_tracking)
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_experiment_by_name("rayeval")
     runs = client.search_runs([experiment.experiment_id], filter_string="tags.`rayeval.name` = 'base'")
     assert len(runs) == 1

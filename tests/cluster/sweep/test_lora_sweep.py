@@ -218,7 +218,7 @@ def test_the_sweeps_page_draws_each_curve_and_compares_two_steps(served, tmp_pat
         screenshot(browser, "comparison")
 
 
-def test_a_sweep_logs_each_step_to_mlflow_at_its_step(lora_run, served, tmp_path, mlflow_tracking):
+def test_a_sweep_logs_each_step_to_mlflow_at_its_step(lora_run, served, tmp_path):
     """The finished sweep run again with --log-to (every step read back from its store, no engine): one
     MLflow run named after the sweep's folder holds each metric at steps 100, 200 and 400, as
     sweep_summary.csv has them."""
@@ -226,25 +226,27 @@ def test_a_sweep_logs_each_step_to_mlflow_at_its_step(lora_run, served, tmp_path
 
     import mlflow
 
+    from tests.mlflow_server import mlflow_server
+
     shutil.copytree(served[0], tmp_path / "sweep")
-    uri = mlflow_tracking
-    shared = warm_cluster()
-    done = rayeval("sweep", str(lora_run), *COMMON, "--output-dir", str(tmp_path), "--run-id", "sweep",
-                   "--log-to", f"mlflow:{uri}", *shared.run_args(), env=shared.env())  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name("rayeval")
-    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`rayeval.name` = 'sweep'")
-    assert len(runs) == 1
-    with (tmp_path / "sweep" / "sweep_summary.csv").open() as handle:
-        table = list(csv.DictReader(handle))
-    for row in table:
-        history = client.get_metric_history(
-            runs[0].info.run_id, f"{row['task']}/{row['metric'].partition(',')[0]}"
-        )
-        by_step = {m.step: m.value for m in history}
-        assert by_step[int(row["step"])] == pytest.approx(float(row["mean"]), abs=1e-9)
-    assert sorted({m.step for m in history}) == [100, 200, 400]
+    with mlflow_server(tmp_path / "mlflow") as uri:  # stopped after the test: its processes hold ~1.3 GB
+        shared = warm_cluster()
+        done = rayeval("sweep", str(lora_run), *COMMON, "--output-dir", str(tmp_path), "--run-id", "sweep",
+                       "--log-to", f"mlflow:{uri}", *shared.run_args(), env=shared.env())  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("rayeval")
+        runs = client.search_runs([experiment.experiment_id], filter_string="tags.`rayeval.name` = 'sweep'")
+        assert len(runs) == 1
+        with (tmp_path / "sweep" / "sweep_summary.csv").open() as handle:
+            table = list(csv.DictReader(handle))
+        for row in table:
+            history = client.get_metric_history(
+                runs[0].info.run_id, f"{row['task']}/{row['metric'].partition(',')[0]}"
+            )
+            by_step = {m.step: m.value for m in history}
+            assert by_step[int(row["step"])] == pytest.approx(float(row["mean"]), abs=1e-9)
+        assert sorted({m.step for m in history}) == [100, 200, 400]
 
 
 def test_the_pages_of_a_sweep_on_object_storage_go_beside_its_files(served, s3, tmp_path):
