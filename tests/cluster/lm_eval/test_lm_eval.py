@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,10 +55,9 @@ PLAIN_TASKS = (*LOCAL_TASKS, "gsm8k_repeats_local")
 GENERATIVE = ("gsm8k_local", "gsm8k_repeats_local")
 
 
-def start_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> subprocess.Popen[str]:
+def run_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> None:
     """lm-eval's own `vllm` backend and evaluator (tests/lm_eval_reference.py: what `lm_eval --model vllm
-    --log_samples` runs) for each named option set, on one engine, in a process started here; each run's files
-    under out/<name> once `wait_for_references` returns."""
+    --log_samples` runs) for each named option set, on one engine; each run's files under out/<name>."""
     model_args = ",".join([f"pretrained={default_model_path()}", *(f"{k}={v}" for k, v in ENGINE.items())])
     for name, run in runs.items():
         run["out"] = str(out / name / "results")
@@ -67,18 +65,14 @@ def start_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> subpr
     spec.write_text(
         json.dumps({"model_args": model_args, "include_path": str(tasks_dir), "runs": list(runs.values())})
     )
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.lm_eval_reference", str(spec)], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=lm_eval_vllm_env(out / "stand_in"),
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.lm_eval_reference", str(spec)], capture_output=True, text=True,
+        timeout=900, env=lm_eval_vllm_env(out / "stand_in"), check=False,
     )  # fmt: skip
-
-
-def wait_for_references(process: subprocess.Popen[str], out: Path, runs: dict[str, dict]) -> None:
-    _, err = process.communicate(timeout=900)
     # lm-eval's process at times aborts at interpreter exit, after writing everything, while vLLM's engine is
     # torn down ("terminate called without an active exception"); what counts is that its files are complete.
     finished = all(list((out / name / "results").rglob("results_*.json")) for name in runs)
-    assert process.returncode == 0 or finished, err[-4000:]
+    assert done.returncode == 0 or finished, done.stderr[-4000:]
 
 
 def read_reference(results_dir: Path, leaves: tuple[str, ...]) -> dict:
@@ -116,9 +110,9 @@ def run_ours(
 
 
 @pytest.fixture(scope="module")
-def started_references(tmp_path_factory, local_tasks) -> Iterator[tuple[subprocess.Popen[str], Path, dict]]:
-    """Both of the module's lm-eval reference runs, started: the three local tasks plain, and the group with a
-    chat template, few-shot turns and a system instruction (`references` waits for them)."""
+def references(tmp_path_factory, local_tasks) -> dict[str, dict]:
+    """Both of the module's lm-eval reference runs: the three local tasks plain, and the group with a chat
+    template, few-shot turns and a system instruction."""
     out = tmp_path_factory.mktemp("lm_eval_reference")
     runs = {
         "plain": {
@@ -128,19 +122,7 @@ def started_references(tmp_path_factory, local_tasks) -> Iterator[tuple[subproce
         },
         "chat": {"tasks": list(CHAT_GROUP), "limit": int(CHAT_LIMIT), "options": CHAT_ARGUMENTS},
     }
-    process = start_references(out, local_tasks, runs)
-    try:
-        yield process, out, runs
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-
-
-@pytest.fixture(scope="module")
-def references(started_references) -> dict[str, dict]:
-    process, out, runs = started_references
-    wait_for_references(process, out, runs)
+    run_references(out, local_tasks, runs)
     return {
         "plain": read_reference(out / "plain", PLAIN_TASKS),
         "chat": read_reference(out / "chat", CHAT_TASKS),

@@ -1,11 +1,11 @@
 """The output disk fills up, or the output folder becomes unwritable, in the middle of a real run.
 
 The full disk is a small tmpfs mounted for the test (root is needed to mount); the unwritable folder is made
-immutable with `chattr +i`, which stops even root from making files in it. Generation is real: a local Ray
-cluster and a vLLM CPU engine. The test asserts one clear error with no traceback, a store whose
-every line is a whole record, and that the same command resumes and generates only what is missing. The runs
-go to the test run's shared cluster (tests/warm_cluster.py): the faulted one on an engine of its own, batching
-two sequences so that the fault lands mid-run, the resume on the shared pool.
+immutable with `chattr +i`, which stops even root from making files in it. Generation is real: the test run's
+shared Ray cluster (tests/warm_cluster.py) and vLLM CPU engines, the faulted run on an engine of its own that
+batches two sequences so that the fault lands mid-run, the resume on the shared pool. The test asserts one
+clear error with no traceback, a store whose every line is a whole record, and that the same command resumes
+and generates only what is missing.
 """
 
 from __future__ import annotations

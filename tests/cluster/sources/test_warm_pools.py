@@ -61,11 +61,6 @@ def summary_of(tmp_path: Path, run_id: str) -> dict:
     return json.loads((tmp_path / run_id / "summary.json").read_text())["run"]
 
 
-def engine_pids(head: HeadNode) -> list[int]:
-    """The live engine actors of this module's cluster, by pid (its processes, as the machine lists them)."""
-    return head.engine_actor_pids()
-
-
 def pools_listed(head: HeadNode) -> dict[str, list[str]]:
     listed = rayeval("pools", "--address", head.gcs_address, env=head.client_env())
     assert listed.returncode == 0, listed.stderr[-3000:]
@@ -76,7 +71,7 @@ def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
     pool: HeadNode, tmp_path, base_ifeval_records
 ):
     head = pool
-    before = engine_pids(head)
+    before = head.engine_actor_pids()
     for run_id in ("warm-1", "warm-2"):
         done = run_on(head, tmp_path, run_id)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -86,7 +81,7 @@ def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
         assert source["start_saved_s"] > 0
         rows = records(tmp_path / run_id / "samples" / MODEL_DIR / "ifeval.jsonl")
         assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]  # float32 greedy
-    assert engine_pids(head) == before  # no engine started, none stopped
+    assert head.engine_actor_pids() == before  # no engine started, none stopped
     (row,) = pools_listed(head).values()
     assert row[0] == POOL and row[3] == "1" and int(row[6]) == 2 * BASE_IFEVAL_LIMIT and row[7] == "-"
 
@@ -142,14 +137,14 @@ def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: He
 
 def test_a_dead_pool_replica_is_replaced_by_the_next_run(pool: HeadNode, tmp_path, base_ifeval_records):
     head = pool
-    (victim,) = engine_pids(head)
+    (victim,) = head.engine_actor_pids()
     os.kill(victim, signal.SIGKILL)
     done = run_on(head, tmp_path, "after-kill")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"pool {POOL}: replica-0 had died" in done.stderr and "replacing it" in done.stderr
     rows = records(tmp_path / "after-kill" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]
-    (replacement,) = engine_pids(head)
+    (replacement,) = head.engine_actor_pids()
     assert replacement != victim
     assert pools_listed(head)[POOL][3] == "1"  # still one replica: the replacement, registered in the pool
 
@@ -165,6 +160,6 @@ def test_down_stops_the_pool_and_its_engines(pool: HeadNode):
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert stopped.stdout.strip() == f"stopped 1 warm pool(s): {POOL}"
     deadline = time.time() + 30
-    while time.time() < deadline and engine_pids(head):
+    while time.time() < deadline and head.engine_actor_pids():
         time.sleep(0.5)
-    assert engine_pids(head) == [] and pools_listed(head) == {}
+    assert head.engine_actor_pids() == [] and pools_listed(head) == {}
