@@ -33,10 +33,12 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# What the engine core imports before it runs: the server imports it once, every engine core is forked from it.
-# "__main__" too: a child re-imports its parent's main module unless the server already did (a Ray worker's
-# is Ray's default_worker.py, which imports Ray).
-ENGINE_CORE_PRELOAD = ("__main__", "vllm.v1.engine.core")
+# What the engine core imports before it runs: the server imports it once, every engine core is forked from it,
+# in this order. title_room first: it must run before an import changes the environment (OpenCV's,
+# imported with vLLM, prepends to LD_LIBRARY_PATH). Not "__main__": multiprocessing imports a preloaded
+# main module before every other one; the child imports its parent's (a Ray worker's is Ray's default_worker.py)
+# itself, at once since Ray is already imported.
+ENGINE_CORE_PRELOAD = ("cluster.engines.title_room", "ray", "vllm.v1.engine.core")
 
 
 def start_engine_core_server(preload: tuple[str, ...] = ENGINE_CORE_PRELOAD) -> bool:
@@ -81,6 +83,11 @@ def _take_title(title: str) -> None:
         import setproctitle
 
         setproctitle.setproctitle(title)
+    # the kernel's name (`comm`, 15 characters) is what the GPU pinning reads: set it even where setproctitle
+    # found no room for the command line (cluster.engines.title_room)
+    with contextlib.suppress(OSError):
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(title[:15])
 
 
 def _end_with(pid: int) -> None:

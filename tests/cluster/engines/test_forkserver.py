@@ -23,6 +23,12 @@ def report(path: str) -> None:
     Path(path).write_text(f"{os.environ.get('RAYEVAL_T_KEPT')},{os.environ.get('RAYEVAL_T_LATER')},{comm}")
 
 
+def report_title(path: str) -> None:
+    """The child's title as `ps` shows it (its command line) and as the kernel names it (comm)."""
+    cmdline = Path(f"/proc/{os.getpid()}/cmdline").read_text().split("\0")[0]
+    Path(path).write_text(f"{cmdline},{Path(f'/proc/{os.getpid()}/comm').read_text().strip()}")
+
+
 def wait_for_sigterm(path: str) -> None:
     """Block until SIGTERM, then write that it came (vLLM's engine core shuts down on SIGTERM likewise)."""
 
@@ -48,6 +54,39 @@ def test_a_forked_child_has_the_environment_at_its_start_and_vllms_title(tmp_pat
     child.join(timeout=60)
     assert child.exitcode == 0
     assert out.read_text() == "changed,set,VLLM::EngineCor"  # comm keeps 15 characters
+
+
+def test_the_title_holds_when_a_preloaded_import_changes_the_first_environment_variable(tmp_path):
+    """setproctitle finds room for a title through the process's first environment variable; OpenCV's import
+    (vLLM's engine core imports it) prepends to LD_LIBRARY_PATH, so a server whose environment starts with that
+    variable would give its children no title in `ps` unless title_room claims the room first. Both preloads run, so the test shows the failure it guards
+    against."""
+    env = {
+        "LD_LIBRARY_PATH": "/usr/local/lib",
+        **{k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"},
+    }
+    titles = {}
+    for preload in (("cluster.engines.title_room", "cv2"), ("cv2",)):
+        out = tmp_path / f"{len(preload)}.txt"
+        script = f"""
+            from cluster.engines.forkserver import EngineCoreContext, start_engine_core_server
+            from tests.cluster.engines.test_forkserver import report_title
+            if __name__ == "__main__":
+                start_engine_core_server(preload={preload!r})
+                child = EngineCoreContext().Process(target=report_title, args=({str(out)!r},), name="EngineCore")
+                child.start()
+                child.join(timeout=60)
+            """
+        run = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, timeout=120,
+                             cwd=Path(__file__).parents[3], capture_output=True, text=True)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        titles[preload[0]] = tuple(out.read_text().split(","))
+    # without title_room the command line stays the server's; the kernel's name is set either way (what the
+    # GPU pinning reads), by the fallback in cluster.engines.forkserver._take_title
+    assert titles == {
+        "cluster.engines.title_room": ("VLLM::EngineCore", "VLLM::EngineCor"),
+        "cv2": (sys.executable, "VLLM::EngineCor"),
+    }
 
 
 def test_a_forked_child_is_stopped_when_its_parent_dies(tmp_path):
