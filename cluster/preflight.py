@@ -213,7 +213,7 @@ def check_local_replicas(plan: RunPlan) -> None:
 
 
 def check_kv_cache_fits(plan: RunPlan) -> None:
-    """The CPU KV cache is allocated up front in each replica (VLLM_CPU_KVCACHE_SPACE): all of it must fit
+    """The CPU KV cache is allocated up front in each replica (--kv-cache-gib): all of it must fit
     this machine's free memory when rayeval starts the cluster here."""
     if not _local_cpu_run(plan):
         return
@@ -223,9 +223,9 @@ def check_kv_cache_fits(plan: RunPlan) -> None:
     available = memory.available
     if engines * gib * GIB > available:
         raise EvalInputError(
-            f"--kv-cache-gib {gib} for {engines} engine replica(s) needs {engines * gib} GiB of memory for the "
+            f"--kv-cache-gib {gib:g} for {engines} engine replica(s) needs {engines * gib:g} GiB of memory for the "
             f"KV cache alone, but this machine has {available / GIB:.1f} GiB free "
-            f"({memory.total / GIB:.1f} GiB in all). Lower --kv-cache-gib (1 to 4 GiB serves "
+            f"({memory.total / GIB:.1f} GiB in all). Lower --kv-cache-gib (0.5 to 4 GiB serves "
             "small models) or --replicas."
         )
 

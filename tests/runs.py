@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 MODEL_DIR = "SmolLM2-135M-Instruct"
-ENGINE_FLAGS = ["--enforce-eager", "--max-tokens", "48", "--max-model-len", "1024", "--no-progress"]
+# A quarter of the default KV cache: the tests' prompts are short, and each CPU engine's cache is allocated whole
+# when it starts, so memory (24 GiB in CI) bounds how many engines the suite holds at once (tests/warm_cluster.py).
+ENGINE_FLAGS = ["--enforce-eager", "--max-tokens", "48", "--max-model-len", "1024", "--kv-cache-gib", "0.5",
+                "--no-progress"]  # fmt: skip
 # The base model's greedy IFEval answers that adapter, sweep and endpoint tests compare against (the
 # `base_ifeval_records` fixture): one replica, float32, whose CPU kernels are batch-invariant, so a prompt's
 # answer does not depend on what it was batched with.

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from tests.ray_head import HeadNode, start_head
 
-ENGINE_POOL = ["--enforce-eager", "--max-model-len", "1024"]  # tests.runs.ENGINE_FLAGS' engine settings
+# tests.runs.ENGINE_FLAGS' engine settings
+ENGINE_POOL = ["--enforce-eager", "--max-model-len", "1024", "--kv-cache-gib", "0.5"]
 POOLS = {
     "tests-auto": ENGINE_POOL,
     "tests-float32": [*ENGINE_POOL, "--dtype", "float32"],  # tests.runs.BASE_IFEVAL_ARGS'
@@ -30,8 +31,9 @@ POOLS = {
     "tests-lora": [*ENGINE_POOL, "--dtype", "float32", "--lora-slots", "4"],
 }
 # Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them. Memory is what
-# bounds the pools: each CPU engine holds about 4 GiB (its core with a 1 GiB KV cache, its actor and the
-# forkserver it starts from), so three pools leave room for about two engines of the tests' own on 24 GiB.
+# bounds the pools: each CPU engine holds about 3 GiB (proportional set sizes: its core 1.9 with a 0.5 GiB KV
+# cache, its actor 0.65, the forkserver it starts from 0.4), so three pools leave room for about three engines
+# of the tests' own on 24 GiB.
 CPUS = 8
 
 

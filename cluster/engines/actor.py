@@ -25,7 +25,7 @@ from cluster.engines.forkserver import engine_core_forked, start_engine_core_ser
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.placement import ExecutorKind
 from cluster.engines.reload_check import ReloadCheck
-from cluster.engines.settings import EngineSettings, engine_args
+from cluster.engines.settings import EngineSettings, cpu_kv_cache_args, engine_args
 from cluster.forwarded_env import ForwardedEnv
 from cluster.models.checkpoints import SwapKind
 from evaluators.failures import FailureKind
@@ -268,7 +268,7 @@ class EngineActor:
         from vllm.usage.usage_lib import UsageContext
 
         s = self.settings
-        args = AsyncEngineArgs(**engine_args(s))
+        args = AsyncEngineArgs(**engine_args(s), **(cpu_kv_cache_args() if s.device == "cpu" else {}))
         # An evaluation is offline batch work: take vllm.LLM's scheduler defaults, not the engine-context
         # ones (max_num_batched_tokens 2048 instead of 16384 on an H100 starves prefill, docs/BENCHMARKS.md).
         config = args.create_engine_config(UsageContext.LLM_CLASS)

@@ -18,7 +18,7 @@ from cluster.engines.actor import EngineActor, EngineDead, EngineInfo, EngineSta
 from cluster.engines.cores import ENGINE_CORE_SLOT_ENV
 from cluster.engines.logs import EngineLog, describe_failure, mark, read_on_node
 from cluster.engines.placement import ExecutorKind, ReplicaLayout, ReplicaPlan
-from cluster.engines.settings import EngineSettings
+from cluster.engines.settings import EngineSettings, cpu_kv_cache_env
 from cluster.errors import ClusterError
 from cluster.forwarded_env import for_engines
 from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
@@ -68,7 +68,7 @@ class ReplicaPool:
         settings: EngineSettings,
         plan: ReplicaPlan,
         count: int,
-        kv_cache_gib: int,
+        kv_cache_gib: float,
         verbose: bool,
         *,
         name_prefix: str = "replica",
@@ -300,7 +300,7 @@ class ReplicaPool:
             ENGINE_CORE_SLOT_ENV: f"{local_index}/{local_count}",
         }
         if self.settings.device == "cpu":
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+            env |= cpu_kv_cache_env(self.kv_cache_gib)
         return env
 
     def replicas(self) -> list[Replica]:

@@ -3,6 +3,7 @@ place, and the per-device choices vLLM's own defaults get wrong for an evaluatio
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,33 @@ def engine_args(s: EngineSettings) -> dict[str, Any]:
         if s.custom_all_reduce is None
         else not s.custom_all_reduce,
     )
+
+
+# The CPU engine's KV cache size, in bytes, from its pool to its actor: vLLM takes it as `kv_cache_memory_bytes`.
+CPU_KV_CACHE_BYTES_ENV = "RAYEVAL_CPU_KV_CACHE_BYTES"
+
+
+# vLLM's own variable for it holds whole GiB only and, where set, overrides the engine argument: the actor
+# removes one its node's environment gave it, so the size asked for holds.
+VLLM_CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def cpu_kv_cache_env(gib: float) -> dict[str, str]:
+    """The environment that sizes a CPU engine's KV cache (read by the actor, `cpu_kv_cache_args`)."""
+    return {CPU_KV_CACHE_BYTES_ENV: str(cpu_kv_cache_bytes(gib))}
+
+
+def cpu_kv_cache_args() -> dict[str, int]:
+    """In the engine's actor: vLLM's `kv_cache_memory_bytes` from the pool's size, vLLM's variable removed."""
+    size = os.environ.get(CPU_KV_CACHE_BYTES_ENV)
+    if not size:
+        return {}
+    os.environ.pop(VLLM_CPU_KV_CACHE_ENV, None)
+    return {"kv_cache_memory_bytes": int(size)}
+
+
+def cpu_kv_cache_bytes(gib: float) -> int:
+    return int(gib * 2**30)
 
 
 def engine_max_num_seqs(options: ModelOptions, device: str) -> int | None:

@@ -88,7 +88,7 @@ class PoolRecord:
     key: PoolKey
     settings: EngineSettings
     plan: ReplicaPlan
-    kv_cache_gib: int
+    kv_cache_gib: float
     idle_timeout_s: float
     engines: dict[str, EngineInfo] = field(default_factory=dict)  # by replica name
     groups: dict[str, str] = field(default_factory=dict)  # replica name -> its placement group's id (hex)

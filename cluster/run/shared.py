@@ -36,9 +36,14 @@ class SharedReplicas:
         with self._lock:
             if self.pool is None:
                 request = self._request(model_path)
-                self.pool = ReplicaPool(request.settings, request.plan, request.count,
-                                        request.config.model.cpu_kv_cache_gib, self.verbose)  # fmt: skip
-                infos = start_logged(self.pool, request)
+                pool = ReplicaPool(request.settings, request.plan, request.count,
+                                   request.config.model.cpu_kv_cache_gib, self.verbose)  # fmt: skip
+                try:
+                    infos = start_logged(pool, request)
+                except BaseException:  # the next run starts them again (and reports its own root error)
+                    pool.shutdown()
+                    raise
+                self.pool = pool
             elif self.pool.settings.model != model_path:
                 infos = self._move(model_path)
             else:

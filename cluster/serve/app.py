@@ -29,6 +29,7 @@ import ray
 from cluster.config import RunConfig, ServeConfig
 from cluster.engines import (
     ReplicaPlan,
+    cpu_kv_cache_bytes,
     engine_chunked_prefill,
     engine_dtype,
     engine_lora_args,
@@ -236,6 +237,7 @@ def llm_config(
         engine["enable_chunked_prefill"] = chunked
     if device == "cpu":  # every prompt prefilled in one step: a step holds the longest prompt
         engine["max_num_batched_tokens"] = max(settings.max_num_batched_tokens or 0, settings.max_model_len)
+        engine["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(config.model.cpu_kv_cache_gib)
     else:
         engine["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if settings.max_num_batched_tokens:
@@ -260,12 +262,12 @@ def replica_bundles(plan: ReplicaPlan) -> list[dict[str, float]]:
 
 
 def engine_env(config: ServeConfig, device: str) -> dict[str, str]:
-    """The CPU engine's environment: its KV cache, and for several replicas, which may share a node and
-    cannot tell which of its cores are theirs, threads left to the OS. A single replica binds its threads
+    """The CPU engine's environment (its KV cache size is an engine argument): for several replicas, which
+    may share a node and cannot tell which of its cores are theirs, threads left to the OS. A single replica binds its threads
     to its own node's cores itself (`replica.LLMServer`)."""
     if device != "cpu":
         return {}
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.model.cpu_kv_cache_gib)}
+    env: dict[str, str] = {}
     if config.cluster.replicas > 1:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     return env

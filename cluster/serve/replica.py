@@ -23,7 +23,7 @@ from typing import Any
 from ray.serve.llm import LLMConfig
 from ray.serve.llm.deployment import LLMServer as RayLLMServer
 
-from cluster.engines import cpu_thread_binding
+from cluster.engines import VLLM_CPU_KV_CACHE_ENV, cpu_thread_binding
 
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
@@ -54,11 +54,13 @@ def fetch_adapters(llm_config: LLMConfig) -> None:
 
 class LLMServer(RayLLMServer):
     """Ray's LLM server, fetching the LoRA adapters on object storage to this node and, on CPU, binding its
-    engine's threads to this node's cores before the engine starts. It keeps Ray's class name, which names
+    engine's threads to this node's cores before the engine starts (its KV cache sized by the engine argument
+    alone). It keeps Ray's class name, which names
     the deployment (`LLMServer:<model>` in `rayeval serve --status`)."""
 
     async def __init__(self, llm_config: LLMConfig, **kwargs: Any) -> None:
         fetch_adapters(llm_config)
         if on_cpu(llm_config):
             os.environ.setdefault(THREADS_BIND, node_binding(llm_config))
+            os.environ.pop(VLLM_CPU_KV_CACHE_ENV, None)  # it would override the engine argument's size
         await super().__init__(llm_config, **kwargs)

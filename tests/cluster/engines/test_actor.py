@@ -8,6 +8,7 @@ incremental detokenizer gives.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -56,7 +57,7 @@ def engine() -> Iterator[tuple[RunPlan, object]]:
     config = RunConfig(
         # float32: the tests compare texts of requests that may run in different batches, and bfloat16 CPU
         # kernels are not batch-invariant (a greedy token can flip); lm-eval comparisons use float32 too.
-        model=ModelOptions(dtype="float32", max_model_len=512, enforce_eager=True),
+        model=ModelOptions(dtype="float32", max_model_len=512, enforce_eager=True, cpu_kv_cache_gib=0.25),
         cluster=ClusterOptions(replicas=1, device="cpu"),
     )
     plan = build_model_plan(config, device="cpu")
@@ -127,6 +128,19 @@ def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_r
     assert comm == "VLLM::EngineCor", tree  # the kernel's 15 characters: what `ps` and the GPU pinning see
     threads = str(len(os.sched_getaffinity(0)))
     assert core.environ()["OMP_NUM_THREADS"] == threads and core.environ()["OMP_PROC_BIND"] == "true"
+    # the KV cache's size reached vLLM as an engine argument: its whole-GiB variable is not there to override it
+    assert "VLLM_CPU_KVCACHE_SPACE" not in core.environ()
+
+
+def test_a_fractional_kv_cache_size_becomes_vllms_engine_argument(monkeypatch):
+    from cluster.engines import cpu_kv_cache_env
+    from cluster.engines.settings import cpu_kv_cache_args
+
+    for name, value in cpu_kv_cache_env(0.25).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "8")  # a node's own setting, which would override the size
+    assert cpu_kv_cache_args() == {"kv_cache_memory_bytes": 268435456}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
 
 
 @pytest.mark.slow
