@@ -1,10 +1,12 @@
 """An RD-Agent-shaped benchmark round: K candidate LoRA adapters of one base model on GSM8K, through rayeval's
-`run_benchmarks` (one call: one engine, the adapters served side by side by vLLM's multi-LoRA engine) against
+`run_benchmarks` (one call: one engine, the adapters served side by side by vLLM's multi-LoRA engine, or with
+--lora-merge each merged into the base model and run in turn, the engine reloaded in place) against
 the same through lm-eval's vLLM backend one adapter at a time (what RD-Agent's lm-eval contract runs: a new
 engine per adapter), on the same machine, in paired turns.
 
     python bench/rdagent_round.py --out bench/results/rdagent-round-cpu.jsonl
     python bench/rdagent_round.py --out ... --candidates 4 --questions 50 --repeats 2
+    python bench/rdagent_round.py --out ... --lora-merge      # rayeval merges each adapter (lora_merge=True)
 
 Both sides: the embedded SmolLM2-135M-Instruct in the dtype rayeval resolves (bench/dtypes.py), random peft
 adapters (r=8 on q_proj and v_proj, seeded per candidate), GSM8K's first N questions of ../shared/data (lm-eval's
@@ -73,13 +75,14 @@ def make_adapters(folder: Path, count: int) -> list[Path]:
     return adapters
 
 
-def rayeval_side(adapters: list[Path], questions: int, dtype: str, work: Path) -> dict:
+def rayeval_side(adapters: list[Path], questions: int, dtype: str, work: Path, lora_merge: bool) -> dict:
     from cluster.models import ensure_default_model
 
     calls = [{"workspace_path": str(work / a.parent.name), "model_path": str(a), "model_name": str(ensure_default_model()),
               "benchmark_name": "gsm8k", "gpu_count": 0, "test_range": f"[:{questions}]"} for a in adapters]  # fmt: skip
     settings = {"data_paths": {"gsm8k": str(GSM8K)},
-                "config": {"model": {**ENGINE, "dtype": dtype}, "sampling": {"temperature": 0.0, "top_p": 1.0}}}  # fmt: skip
+                "config": {"model": {**ENGINE, "dtype": dtype}, "sampling": {"temperature": 0.0, "top_p": 1.0}},
+                "lora_merge": lora_merge}  # fmt: skip
     began = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", ROUND, json.dumps(calls), json.dumps(settings)], capture_output=True,
                           text=True, cwd=REPO, check=False)  # fmt: skip
@@ -95,7 +98,9 @@ def rayeval_side(adapters: list[Path], questions: int, dtype: str, work: Path) -
             "output_tokens": tokens}  # fmt: skip
 
 
-def lm_eval_side(adapters: list[Path], questions: int, dtype: str, work: Path) -> dict:
+def lm_eval_side(adapters: list[Path], questions: int, dtype: str, work: Path, lora_merge: bool) -> dict:
+    """`lora_merge` is rayeval's setting: lm-eval serves each adapter through vLLM's LoRA layers, as RD-Agent's
+    lm-eval contract runs it."""
     from transformers import AutoTokenizer
 
     from cluster.models import ensure_default_model
@@ -128,6 +133,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=1, help="paired turns, the order of the sides rotated")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--lora-merge", action="store_true", help="rayeval's side merges each adapter first")
     args = parser.parse_args()
     fields = dtype_fields(args.dtype, "cpu")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
@@ -138,8 +144,9 @@ def main() -> None:
         for turn in range(args.repeats):
             for name in names[turn % 2 :] + names[: turn % 2]:
                 work = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=folder))
-                row = sides[name](adapters, args.questions, fields["dtype"], work)
+                row = sides[name](adapters, args.questions, fields["dtype"], work, args.lora_merge)
                 write_row(args.out, {"side": name, "turn": turn, "candidates": args.candidates,
+                                     "lora_merge": args.lora_merge,
                                      "questions": args.questions, **row, **fields, "commit": commit.stdout.strip(),
                                      "date": time.strftime("%Y-%m-%d %H:%M")})  # fmt: skip
 

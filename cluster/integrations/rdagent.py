@@ -7,8 +7,9 @@ As RD-Agent does, an existing timestamped folder means the benchmark already ran
 The model is a full model folder, or a LoRA adapter (found by its files) on the base model `model_name` names:
 that folder itself, or `$FT_FILE_PATH/models/<model_name>` (where RD-Agent keeps its models), or the adapter's
 own `base_model_name_or_path` where that is a folder. An adapter that trains whole modules (`modules_to_save`,
-which vLLM cannot serve) is merged into the base model first, as RD-Agent merges it. The run goes to the Ray cluster `address` names (or
-RAY_ADDRESS; else a local one), on a warm pool whose settings match where one is up.
+which vLLM cannot serve) is merged into the base model first, as RD-Agent merges it; with `lora_merge` every
+adapter is (base-model speed, where vLLM's LoRA layers are slow). The run goes to the Ray cluster `address`
+names (or RAY_ADDRESS; else a local one), on a warm pool whose settings match where one is up.
 
 `install(**settings)` puts this `run_benchmark` where RD-Agent's callers look it up, so an RD-Agent launch
 script switches with one call and no edit of RD-Agent's files.
@@ -69,7 +70,10 @@ def run_benchmark(
     `{"accuracy_summary": {dataset: {metric: percent}}, "error_samples": [{question, gold, model_output}]}`.
 
     `settings` (or `install`'s): `address` (the Ray cluster), `data_paths` ({benchmark: local data file}),
-    `config` (more RunConfig settings, e.g. {"sampling": {"max_tokens": 512}}). Bad input raises RuntimeError
+    `config` (more RunConfig settings, e.g. {"sampling": {"max_tokens": 512}}), `lora_merge` (True: a LoRA
+    adapter is merged into its base model and run as a full model, `cluster.models.merge`; on CPU vLLM's LoRA
+    layers run at about a third of the base model's speed; outputs equal up to the merge's rounding). Bad input
+    raises RuntimeError
     in RD-Agent's shape ("Benchmark execution failed ...") before anything is written."""
     settings = {**_installed_settings, **settings}
     results_base = _results_base(workspace_path, result_subdir)
@@ -93,8 +97,10 @@ def run_benchmark(
 def run_benchmarks(calls: list[Mapping[str, Any]], **settings: Any) -> list[dict[str, Any]]:
     """Several `run_benchmark` calls of one round (the agent's candidate adapters of one base model, each
     with its workspace) at once: their requests meet in the same base-model replicas, each adapter served by
-    vLLM's multi-LoRA engine beside the others (a LoRA sweep's way). Each call's folder and return value are
-    those of `run_benchmark(**call)`; calls whose folder is already there run nothing."""
+    vLLM's multi-LoRA engine beside the others (a LoRA sweep's way); with `lora_merge`, each adapter merged
+    into the base model and the candidates run one after another on the same replicas, each moving to the next
+    merged model in place (a full-checkpoint sweep's way). Each call's folder and return value are those of
+    `run_benchmark(**call)`; calls whose folder is already there run nothing."""
     settings = {**_installed_settings, **settings}
     pending = []
     for call in calls:
@@ -104,7 +110,7 @@ def run_benchmarks(calls: list[Mapping[str, Any]], **settings: Any) -> list[dict
             pending.append(_call_config(arguments, base))
     if pending:
         try:
-            _run_together(pending)
+            _run_together(pending, in_turn=bool(settings.get("lora_merge")))
         except (EvalInputError, ClusterError) as exc:
             raise RuntimeError(f"Benchmark execution failed (exit_code=2)\n{exc}") from exc
     return [run_benchmark(**call, **settings) for call in calls]
@@ -131,6 +137,8 @@ def benchmark_config(
             "Use RD-Agent's own run_benchmark (OpenCompass) for the others."
         )
     model, lora = _model_and_adapter(Path(model_path), model_name)
+    if lora is not None and settings.get("lora_merge"):
+        model, lora = _merged(Path(lora), model), None
     entry: dict[str, Any] = {"name": task}
     if data := (settings.get("data_paths") or {}).get(benchmark_name):
         entry["data_path"] = str(data)
@@ -202,14 +210,15 @@ def _call_config(arguments: Mapping[str, Any], results_base: Path) -> Any:
     options = {"test_range": "[:100]", "num_runs": 1, "pass_k": None} | {
         k: arguments[k] for k in ("test_range", "num_runs", "pass_k") if k in arguments
     }
-    settings = {k: v for k, v in arguments.items() if k in ("address", "data_paths", "config")}
+    settings = {k: v for k, v in arguments.items() if k in ("address", "data_paths", "config", "lora_merge")}
     return benchmark_config(
         *(arguments[n] for n in names), **options, results_base=results_base, settings=settings
     )
 
 
-def _run_together(configs: list[Any]) -> None:
-    """Runs of one base model on one set of replicas, at once (each adapter a LoRA slot)."""
+def _run_together(configs: list[Any], in_turn: bool) -> None:
+    """Runs on one set of replicas: at once, of one base model (each adapter a LoRA slot), or `in_turn`, each
+    run's model (merged adapters) loaded into the replicas in place before it runs."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cluster.plan import build_plan
@@ -219,7 +228,7 @@ def _run_together(configs: list[Any]) -> None:
 
     plans = [build_plan(config) for config in configs]
     models = {plan.model.path for plan in plans}
-    if len(models) > 1:
+    if len(models) > 1 and not in_turn:
         raise EvalInputError(
             f"one round's candidates share one base model; these calls name {sorted(models)}"
         )
@@ -227,9 +236,10 @@ def _run_together(configs: list[Any]) -> None:
         preflight(plan)
     first = plans[0]
     with ray_session(first.config.cluster.address, first.replica, first.config.cluster.replicas, False):
-        shared = SharedReplicas(first, max_loras=len(plans), lora=any(p.adapter for p in plans))
+        lora = any(p.adapter for p in plans)
+        shared = SharedReplicas(first, max_loras=1 if in_turn else len(plans), lora=lora)
         try:
-            with ThreadPoolExecutor(len(plans), thread_name_prefix="candidate") as threads:
+            with ThreadPoolExecutor(1 if in_turn else len(plans), thread_name_prefix="candidate") as threads:
                 runs = [threads.submit(run_evaluation, plan, progress=False, shared=shared) for plan in plans]
                 for run in runs:
                     run.result()

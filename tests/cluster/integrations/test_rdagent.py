@@ -128,6 +128,39 @@ def test_the_rounds_candidates_ran_at_once_on_the_same_replicas(benchmarked):
     assert runs[0]["timeline"]["first result"] < runs[1]["timeline"]["last result"]
 
 
+def test_merged_candidates_run_in_turn_on_one_engine_and_answer_as_their_adapters_served(benchmarked):
+    """`lora_merge`: the round's two adapters merged into the base model and run one after the other on the
+    same replica (started on the first, reloaded in place for the second), float32 and greedy: the trained
+    (random) one answers as it does served through vLLM's LoRA layers (one call, on the tests' LoRA pool), and
+    each accuracy is the one its own samples give."""
+    root, first, call, settings, _, second = benchmarked
+    greedy = {**settings, "config": {"model": {"enforce_eager": True, "max_model_len": 1024, "dtype": "float32",
+              "cpu_kv_cache_gib": 0.5}, "sampling": {"max_tokens": 32, "temperature": 0.0, "top_p": 1.0}}}  # fmt: skip
+    candidates = [
+        {**call, "num_runs": 1, "pass_k": [], "model_path": str(w / "adapter")} for w in (first, second)
+    ]
+    merged = [{**c, "workspace_path": str(root / f"merged-{i}")} for i, c in enumerate(candidates)]
+    results = _call("round", root, merged, {**greedy, "lora_merge": True})
+    runs = [_summary(Path(c["workspace_path"]))["run"] for c in merged]
+    assert [r["engines"][0]["loaded_by"] for r in runs] == ["start", "reload"]
+    assert runs[0]["engines"][0]["pid"] == runs[1]["engines"][0]["pid"] and not any(
+        r["adapter"] for r in runs
+    )
+    served = {**candidates[0], "workspace_path": str(root / "served")}
+    _call("rayeval", root, served, dict(greedy))
+    assert _summary(Path(served["workspace_path"]))["run"]["engines_source"]["kind"] == "warm"
+    answers = {r["doc_id"]: r["output"] for r in _records(Path(served["workspace_path"]))}
+    assert {r["doc_id"]: r["output"] for r in _records(Path(merged[0]["workspace_path"]))} == answers
+    for candidate, result in zip(merged, results, strict=True):
+        records = _records(Path(candidate["workspace_path"]))
+        mean = sum(r["scores"][METRIC] for r in records) / len(records)
+        assert result["accuracy_summary"]["gsm8k"]["accuracy"] == round(100 * mean, 2)
+
+
+def _summary(workspace: Path) -> dict:
+    return json.loads((workspace / "benchmark_results/validation/rayeval/ft-gsm8k/summary.json").read_text())
+
+
 @pytest.fixture(scope="module")
 def adapter_copy(tmp_path_factory):
     return make_adapter(tmp_path_factory.mktemp("bad") / "adapter", random_init=False)
