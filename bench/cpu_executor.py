@@ -70,7 +70,8 @@ async def turn(executor: str, dtype: str, answers_to: Path) -> dict:
 
 
 def run_turn(executor: str, dtype: str, answers_to: Path) -> dict:
-    """`turn` in a fresh process, with the environment rayeval's pool gives a one-worker CPU replica."""
+    """`turn` in a fresh process, sized and bound as rayeval's pool sizes and binds a one-worker CPU replica by
+    default (1 GiB of KV cache through vLLM's variable here, an engine argument in rayeval)."""
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cores}
     if executor == "uni":

@@ -192,7 +192,8 @@ def write_row(out: Path, row: dict) -> None:
 
 
 def cpu_engine_env() -> dict[str, str]:
-    """The environment rayeval gives a CPU engine: 1 GiB of KV cache, its threads bound to this process's cores."""
+    """A CPU engine sized as rayeval's by default: 1 GiB of KV cache (vLLM's variable here; rayeval passes the
+    size as an engine argument), its threads bound to this process's cores."""
     from cluster.engines import cpu_thread_binding
 
     cores = sorted(os.sched_getaffinity(0))

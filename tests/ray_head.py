@@ -20,6 +20,19 @@ from pathlib import Path
 from tests.runs import ray_cli
 
 
+def is_engine_actor(pid: int) -> bool:
+    """A live engine actor's worker process: Ray titles it `ray::EngineActor...`."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        return " ".join(process.cmdline()).startswith("ray::EngineActor") and (
+            process.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.Error:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -75,18 +88,7 @@ class HeadNode:
     def engine_actor_pids(self) -> list[int]:
         """The live engine actors of this cluster, by the pid of their worker process (titled
         `ray::EngineActor...`), sorted."""
-        import psutil
-
-        alive = []
-        for pid in self.pids():
-            try:
-                process = psutil.Process(pid)
-                title = " ".join(process.cmdline())
-                if title.startswith("ray::EngineActor") and process.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.Error:
-                continue
-        return sorted(alive)
+        return sorted(pid for pid in self.pids() if is_engine_actor(pid))
 
     def stop(self) -> None:
         """`ray start --block` stops what it started on SIGTERM; the process group catches any straggler."""

@@ -98,11 +98,13 @@ def wait_for_records(proc: subprocess.Popen[str], store: Path, count: int) -> No
 
 def engine_actor_pids() -> list[int]:
     """The engine actors running on this machine, less those of the test run's shared cluster."""
+    import psutil
+
+    from tests.ray_head import is_engine_actor
     from tests.warm_cluster import shared_pids
 
-    found = subprocess.run(["pgrep", "-f", "ray::EngineActor"], capture_output=True, text=True).stdout.split()
     shared = shared_pids()
-    return [int(pid) for pid in found if int(pid) not in shared]
+    return [pid for pid in psutil.pids() if pid not in shared and is_engine_actor(pid)]
 
 
 def records(path: Path) -> list[dict]:

@@ -5,7 +5,7 @@ vLLM, torch and transformers again after the actor has done the same, one import
 10 s on two cores, the largest part of a CPU engine's start). A forkserver started when the actor is created
 imports the engine core's modules at the same time as the actor imports vLLM; the engine core is then forked
 from it, already imported. The engine core still runs in a clean process: the server is a fresh interpreter
-that never touched Ray, CUDA or threads, as `spawn`'s child.
+that imported Ray but never connected to it and never touched CUDA or threads, as `spawn`'s child.
 
 What `spawn` gives that a forkserver child lacks, and this module gives back:
 - the parent's environment at the moment the process starts (vLLM sets variables for its engine core just
@@ -14,8 +14,9 @@ What `spawn` gives that a forkserver child lacks, and this module gives back:
 - an end when the actor dies: the child is the server's, not the actor's, so Ray's clean-up of an actor's
   children does not reach it; it watches the actor's process and stops itself when that is gone.
 
-The server lives as long as the actor (vLLM reads its engine core's exit through it): about 450 MB more
-memory per replica (proportional set sizes of the server and the engine core, on the embedded model).
+The server lives as long as the actor (vLLM reads its engine core's exit through it): a few hundred MB more
+memory per replica (the server's proportional set size was 0.4 GB on the embedded model, before it preloaded
+Ray).
 """
 
 from __future__ import annotations
@@ -34,10 +35,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # What the engine core imports before it runs: the server imports it once, every engine core is forked from it,
-# in this order. title_room first: it must run before an import changes the environment (OpenCV's,
-# imported with vLLM, prepends to LD_LIBRARY_PATH). Not "__main__": multiprocessing imports a preloaded
-# main module before every other one; the child imports its parent's (a Ray worker's is Ray's default_worker.py)
-# itself, at once since Ray is already imported.
+# in this order. title_room first: it must run before an import changes the environment (OpenCV's, imported with
+# vLLM, prepends to LD_LIBRARY_PATH). Ray: a child imports its parent's main module before it runs (a Ray
+# worker's is Ray's default_worker.py, which imports Ray), at once when the server has Ray already.
 ENGINE_CORE_PRELOAD = ("cluster.engines.title_room", "ray", "vllm.v1.engine.core")
 
 

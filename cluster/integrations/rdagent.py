@@ -239,7 +239,13 @@ def _run_together(configs: list[Any], in_turn: bool) -> None:
         lora = any(p.adapter for p in plans)
         shared = SharedReplicas(first, max_loras=1 if in_turn else len(plans), lora=lora)
         try:
-            with ThreadPoolExecutor(1 if in_turn else len(plans), thread_name_prefix="candidate") as threads:
+            if (
+                in_turn
+            ):  # the first failure stops the round (the replicas would fail the next run the same way)
+                for plan in plans:
+                    run_evaluation(plan, progress=False, shared=shared)
+                return
+            with ThreadPoolExecutor(len(plans), thread_name_prefix="candidate") as threads:
                 runs = [threads.submit(run_evaluation, plan, progress=False, shared=shared) for plan in plans]
                 for run in runs:
                     run.result()
@@ -276,13 +282,14 @@ def _model_and_adapter(model_path: Path, model_name: str) -> tuple[str, str | No
 
 
 def _merged(adapter: Path, base: str) -> str:
-    """An adapter that trains whole modules beside its LoRA (vLLM cannot serve those), merged into its base
-    model as RD-Agent merges it first (`cluster.models.merge`; made once, then reused)."""
+    """The adapter merged into its base model (`cluster.models.merge`; made once, then reused): one that trains
+    whole modules beside its LoRA (vLLM cannot serve those, RD-Agent merges it first), or any with
+    `lora_merge`."""
     from cluster.models import cache_root, load_adapter, merged_checkpoint, resolve_model
 
     base_folder = Path(resolve_model(base).path)
     digest = load_adapter(str(adapter), base_folder, None).digest
-    log.info("%s trains whole modules: merging it into %s", adapter, base_folder)
+    log.info("merging the adapter %s into %s", adapter, base_folder)
     return str(merged_checkpoint(adapter, base_folder, digest, cache_root() / "merged"))
 
 

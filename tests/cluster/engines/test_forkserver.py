@@ -59,8 +59,8 @@ def test_a_forked_child_has_the_environment_at_its_start_and_vllms_title(tmp_pat
 def test_the_title_holds_when_a_preloaded_import_changes_the_first_environment_variable(tmp_path):
     """setproctitle finds room for a title through the process's first environment variable; OpenCV's import
     (vLLM's engine core imports it) prepends to LD_LIBRARY_PATH, so a server whose environment starts with that
-    variable would give its children no title in `ps` unless title_room claims the room first. Both preloads run, so the test shows the failure it guards
-    against."""
+    variable would give its children no title in `ps` unless title_room claims the room first. Both preloads
+    run, so the test shows the failure it guards against."""
     env = {
         "LD_LIBRARY_PATH": "/usr/local/lib",
         **{k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"},
