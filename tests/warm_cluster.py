@@ -31,9 +31,9 @@ POOLS = {
     "tests-lora": [*ENGINE_POOL, "--dtype", "float32", "--lora-slots", "4"],
 }
 # Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them. Memory is what
-# bounds the pools: each CPU engine holds about 3 GiB (proportional set sizes: its core 1.9 with a 0.5 GiB KV
-# cache, its actor 0.65, the forkserver it starts from 0.4), so three pools leave room for about three engines
-# of the tests' own on 24 GiB. lm-eval's own vLLM engines (the reference runs) keep vLLM's 1 GiB.
+# bounds the pools: each CPU engine holds about 3 GB (proportional set sizes measured with a 1 GiB KV cache: its
+# core 2.4, its actor 0.65, the forkserver it starts from 0.4; the 0.5 GiB cache takes half a GB off the core),
+# so three pools leave room for about three engines of the tests' own on 24 GiB. lm-eval's own vLLM engines (the reference runs) keep vLLM's 1 GiB.
 CPUS = 8
 
 

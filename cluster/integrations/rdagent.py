@@ -239,9 +239,8 @@ def _run_together(configs: list[Any], in_turn: bool) -> None:
         lora = any(p.adapter for p in plans)
         shared = SharedReplicas(first, max_loras=1 if in_turn else len(plans), lora=lora)
         try:
-            if (
-                in_turn
-            ):  # the first failure stops the round (the replicas would fail the next run the same way)
+            # in turn, the first failure stops the round (the replicas would fail the next run the same way)
+            if in_turn:
                 for plan in plans:
                     run_evaluation(plan, progress=False, shared=shared)
                 return

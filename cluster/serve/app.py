@@ -263,8 +263,8 @@ def replica_bundles(plan: ReplicaPlan) -> list[dict[str, float]]:
 
 def engine_env(config: ServeConfig, device: str) -> dict[str, str]:
     """The CPU engine's environment (its KV cache size is an engine argument): for several replicas, which
-    may share a node and cannot tell which of its cores are theirs, threads left to the OS. A single replica binds its threads
-    to its own node's cores itself (`replica.LLMServer`)."""
+    may share a node and cannot tell which of its cores are theirs, threads left to the OS. A single replica
+    binds its threads to its own node's cores itself (`replica.LLMServer`)."""
     if device != "cpu":
         return {}
     env: dict[str, str] = {}

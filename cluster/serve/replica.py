@@ -55,8 +55,8 @@ def fetch_adapters(llm_config: LLMConfig) -> None:
 class LLMServer(RayLLMServer):
     """Ray's LLM server, fetching the LoRA adapters on object storage to this node and, on CPU, binding its
     engine's threads to this node's cores before the engine starts (its KV cache sized by the engine argument
-    alone). It keeps Ray's class name, which names
-    the deployment (`LLMServer:<model>` in `rayeval serve --status`)."""
+    alone). It keeps Ray's class name, which names the deployment (`LLMServer:<model>` in `rayeval serve
+    --status`)."""
 
     async def __init__(self, llm_config: LLMConfig, **kwargs: Any) -> None:
         fetch_adapters(llm_config)

@@ -21,6 +21,7 @@ from tests.cluster.run.test_lora import make_adapter
 
 REPO = Path(__file__).resolve().parents[3]
 RDAGENT_SITE = Path(sys.prefix) / "rdagent"  # the set-up's RD-Agent 1.0.0 (Makefile: RDAGENT_SITE)
+SUMMARY = "benchmark_results/validation/rayeval/ft-gsm8k/summary.json"  # rayeval's own, beside OpenCompass's
 METRIC = "exact_match,flexible-extract"  # what OpenCompass's GSM8K accuracy is (the last number)
 CALL = {"model_name": "", "benchmark_name": "gsm8k", "gpu_count": 0, "test_range": "[-6:]", "num_runs": 2,
         "pass_k": [1, 2], "max_error_samples": 100, "result_subdir": "validation"}  # fmt: skip
@@ -90,9 +91,7 @@ def test_rayeval_answers_rdagents_call_with_numbers_recomputed_from_its_samples(
         "pass@2": round(100 * pass2, 2),
     }
     assert result["accuracy_summary"] == {"gsm8k": expected}
-    summary = json.loads(
-        (workspace / "benchmark_results/validation/rayeval/ft-gsm8k/summary.json").read_text()
-    )
+    summary = _summary(workspace)
     assert round(100 * summary["tasks"]["gsm8k"]["metrics"][METRIC]["mean"], 2) == expected["accuracy"]
     wrong = {r["prompt"] for r in records if r["scores"][METRIC] != 1.0}
     assert {e["question"] for e in result["error_samples"]} == wrong
@@ -109,7 +108,7 @@ def test_rdagents_own_code_reads_rayevals_folder_as_rayeval_reported_it(benchmar
 
 def test_a_second_call_finds_the_results_and_runs_nothing(benchmarked):
     root, workspace, call, settings, result, _ = benchmarked
-    summary = workspace / "benchmark_results/validation/rayeval/ft-gsm8k/summary.json"
+    summary = workspace / SUMMARY
     written = summary.stat().st_mtime_ns
     again = _call("rayeval", root, call, dict(settings))  # RD-Agent's name for it, switched by install()
     assert again["patched"] == ["cluster.integrations.rdagent"] * 2
@@ -120,8 +119,7 @@ def test_a_second_call_finds_the_results_and_runs_nothing(benchmarked):
 
 def test_the_rounds_candidates_ran_at_once_on_the_same_replicas(benchmarked):
     _, first, _, _, _, second = benchmarked
-    runs = [json.loads((w / "benchmark_results/validation/rayeval/ft-gsm8k/summary.json").read_text())["run"]
-            for w in (first, second)]  # fmt: skip
+    runs = [_summary(w)["run"] for w in (first, second)]
     assert [r["engines_source"]["kind"] for r in runs] == ["sweep", "sweep"]
     assert {e["name"] for e in runs[0]["engines"]} == {e["name"] for e in runs[1]["engines"]}
     assert [r["adapter"]["path"] for r in runs] == [str((w / "adapter").resolve()) for w in (first, second)]
@@ -158,7 +156,7 @@ def test_merged_candidates_run_in_turn_on_one_engine_and_answer_as_their_adapter
 
 
 def _summary(workspace: Path) -> dict:
-    return json.loads((workspace / "benchmark_results/validation/rayeval/ft-gsm8k/summary.json").read_text())
+    return json.loads((workspace / SUMMARY).read_text())
 
 
 @pytest.fixture(scope="module")
