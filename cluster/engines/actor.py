@@ -25,7 +25,7 @@ from cluster.engines.forkserver import engine_core_forked, start_engine_core_ser
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.placement import ExecutorKind
 from cluster.engines.reload_check import ReloadCheck
-from cluster.engines.settings import EngineSettings, cpu_kv_cache_args, engine_args
+from cluster.engines.settings import EngineSettings, auto_dtype_here, cpu_kv_cache_args, engine_args
 from cluster.forwarded_env import ForwardedEnv
 from cluster.models.checkpoints import SwapKind
 from evaluators.failures import FailureKind
@@ -48,6 +48,9 @@ class EngineInfo:
     chunked_prefill: bool = True
     engine_core_cpus: tuple[int, ...] = ()  # where its engine core was pinned; empty: not pinned
     dtype: str = ""  # the weights' dtype the engine was built with (what `auto` became)
+    # what `--dtype auto` becomes on its node (CPU engines: bfloat16 where the CPU computes it natively, else
+    # float32); empty where vLLM decides it from the model (GPU)
+    auto_dtype: str = ""
     log_files: tuple[str, ...] = ()  # the actor's stdout / stderr files on its node: the engine's full log
     node_ip: str = ""  # the address of its node, the machine its log files and cores are on
     cpu_binding: str = ""  # CPU engines: the cores its threads are bound to, chosen on its own node
@@ -249,6 +252,7 @@ class EngineActor:
             vllm_version=vllm.__version__,
             engine_core_cpus=tuple(pinned_to),
             dtype=str(config.model_config.dtype).removeprefix("torch."),
+            auto_dtype=auto_dtype_here(s),
             log_files=tuple(self.log_files),
             node_ip=self.node_ip,
             cpu_binding=self.cpu_env.get("VLLM_CPU_OMP_THREADS_BIND", ""),

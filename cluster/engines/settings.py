@@ -4,7 +4,7 @@ place, and the per-device choices vLLM's own defaults get wrong for an evaluatio
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cluster.config import CPU_MAX_NUM_SEQS, ModelOptions
@@ -158,6 +158,13 @@ def engine_dtype(settings: EngineSettings) -> str:
     if settings.device != "cpu" or settings.dtype != "auto":
         return settings.dtype
     return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def auto_dtype_here(settings: EngineSettings) -> str:
+    """What `--dtype auto` becomes for these settings on this node: the CPU's choice (`engine_dtype`), or ""
+    on GPUs, where vLLM picks it from the model's config."""
+    resolved = engine_dtype(replace(settings, dtype="auto"))
+    return "" if resolved == "auto" else resolved
 
 
 def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:

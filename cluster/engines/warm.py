@@ -4,7 +4,8 @@ generating at once instead of starting engines.
 A pool is a set of detached, named `EngineActor`s in the `rayeval` namespace, each in a detached, named
 placement group, plus its record in the one `PoolRegistry` actor of the cluster (detached, no CPU). A pool is
 keyed by its `PoolKey`: the model and every engine setting that changes outputs; a run uses a pool only when
-the keys are equal, and `PoolKey.differences` says why another pool does not serve it. A run holds a lease
+the keys are equal (a dtype asked as `auto` equals the one it becomes on the pool's nodes), and
+`PoolRecord.differences` says why another pool does not serve it. A run holds a lease
 on the pool while it uses it (renewed every few seconds, so the lease of a run that was killed lapses); a
 pool nobody holds for its idle timeout is stopped by the registry: its actors killed, its placement groups
 removed.
@@ -53,15 +54,29 @@ class PoolKey:
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.settings, default=str).encode()).hexdigest()[:12]
 
-    def differences(self, wanted: PoolKey) -> list[str]:
+    def differences(self, wanted: PoolKey, auto_dtype: str = "") -> list[str]:
         """Each setting where this pool's key differs from the one `wanted`: `dtype 'float32' (wanted
-        'bfloat16')`."""
+        'bfloat16')`. `auto_dtype`: what `--dtype auto` becomes on the pool's nodes; where it is known, a
+        dtype asked as `auto` on one side and by name on the other differs only if they name other dtypes
+        there (one engine either way)."""
         theirs = dict(wanted.settings)
-        return [
-            f"{name} {value!r} (wanted {theirs.get(name)!r})"
-            for name, value in self.settings
-            if theirs.get(name) != value
-        ]
+
+        def resolved(dtype: Any) -> Any:
+            return auto_dtype if dtype == "auto" and auto_dtype else dtype
+
+        found = []
+        for name, value in self.settings:
+            other = theirs.get(name)
+            if name != "dtype":
+                found += [f"{name} {value!r} (wanted {other!r})"] if other != value else []
+            elif resolved(value) != resolved(other):
+                auto = (
+                    f"; auto is {auto_dtype!r} on its nodes"
+                    if auto_dtype and "auto" in (value, other)
+                    else ""
+                )
+                found.append(f"dtype {value!r} (wanted {other!r}{auto})")
+        return found
 
     def describe(self) -> str:
         shown = dict(self.settings)
@@ -108,6 +123,14 @@ class PoolRecord:
     def nodes(self) -> list[str]:
         return sorted({info.node_ip or info.node_id for info in self.engines.values()})
 
+    def differences(self, wanted: PoolKey) -> list[str]:
+        """Why this pool would not serve a run whose engines' key is `wanted` (empty: it serves)."""
+        autos = {info.auto_dtype for info in self.engines.values()}
+        return self.key.differences(wanted, autos.pop() if len(autos) == 1 else "")
+
+    def serves(self, wanted: PoolKey) -> bool:
+        return not self.differences(wanted)
+
 
 @ray.remote(num_cpus=0, max_restarts=-1)
 class PoolRegistry:
@@ -130,13 +153,12 @@ class PoolRegistry:
         with self._lock:
             return list(self.pools.values())
 
-    def acquire(self, digest: str, run_id: str, name: str | None = None) -> PoolRecord | None:
-        """A lease on the pool `name`, or on any pool whose key has this digest (the least busy first)."""
+    def acquire(self, wanted: PoolKey, run_id: str, name: str | None = None) -> PoolRecord | None:
+        """A lease on the pool `name`, or on any pool that serves engines of the `wanted` key (the least busy
+        first)."""
         now = time.time()
         with self._lock:
-            found = [
-                p for p in self.pools.values() if (name is None or p.name == name) and p.key.digest == digest
-            ]
+            found = [p for p in self.pools.values() if (name is None or p.name == name) and p.serves(wanted)]
             if not found:
                 return None
             pool = min(found, key=lambda p: len(p.live_leases(now)))

@@ -67,11 +67,11 @@ def up(config: PoolConfig, verbose: bool = False) -> PoolRow:
         name = config.name or default_pool_name(settings)
         key = PoolKey.of(settings)
         for record in pools_here():
-            if record.key == key:
+            if record.serves(key):
                 return PoolRow.of(record)
             if record.name == name:
                 raise ClusterError(
-                    f"A warm pool named {name} runs with other settings ({'; '.join(record.key.differences(key))}). "
+                    f"A warm pool named {name} runs with other settings ({'; '.join(record.differences(key))}). "
                     "Give another --name, or `rayeval down " + name + "` first."
                 )
         pool = ReplicaPool(settings, plan.replica, config.cluster.replicas, config.model.cpu_kv_cache_gib, verbose,
@@ -124,10 +124,10 @@ def explain(plan: RunPlan) -> str:
     serving = [
         f"warm pool {r.name} would serve this run ({len(r.engines)} replicas)"
         for r in records
-        if r.key == key
+        if r.serves(key)
     ]
     others = [
-        f"warm pool {r.name} would not: {'; '.join(r.key.differences(key))}" for r in records if r.key != key
+        f"warm pool {r.name} would not: {'; '.join(r.differences(key))}" for r in records if not r.serves(key)
     ]
     if not serving:
         kept = config.cluster.kept_warm_s

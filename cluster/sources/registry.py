@@ -252,7 +252,7 @@ class WarmReplicas:
                            request.verbose, core_slots=request.core_slots, warm=name)  # fmt: skip
         start_logged(pool, request)
         record = register_pool(self.registry, pool, request.keep_warm_s or 0.0)
-        acquired = self.registry.acquire.remote(record.key.digest, request.run_id, name)
+        acquired = self.registry.acquire.remote(record.key, request.run_id, name)
         import ray
 
         return ray.get(acquired)
@@ -350,7 +350,7 @@ def _warm(request: SourceRequest) -> GenerationSource | None:
         return None
     record = None
     if request.warm_pools:
-        record = ray.get(found.acquire.remote(PoolKey.of(request.settings).digest, request.run_id))
+        record = ray.get(found.acquire.remote(PoolKey.of(request.settings), request.run_id))
     if record is None and request.keep_warm_s is None:
         return None
     return WarmReplicas(request, found, record)

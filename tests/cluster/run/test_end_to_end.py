@@ -27,7 +27,7 @@ from tests.runs import (
     wait_for_records,
     without_max_num_seqs,
 )
-from tests.warm_cluster import shared_pids, warm_cluster
+from tests.warm_cluster import auto_pool, shared_pids, warm_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -160,7 +160,7 @@ def test_interrupted_run_resumes_on_an_existing_cluster(tmp_path):
     assert "started a local Ray cluster" in err
     resumed = rayeval(*without_max_num_seqs(argv), *shared.run_args(), env=shared.env())  # as a job's run
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "engines: warm (pool tests-auto" in resumed.stdout
+    assert f"engines: warm (pool {auto_pool()}" in resumed.stdout
     assert "connected to Ray cluster" in resumed.stderr
     assert f"10 requests, {done_before} reused" in resumed.stderr
     assert f"{10 - done_before} to generate" in resumed.stderr

@@ -40,6 +40,35 @@ def test_a_pool_is_keyed_by_every_setting_that_changes_outputs_and_no_other():
     ]
 
 
+def test_a_dtype_asked_as_auto_is_the_one_it_becomes_on_the_pools_nodes():
+    from cluster.engines import EngineInfo
+    from cluster.engines.placement import ReplicaPlan
+    from cluster.engines.warm import PoolRecord
+
+    def pool(dtype: str, auto_dtype: str) -> PoolRecord:
+        engine = EngineInfo("replica-0", "node", 1, 1.0, 64, 1024, "0.32.0", dtype="x", auto_dtype=auto_dtype)
+        on_cpu = settings(max_model_len=1024, dtype=dtype)
+        return PoolRecord("p", PoolKey.of(on_cpu), on_cpu, ReplicaPlan({"CPU": 1.0}, 1), 0.5, 60.0,
+                          engines={"replica-0": engine})  # fmt: skip
+
+    def run(dtype: str) -> PoolKey:
+        return PoolKey.of(settings(max_model_len=1024, dtype=dtype))
+
+    no_bf16, bf16 = pool("float32", auto_dtype="float32"), pool("float32", auto_dtype="bfloat16")
+    assert no_bf16.serves(run("auto")) and no_bf16.serves(run("float32"))  # one engine either way
+    assert bf16.differences(run("auto")) == [
+        "dtype 'float32' (wanted 'auto'; auto is 'bfloat16' on its nodes)"
+    ]
+    assert pool("auto", auto_dtype="float32").serves(run("float32"))
+    assert pool("auto", auto_dtype="bfloat16").differences(run("float32")) == [
+        "dtype 'auto' (wanted 'float32'; auto is 'bfloat16' on its nodes)"
+    ]
+    on_gpu = pool("auto", auto_dtype="")  # vLLM picks it from the model: only `auto` is the same
+    assert on_gpu.serves(run("auto")) and on_gpu.differences(run("bfloat16")) == [
+        "dtype 'auto' (wanted 'bfloat16')"
+    ]
+
+
 def test_a_pool_with_lora_slots_serves_runs_with_an_adapter_of_its_rank_and_no_others():
     from cluster.config import PoolConfig
     from cluster.sources.pools import pool_engine_settings

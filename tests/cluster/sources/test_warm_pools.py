@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.engines.settings import cpu_has_native_bf16
 from tests.ray_head import HeadNode, start_head
 from tests.runs import (
     BASE_IFEVAL_ARGS,
@@ -121,6 +122,14 @@ def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: He
     assert f"warm pool {POOL} would not: max_model_len 1024 (wanted 768)" in dry.stdout
     same = run_on(head, tmp_path, "same", "--dry-run")
     assert f"warm pool {POOL} would serve this run (1 replicas)" in same.stdout
+    # `--dtype auto` is the pool's float32 engine where the CPU has no native bfloat16, another engine elsewhere
+    auto = run_on(head, tmp_path, "auto", "--dtype", "auto", "--dry-run")
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert (
+        f"warm pool {POOL} would not: dtype 'float32' (wanted 'auto'; auto is 'bfloat16' on its nodes)"
+        if cpu_has_native_bf16()
+        else f"warm pool {POOL} would serve this run (1 replicas)"
+    ) in auto.stdout
 
     done = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "20s")
     assert done.returncode == 0, done.stderr[-3000:]
