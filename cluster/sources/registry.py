@@ -237,7 +237,8 @@ class WarmReplicas:
         if beyond > 0:
             log.info("the run asks %d replicas, pool %s has %d: starting %d more", self.request.count,
                      record.name, len(replicas), beyond)  # fmt: skip
-            self.extra = OwnReplicas(self.request, beyond, first_index=len(replicas))
+            alongside = replace(self.request, settings=beside_pool(self.request.settings, record.settings))
+            self.extra = OwnReplicas(alongside, beyond, first_index=len(replicas))
             more = self.extra.start()
             replicas, engines = replicas + more.replicas, engines + more.engines
         return Started(replicas, engines)
@@ -359,6 +360,13 @@ def _warm(request: SourceRequest) -> GenerationSource | None:
 @source(SourceKind.OWN)
 def _own(request: SourceRequest) -> GenerationSource | None:
     return OwnReplicas(request)
+
+
+def beside_pool(run: EngineSettings, pool: EngineSettings) -> EngineSettings:
+    """The settings of the replicas a run starts beside a warm pool that serves it: the run's, with the dtype
+    that one of the two names. A pool serves a run that asks `auto` where auto becomes the pool's dtype on
+    the pool's nodes; an extra replica asking `auto` could land on a node where it becomes another one."""
+    return replace(run, dtype=run.dtype if run.dtype != "auto" else pool.dtype)
 
 
 def start_logged(pool: ReplicaPool, request: SourceRequest) -> list[EngineInfo]:

@@ -69,6 +69,18 @@ def test_a_dtype_asked_as_auto_is_the_one_it_becomes_on_the_pools_nodes():
     ]
 
 
+def test_replicas_a_run_starts_beside_a_pool_take_the_dtype_one_of_them_names():
+    from cluster.sources.registry import beside_pool
+
+    def dtype_beside(run: str, pool: str) -> str:
+        return beside_pool(settings(dtype=run), settings(dtype=pool)).dtype
+
+    # `auto` beside a float32 pool could become bfloat16 on another node: the extra replicas ask for float32
+    assert dtype_beside("auto", "float32") == "float32"
+    assert dtype_beside("float32", "auto") == "float32" and dtype_beside("auto", "auto") == "auto"
+    assert beside_pool(settings(dtype="auto", max_num_seqs=8), settings(dtype="float32")).max_num_seqs == 8
+
+
 def test_a_pool_with_lora_slots_serves_runs_with_an_adapter_of_its_rank_and_no_others():
     from cluster.config import PoolConfig
     from cluster.sources.pools import pool_engine_settings
