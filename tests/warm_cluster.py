@@ -24,9 +24,10 @@ from tests.ray_head import HeadNode, start_head
 
 # tests.runs.ENGINE_FLAGS' engine settings
 ENGINE_POOL = ["--enforce-eager", "--max-model-len", "1024", "--kv-cache-gib", "0.5"]
+AUTO_POOL = "tests-auto"  # tests.runs.ENGINE_FLAGS' engines, where `auto` is bfloat16
 FLOAT32_POOL = "tests-float32"  # tests.runs.BASE_IFEVAL_ARGS'; ENGINE_FLAGS' too where `auto` is float32
 POOLS = {
-    "tests-auto": ENGINE_POOL,
+    AUTO_POOL: ENGINE_POOL,
     FLOAT32_POOL: [*ENGINE_POOL, "--dtype", "float32"],
     # BASE_IFEVAL_ARGS' runs with a LoRA adapter (`--lora PATH`, rank up to the default --max-lora-rank)
     "tests-lora": [*ENGINE_POOL, "--dtype", "float32", "--lora-slots", "4"],
@@ -34,7 +35,8 @@ POOLS = {
 # Ray's scheduling units, not cores: the pools' replicas, and runs' own engines beside them. Memory is what
 # bounds the pools: each CPU engine holds about 3 GB (proportional set sizes measured with a 1 GiB KV cache: its
 # core 2.4, its actor 0.65, the forkserver it starts from 0.4; the 0.5 GiB cache takes half a GB off the core),
-# so three pools (two where `auto` is float32) leave room for about three engines of the tests' own on 24 GiB. lm-eval's own vLLM engines (the reference runs) keep vLLM's 1 GiB.
+# so three pools (two where `auto` is float32) leave room for about three engines of the tests' own on 24 GiB.
+# lm-eval's own vLLM engines (the reference runs) keep vLLM's 1 GiB.
 CPUS = 8
 
 
@@ -83,13 +85,13 @@ def pools_here() -> dict[str, list[str]]:
     return (
         POOLS
         if cpu_has_native_bf16()
-        else {name: flags for name, flags in POOLS.items() if name != "tests-auto"}
+        else {name: flags for name, flags in POOLS.items() if name != AUTO_POOL}
     )
 
 
 def auto_pool() -> str:
     """The pool that serves ENGINE_FLAGS' runs (dtype `auto`) on this machine."""
-    return "tests-auto" if "tests-auto" in pools_here() else FLOAT32_POOL
+    return AUTO_POOL if AUTO_POOL in pools_here() else FLOAT32_POOL
 
 
 def up(head: HeadNode, pools: dict[str, list[str]]) -> None:

@@ -67,15 +67,12 @@ class PoolKey:
         found = []
         for name, value in self.settings:
             other = theirs.get(name)
-            if name != "dtype":
-                found += [f"{name} {value!r} (wanted {other!r})"] if other != value else []
-            elif resolved(value) != resolved(other):
-                auto = (
-                    f"; auto is {auto_dtype!r} on its nodes"
-                    if auto_dtype and "auto" in (value, other)
-                    else ""
-                )
-                found.append(f"dtype {value!r} (wanted {other!r}{auto})")
+            is_dtype = name == "dtype"
+            if (resolved(value) if is_dtype else value) == (resolved(other) if is_dtype else other):
+                continue
+            named_auto = is_dtype and auto_dtype and "auto" in (value, other)
+            why = f"; auto is {auto_dtype!r} on its nodes" if named_auto else ""
+            found.append(f"{name} {value!r} (wanted {other!r}{why})")
         return found
 
     def describe(self) -> str:

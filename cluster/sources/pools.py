@@ -121,14 +121,13 @@ def explain(plan: RunPlan) -> str:
     key = PoolKey.of(run_engine_settings(plan))
     with joined_session(config.cluster.address, verbose=False):
         records = pools_here()
+    differing = {r.name: r.differences(key) for r in records}
     serving = [
         f"warm pool {r.name} would serve this run ({len(r.engines)} replicas)"
         for r in records
-        if r.serves(key)
+        if not differing[r.name]
     ]
-    others = [
-        f"warm pool {r.name} would not: {'; '.join(r.differences(key))}" for r in records if not r.serves(key)
-    ]
+    others = [f"warm pool {name} would not: {'; '.join(found)}" for name, found in differing.items() if found]
     if not serving:
         kept = config.cluster.kept_warm_s
         then = f"kept warm {kept:g} s after it" if kept else "stopped when it ends"
