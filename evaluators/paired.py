@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
-from evaluators.stats import ScoredItem, counts_successes, question_scores
+from evaluators.stats import ScoredItem, counts_successes, question_scores, t_critical_95, t_two_sided_p
 
 MULTIPLE_COMPARISONS = "Holm-Bonferroni over every task x metric compared"
 SE_METHOD = "paired, question-clustered standard error of the mean difference (Miller 2024)"
@@ -68,12 +67,12 @@ def paired_difference(a: list[ScoredItem], b: list[ScoredItem]) -> PairedDiffere
     # weighted mean of the per-question differences' SE, and std(differences, ddof=1) / sqrt(n) for weight 1.
     influence = (value_b - mean_b * weight_b) / total_b - (value_a - mean_a * weight_a) / total_a
     sem = float(np.sqrt(n / (n - 1) * np.sum(influence**2)))
-    half = float(stats.t.ppf(0.975, df=n - 1)) * sem
+    half = t_critical_95(n - 1) * sem
     low, high = difference - half, difference + half
     if counts_successes(a) and counts_successes(b):  # two proportions: their difference lies in [-1, 1]
         low, high = max(low, -1.0), min(high, 1.0)
     if sem > 0:
-        p_value = float(2 * stats.t.sf(abs(difference) / sem, df=n - 1))
+        p_value = t_two_sided_p(difference / sem, n - 1)
     else:  # every question moved by the same amount: certain if it moved at all
         p_value = 1.0 if difference == 0 else 0.0
     return PairedDifference(mean_a, mean_b, difference, sem, low, high, p_value, n, only)

@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats
 
-from evaluators.stats import ScoredItem, question_scores
+from evaluators.stats import ScoredItem, question_scores, t_critical_95
 
 METHOD = (
     "unbiased estimator (Chen et al. 2021) per question with its own n, mean over every question, "
@@ -98,5 +97,5 @@ def _row(k: int, values: np.ndarray) -> PassAtK:
         nan = float("nan")
         return PassAtK(k, mean, nan, nan, nan, len(values))
     sem = float(values.std(ddof=1) / np.sqrt(len(values)))
-    half = float(stats.t.ppf(0.975, df=len(values) - 1)) * sem
+    half = t_critical_95(len(values) - 1) * sem
     return PassAtK(k, mean, sem, max(0.0, mean - half), min(1.0, mean + half), len(values))

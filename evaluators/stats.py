@@ -17,10 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 CI_METHOD = "t-interval on the question-clustered SEM, df = questions - 1"
 CI_METHOD_PROPORTION = CI_METHOD + ", cut to [0, 1] (a proportion of successes)"
+
+
+def t_critical_95(df: int) -> float:
+    """Student's t two-sided 95 % critical value for `df` degrees of freedom (scipy.stats.t.ppf(0.975, df)),
+    from scipy.special: every process that reports a score would otherwise import scipy.stats (0.6 s more)."""
+    return float(special.stdtrit(df, 0.975))
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """The two-sided p-value of Student's t statistic `t` (2 * scipy.stats.t.sf(|t|, df))."""
+    return float(2 * special.stdtr(df, -abs(t)))
 
 
 @dataclass(frozen=True)
@@ -117,7 +128,7 @@ def summarize(
         # Cluster-robust SE of a ratio estimator; equals std(per-question means, ddof=1)/sqrt(n) for weight 1.
         residual = q_value - mean * q_weight
         sem = float(np.sqrt(n_q / (n_q - 1) * np.sum(residual**2)) / q_weight.sum())
-        half = float(stats.t.ppf(0.975, df=n_q - 1)) * sem
+        half = t_critical_95(n_q - 1) * sem
     else:
         sem, half = float("nan"), float("nan")
 

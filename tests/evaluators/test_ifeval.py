@@ -217,3 +217,20 @@ def test_checkers_lm_eval_imported_itself_count_sentences_offline():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "False"]
+
+
+def test_the_checkers_load_without_nltks_optional_imports_which_stay_importable():
+    # A fresh process, as a run's: nltk comes in without scikit-learn and scipy.stats (1.6 s of its import)
+    script = (
+        "import sys\n"
+        "from evaluators.sentence_splitting import NLTK_OPTIONAL_IMPORTS, load_ifeval_utils\n"
+        "load_ifeval_utils()\n"
+        "print(*[name in sys.modules for name in NLTK_OPTIONAL_IMPORTS])\n"
+        "import scipy.stats, sklearn.metrics\n"
+        "print(round(float(scipy.stats.t.ppf(0.975, 3)), 4), sklearn.metrics.accuracy_score([1, 0], [1, 1]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False", "3.1824", "0.5"]
