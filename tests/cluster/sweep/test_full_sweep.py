@@ -2,7 +2,8 @@
 one storing perturbed tied embeddings as lm_head.weight. Two replicas score every step; each replica's engine
 moves from one checkpoint to the next in the same actor process (an in-place weight reload, checked after it,
 or a new engine where the tensors changed in a way a reload cannot give), and its outputs and scores are those
-of a fresh engine on that checkpoint. Run again with a new step, the sweep evaluates only that step. Which move
+of a new engine on that checkpoint: run again with two new steps holding the weights of a reloaded and of a
+rebuilt step, the sweep evaluates only those, on engines it starts and rebuilds, and they answer alike. Which move
 each kind of change needs (.bin files, embeddings under either name) is decided on the files alone and tested
 there (tests/cluster/models/test_checkpoints.py); a rebuild is the same move whatever asked for it."""
 
@@ -81,7 +82,7 @@ def training_run(tmp_path_factory) -> Path:
 STEPS = (100, 200, 300, 470)
 
 
-def test_a_full_checkpoint_sweep_moves_warm_engines_and_resumes_a_new_step(training_run, tmp_path):
+def test_a_full_checkpoint_sweep_moves_warm_engines_and_resumes_with_new_steps(training_run, tmp_path):
     # float32: batch-invariant on CPU, so outputs depend on the weights alone
     common = [
         "--tasks",
@@ -111,23 +112,21 @@ def test_a_full_checkpoint_sweep_moves_warm_engines_and_resumes_a_new_step(train
 
     first, perturbed, third = (outputs(tmp_path / "sweep" / f"step_{s}") for s in (100, 200, 300))
     assert third == first and perturbed != first  # the reload back restored the first weights exactly
-    # a reloaded engine, and one rebuilt for weights no reload could give, answer as a new one would
-    for step in (200, 470):
-        fresh = rayeval(
-            "run", "--model", str(training_run / f"step_{step}"), *common, "--run-id", f"fresh_{step}"
-        )
-        assert fresh.returncode == 0, fresh.stderr[-3000:]
-        assert scored(tmp_path / f"fresh_{step}") == scored(tmp_path / "sweep" / f"step_{step}"), step
     assert outputs(tmp_path / "sweep" / "step_470") not in (first, perturbed)
 
-    save_copy(training_run / "step_500")
+    # New steps: 500 holds step 470's weights and 600 step 200's. The second sweep starts its engines on 500
+    # (the only steps with work) and moves them to 600 with a new engine (the tensors are named differently):
+    # a reloaded engine, and one rebuilt for weights no reload could give, answer as a new one would.
+    save_copy(training_run / "step_500", perturb="embeddings", seed=3, tied_as="lm_head.weight")
+    save_copy(training_run / "step_600", perturb="layers")
     again = rayeval(*sweep)
     assert again.returncode == 0, again.stderr[-3000:]
     steps = {s["step"]: s for s in json.loads((tmp_path / "sweep" / "sweep.json").read_text())["steps"]}
-    assert [steps[s]["requests_generated"] for s in (*STEPS, 500)] == [0] * len(STEPS) + [4]
-    assert steps[500]["loaded_by"] == ["start"] * 2  # the only step with work started the engines on it
-    assert outputs(tmp_path / "sweep" / "step_500") == first
+    assert [steps[s]["requests_generated"] for s in (*STEPS, 500, 600)] == [0] * len(STEPS) + [4, 4]
+    assert [steps[s]["loaded_by"] for s in (500, 600)] == [["start"] * 2, ["rebuild"] * 2]
+    assert scored(tmp_path / "sweep" / "step_500") == scored(tmp_path / "sweep" / "step_470")
+    assert scored(tmp_path / "sweep" / "step_600") == scored(tmp_path / "sweep" / "step_200")
     csv_steps = {
         line.split(",")[1] for line in (tmp_path / "sweep" / "sweep_summary.csv").read_text().splitlines()[1:]
     }
-    assert csv_steps == {str(s) for s in (*STEPS, 500)}
+    assert csv_steps == {str(s) for s in (*STEPS, 500, 600)}
