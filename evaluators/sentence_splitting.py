@@ -9,10 +9,13 @@ own resources are installed they are used untouched, so results equal the refere
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.abc
 import importlib.util
 import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from types import ModuleType
 from typing import Protocol
@@ -22,28 +25,43 @@ class SentenceTokenizer(Protocol):
     def tokenize(self, text: str) -> list[str]: ...
 
 
-# Optional imports of nltk's statistics and classifier modules that the checkers never use: at `import nltk`
-# (which loads every subpackage) they were 1.6 s of its 2.5 s, in every process that scores IFEval.
+# Optional imports of nltk's statistics and classifier modules that the checkers never use: `import nltk`
+# loads every subpackage, and these are about 1 s of CPU of its 1.5 s in every process that scores IFEval.
+# Left out, nltk.metrics.association.fisher_exact raises NotImplementedError and nltk.classify.scikitlearn
+# cannot build a classifier in that process; the checkers use neither.
 NLTK_OPTIONAL_IMPORTS = ("sklearn", "scipy.stats")
 
 
-def _import_nltk() -> ModuleType:
-    """nltk, imported without the optional modules above where they are not loaded yet. An entry of None in
-    sys.modules makes their import raise ImportError, which nltk's optional imports catch; the entries are
-    removed right after, so both stay importable for everything else in the process."""
-    if "nltk" in sys.modules:
-        import nltk  # (waits for an import under way in another thread)
+class _RefusedInOneThread(importlib.abc.MetaPathFinder):
+    """A finder, first on sys.meta_path, that refuses `names` (not yet loaded) to the thread that set it up;
+    other threads' imports pass through it, and a module already loaded never reaches it."""
 
-        return nltk
-    blocked = [name for name in NLTK_OPTIONAL_IMPORTS if name not in sys.modules]
-    for name in blocked:
-        sys.modules[name] = None  # type: ignore[assignment]
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.thread = threading.get_ident()
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname in self.names and threading.get_ident() == self.thread:
+            raise ModuleNotFoundError(f"{fullname} is left out of this import", name=fullname)
+        return None
+
+
+@contextlib.contextmanager
+def refusing_imports(names: tuple[str, ...]) -> Iterator[None]:
+    """Inside the block, this thread's imports of `names` raise ModuleNotFoundError unless already loaded."""
+    finder = _RefusedInOneThread(names)
+    sys.meta_path.insert(0, finder)
     try:
-        import nltk
+        yield
     finally:
-        for name in blocked:
-            if name in sys.modules and sys.modules[name] is None:
-                del sys.modules[name]
+        sys.meta_path.remove(finder)
+
+
+def _import_nltk() -> ModuleType:
+    """nltk, imported without NLTK_OPTIONAL_IMPORTS where nothing loaded them yet (its optional imports catch
+    the ImportError); the rest of the process imports both as usual, during the import and after it."""
+    with refusing_imports(NLTK_OPTIONAL_IMPORTS):
+        import nltk
     return nltk
 
 

@@ -220,17 +220,31 @@ def test_checkers_lm_eval_imported_itself_count_sentences_offline():
 
 
 def test_the_checkers_load_without_nltks_optional_imports_which_stay_importable():
-    # A fresh process, as a run's: nltk comes in without scikit-learn and scipy.stats (1.6 s of its import)
+    # A fresh process, as a run's: nltk comes in without scikit-learn and scipy.stats, which the checkers
+    # never use; another thread importing them meanwhile gets them, and so does everything after.
     script = (
-        "import sys\n"
+        "import sys, threading\n"
         "from evaluators.sentence_splitting import NLTK_OPTIONAL_IMPORTS, load_ifeval_utils\n"
+        "from evaluators.sentence_splitting import refusing_imports\n"
         "load_ifeval_utils()\n"
         "print(*[name in sys.modules for name in NLTK_OPTIONAL_IMPORTS])\n"
-        "import scipy.stats, sklearn.metrics\n"
-        "print(round(float(scipy.stats.t.ppf(0.975, 3)), 4), sklearn.metrics.accuracy_score([1, 0], [1, 1]))\n"
+        "seen = {}\n"
+        "def other():\n"
+        "    import scipy.stats, sklearn.metrics\n"
+        "    seen['other'] = round(float(scipy.stats.t.ppf(0.975, 3)), 4)\n"
+        "with refusing_imports(NLTK_OPTIONAL_IMPORTS):\n"
+        "    try:\n"
+        "        import scipy.stats\n"
+        "    except ImportError:\n"
+        "        seen['own'] = 'refused'\n"
+        "    thread = threading.Thread(target=other)\n"
+        "    thread.start()\n"
+        "    thread.join()\n"
+        "import sklearn.metrics\n"
+        "print(seen['own'], seen['other'], sklearn.metrics.accuracy_score([1, 0], [1, 1]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["False", "False", "3.1824", "0.5"]
+    assert done.stdout.split() == ["False", "False", "refused", "3.1824", "0.5"]

@@ -1,11 +1,12 @@
-"""`rayeval sweep` over full checkpoints: saved copies of the embedded default model, one with perturbed layers,
-one storing perturbed tied embeddings as lm_head.weight. Two replicas score every step; each replica's engine
-moves from one checkpoint to the next in the same actor process (an in-place weight reload, checked after it,
-or a new engine where the tensors changed in a way a reload cannot give), and its outputs and scores are those
-of a new engine on that checkpoint: run again with two new steps holding the weights of a reloaded and of a
-rebuilt step, the sweep evaluates only those, on engines it starts and rebuilds, and they answer alike. Which move
-each kind of change needs (.bin files, embeddings under either name) is decided on the files alone and tested
-there (tests/cluster/models/test_checkpoints.py); a rebuild is the same move whatever asked for it."""
+"""`rayeval sweep` over full checkpoints: saved copies of the embedded default model, one with perturbed
+layers, one storing perturbed tied embeddings as lm_head.weight. Two replicas score every step; each
+replica's engine moves from one checkpoint to the next in the same actor process (an in-place weight reload,
+checked after it, or a new engine where the tensors changed in a way a reload cannot give). Run again with
+two new steps, the sweep evaluates only those: one holds the rebuilt step's weights and is the first engine
+the second sweep starts (a rebuilt engine answers as a started one), the other holds the reloaded step's
+weights and is reached by a rebuild (a reloaded engine answers as a new one). Which move each kind of change
+needs (.bin files, embeddings under either name) is decided on the files alone and tested there
+(tests/cluster/models/test_checkpoints.py); a rebuild is the same move whatever asked for it."""
 
 from __future__ import annotations
 
@@ -115,8 +116,8 @@ def test_a_full_checkpoint_sweep_moves_warm_engines_and_resumes_with_new_steps(t
     assert outputs(tmp_path / "sweep" / "step_470") not in (first, perturbed)
 
     # New steps: 500 holds step 470's weights and 600 step 200's. The second sweep starts its engines on 500
-    # (the only steps with work) and moves them to 600 with a new engine (the tensors are named differently):
-    # a reloaded engine, and one rebuilt for weights no reload could give, answer as a new one would.
+    # (the first of the two steps with work) and moves them to 600 with a new engine (the tensors are named
+    # differently): the rebuilt step 470 answers as the started 500, the reloaded 200 as the rebuilt 600.
     save_copy(training_run / "step_500", perturb="embeddings", seed=3, tied_as="lm_head.weight")
     save_copy(training_run / "step_600", perturb="layers")
     again = rayeval(*sweep)
