@@ -197,6 +197,15 @@ def test_seeded_block_restores_checker_random_and_langdetect_seed():
     assert instructions.random is random
 
 
+def words_printed_by_a_fresh_process(script: str) -> list[str]:
+    """What `python -c script` prints, split into words, from an interpreter that imported nothing before."""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
 def test_checkers_lm_eval_imported_itself_count_sentences_offline():
     # lm-eval's own ifeval task (or one built on its checkers) imports them from its YAML, without rayeval's
     # loader; a run of such a task makes them offline before evaluating (cluster/lm_eval/runs.py). A fresh
@@ -212,11 +221,7 @@ def test_checkers_lm_eval_imported_itself_count_sentences_offline():
         "print(utils.process_results(doc, ['One. Two.'])['prompt_level_strict_acc'],\n"
         "      utils.process_results(doc, ['One. Two. Three. Four.'])['prompt_level_strict_acc'])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True", "False"]
+    assert words_printed_by_a_fresh_process(script) == ["True", "False"]
 
 
 def test_the_checkers_load_without_nltks_optional_imports_which_stay_importable():
@@ -243,8 +248,4 @@ def test_the_checkers_load_without_nltks_optional_imports_which_stay_importable(
         "import sklearn.metrics\n"
         "print(seen['own'], seen['other'], sklearn.metrics.accuracy_score([1, 0], [1, 1]))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["False", "False", "refused", "3.1824", "0.5"]
+    assert words_printed_by_a_fresh_process(script) == ["False", "False", "refused", "3.1824", "0.5"]
