@@ -113,6 +113,7 @@ def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_he
 
 def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: HeadNode, tmp_path):
     head = pool
+    pool_engines = head.engine_actor_pids()
     dry = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "20s", "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert (
@@ -141,7 +142,10 @@ def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: He
     while time.time() < deadline and source["pool"] in listed:
         time.sleep(2)
         listed = pools_listed(head)
-    assert set(listed) == {POOL}  # ...until their idle time is over
+    assert set(listed) == {POOL}  # ...until their idle time is over, when their engine stops too
+    while time.time() < deadline and head.engine_actor_pids() != pool_engines:
+        time.sleep(0.5)
+    assert head.engine_actor_pids() == pool_engines
 
 
 def test_a_dead_pool_replica_is_replaced_by_the_next_run(pool: HeadNode, tmp_path, base_ifeval_records):
