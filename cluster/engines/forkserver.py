@@ -14,6 +14,9 @@ What `spawn` gives that a forkserver child lacks, and this module gives back:
 - an end when the actor dies: the child is the server's, not the actor's, so Ray's clean-up of an actor's
   children does not reach it; it watches the actor's process and stops itself when that is gone.
 
+The engine core's process groups start their threads with a timer slack that lets them sleep while the engine
+idles (cluster.engines.idle_wakeups).
+
 The server lives as long as the actor (vLLM reads its engine core's exit through it): a few hundred MB more
 memory per replica (the server's proportional set size was 0.4 GB on the embedded model, before it preloaded
 Ray).
@@ -27,10 +30,13 @@ import multiprocessing
 import multiprocessing.context
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from cluster.engines.idle_wakeups import quiet_process_groups
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +77,8 @@ class _EngineCoreProcess(multiprocessing.context.ForkServerProcess):
         os.environ.clear()
         os.environ.update(self._parent_env)
         _end_with(self._parent_pid)
+        if "torch.distributed" in sys.modules:  # preloaded with vLLM's engine core (a test's child has none)
+            quiet_process_groups()
         super().run()
 
 
