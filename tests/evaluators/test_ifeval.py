@@ -249,3 +249,22 @@ def test_the_checkers_load_without_nltks_optional_imports_which_stay_importable(
         "print(seen['own'], seen['other'], sklearn.metrics.accuracy_score([1, 0], [1, 1]))\n"
     )
     assert words_printed_by_a_fresh_process(script) == ["False", "False", "refused", "3.1824", "0.5"]
+
+
+def test_the_checkers_load_without_lm_evals_task_index_which_loads_later_beside_them():
+    # A fresh process: the checkers come without lm_eval.tasks' package (its task manager imports datasets and
+    # pandas); importing that package afterwards gives lm-eval's own, and its ifeval modules are the same
+    script = (
+        "import sys\n"
+        "from evaluators.sentence_splitting import load_ifeval_utils\n"
+        "utils = load_ifeval_utils()\n"
+        "print(*[name in sys.modules for name in ('lm_eval.tasks', 'datasets', 'pandas')])\n"
+        "from lm_eval.tasks import TaskManager\n"
+        "from lm_eval.tasks.ifeval import instructions_registry, utils as again\n"
+        "print(again is utils, utils.instructions_registry is instructions_registry, 'datasets' in sys.modules)\n"
+        "doc = {'key': 1, 'prompt': 'p', 'instruction_id_list': ['length_constraints:number_sentences'],\n"
+        "       'kwargs': [{'relation': 'less than', 'num_sentences': 3}]}\n"
+        "print(again.process_results(doc, ['One. Two. Three. Four.'])['prompt_level_strict_acc'])\n"
+    )
+    printed = words_printed_by_a_fresh_process(script)
+    assert printed == ["False", "False", "False", "True", "True", "True", "False"]

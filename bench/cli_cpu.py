@@ -1,0 +1,67 @@
+"""What the `rayeval run` process itself costs on a warm pool: a `ray start` cluster with a one-replica pool
+(`rayeval up`), then small IFEval runs on it one after the other, each timed from outside.
+
+    python bench/cli_cpu.py --out bench/results/cli-cpu-warm-run.jsonl            # 4 runs of 4 prompts
+
+Each row: one run's wall time from process start to exit, the CPU-seconds (user + system) of the CLI process
+and its children, and its timeline (summary.json's run.timeline), with the commit and this CPU's facts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.serve_speed import write_row  # noqa: E402
+from bench.warm_pool import ENGINE, Cluster  # noqa: E402
+
+
+def timed_run(cluster: Cluster, run_id: str, prompts: int) -> dict:
+    argv = [sys.executable, "-m", "cluster.cli", "run", "--tasks", "ifeval", "--limit", str(prompts),
+            "--max-tokens", "32", "--dtype", "float32", *ENGINE, "--no-progress", "--address", cluster.address,
+            "--output-dir", str(cluster.temp / "runs"), "--run-id", run_id]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, env=cluster.env, check=False)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((cluster.temp / "runs" / run_id / "summary.json").read_text())["run"]
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": round(wall, 3), "cli_cpu_s": round(cpu, 3), "timeline": summary.get("timeline")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4)
+    args = parser.parse_args()
+    from cluster.engines.settings import cpu_has_native_bf16
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    cluster = Cluster()
+    try:
+        up = cluster.rayeval("up", *ENGINE, "--dtype", "float32", "--name", "cli", "--idle-timeout", "1h")
+        assert up.returncode == 0, up.stderr[-3000:]
+        for turn in range(args.runs):
+            row = {"bench": "cli-cpu-warm-run", "commit": commit.stdout.strip(), "turn": turn,
+                   "prompts": args.prompts, "max_tokens": 32, "native_bf16": cpu_has_native_bf16(),
+                   **timed_run(cluster, f"run-{turn}", args.prompts)}  # fmt: skip
+            write_row(args.out, row)
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
