@@ -26,8 +26,9 @@ from bench.warm_pool import ENGINE, Cluster  # noqa: E402
 
 def timed_run(cluster: Cluster, run_id: str, prompts: int) -> dict:
     argv = [sys.executable, "-m", "cluster.cli", "run", "--tasks", "ifeval", "--limit", str(prompts),
-            "--max-tokens", "32", "--dtype", "float32", *ENGINE, "--no-progress", "--address", cluster.address,
-            "--output-dir", str(cluster.temp / "runs"), "--run-id", run_id]  # fmt: skip
+            "--max-tokens", "32", "--dtype", "float32", *ENGINE, "--no-progress",
+            "--address", cluster.address, "--output-dir", str(cluster.temp / "runs"),
+            "--run-id", run_id]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, env=cluster.env, check=False)

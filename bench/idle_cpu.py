@@ -1,5 +1,5 @@
-"""The CPU an idle warm pool costs: a `ray start` cluster with a one-replica pool (`rayeval up`) that has served
-one small run, then every process of the cluster read from /proc over a window in which nobody uses it.
+"""The CPU an idle warm pool costs: a `ray start` cluster with a one-replica pool (`rayeval up`) that has
+served one small run, then every process of the cluster read from /proc over a window nobody uses it in.
 
     python bench/idle_cpu.py --out bench/results/idle-pool-cpu.jsonl            # one 60 s window
     python bench/idle_cpu.py --out ... --seconds 120 --repeats 2
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import subprocess
 import sys
@@ -80,12 +81,17 @@ def sample(pids: list[int]) -> dict[int, dict[str, float]]:
 
 def idle_window(cluster: Cluster, seconds: float) -> dict[str, float]:
     pids = cluster_pids(cluster)
-    kinds = {pid: kind_of(pid) for pid in pids}
+    kinds = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):  # a process that ended since the listing
+            kinds[pid] = kind_of(pid)
     before = sample(pids)
     time.sleep(seconds)
     after = sample(pids)
     spent: dict[str, float] = collections.Counter()
     for pid, threads in after.items():
+        if pid not in kinds:
+            continue
         for thread, cpu in threads.items():
             used = cpu - before.get(pid, {}).get(thread, 0.0)
             gloo = kinds[pid] == "engine core" and thread.endswith(" gloo_tcp_loop")

@@ -21,7 +21,8 @@ def _switches(pid: int, thread_name: str) -> dict[str, int]:
 
 
 def wakeups_per_second(pid: int, thread_name: str, seconds: float = 2.0) -> dict[int, float]:
-    """Each thread named `thread_name` in process `pid` (by thread id): its wake-ups per second over `seconds`."""
+    """Each thread named `thread_name` in process `pid`, by thread id: its wake-ups per second over
+    `seconds`."""
     before = _switches(pid, thread_name)
     time.sleep(seconds)
     after = _switches(pid, thread_name)

@@ -2,11 +2,11 @@
 
 vLLM sets up its process groups (world, tensor-, pipeline-, data-, expert-parallel, ...) on gloo in a CPU
 engine's core even when the engine is one process. Each group's gloo device runs a thread that waits on epoll
-with a 10 ms timeout, so an idle engine core wakes several hundred times a second: about 1.5 CPU-seconds a
-minute per engine on a 2-core VM (bench/idle_cpu.py), for as long as a warm pool stays up.
+with a 10 ms timeout, so an idle engine core wakes several hundred times a second: about 1.7 CPU-seconds
+a minute per engine on a 2-core VM (bench/idle_cpu.py), for as long as a warm pool stays up.
 
-A thread starts with its creator's timer slack (Linux `prctl(PR_SET_TIMERSLACK)`), the time by which the kernel
-may let a timeout run late. Process groups created through `quiet_process_groups()` start their threads with
+A thread starts with its creator's timer slack (Linux `prctl(PR_SET_TIMERSLACK)`), the time by which the
+kernel may let a timeout run late. Process groups created through `quiet_process_groups()` start their threads with
 `GROUP_THREAD_SLACK_NS`, so those threads wake about nine times a second instead of a hundred. A message still
 wakes them at once (epoll returns on the event, slack only delays timeouts), so collectives run as before. The
 creating thread gets its own slack back after each group. The price: a group's thread takes up to that much
@@ -29,7 +29,9 @@ PR_GET_TIMERSLACK = 30
 GROUP_THREAD_SLACK_NS = 100_000_000  # 100 ms on gloo's 10 ms wait
 
 
+@functools.cache
 def _prctl() -> Callable[..., int] | None:
+    """glibc's prctl, which returns a C int: slack values up to 2.1 s read back whole, which covers these."""
     try:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux

@@ -1,6 +1,7 @@
-"""cluster.engines.idle_wakeups on real torch.distributed gloo groups, in a fresh process: a group created after
-`quiet_process_groups()` wakes an order of magnitude less often while idle than one created before it, and
-still carries collectives. The pool engine's own groups are checked in tests/cluster/sources/test_warm_pools.py."""
+"""cluster.engines.idle_wakeups on real torch.distributed gloo groups, in a fresh process: a group created
+after `quiet_process_groups()` wakes an order of magnitude less often while idle than one created before it,
+and still carries collectives. The pool engine's own groups are checked in
+tests/cluster/sources/test_warm_pools.py."""
 
 from __future__ import annotations
 
@@ -14,27 +15,33 @@ from cluster.engines.idle_wakeups import current_timer_slack_ns, timer_slack
 
 GROUPS_SCRIPT = textwrap.dedent(
     """
-    import json, os, socket, torch, torch.distributed as dist
+    import json, os, socket, time, torch, torch.distributed as dist
     from cluster.engines.idle_wakeups import quiet_process_groups
     from tests.wakeups import wakeups_per_second
 
-    def loops():
-        return {int(t) for t in os.listdir("/proc/self/task")
-                if open(f"/proc/self/task/{t}/comm").read().strip() == "gloo_tcp_loop"}
+    def threads():
+        return set(os.listdir("/proc/self/task"))
+
+    def loops(tids):  # a new thread takes its name once it first runs: asked until it has
+        return {t for t in tids if open(f"/proc/self/task/{t}/comm").read().strip() == "gloo_tcp_loop"}
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    before = threads()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    plain = loops()
+    plain, before = threads() - before, threads()
     assert quiet_process_groups()
     group = dist.new_group([0], backend="gloo")
-    quiet = loops() - plain
+    quiet = threads() - before
+    deadline = time.time() + 30
+    while time.time() < deadline and not (loops(plain) and loops(quiet)):
+        time.sleep(0.05)
     total = torch.ones(3)
     dist.all_reduce(total, group=group)
     rates = wakeups_per_second(os.getpid(), "gloo_tcp_loop", seconds=2.0)
-    print(json.dumps({"plain": [rates[t] for t in plain], "quiet": [rates[t] for t in quiet],
-                      "sum": total.tolist()}))
+    print(json.dumps({"plain": [rates[int(t)] for t in loops(plain)],
+                      "quiet": [rates[int(t)] for t in loops(quiet)], "sum": total.tolist()}))
     """
 )
 

@@ -159,6 +159,7 @@ def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: He
         time.sleep(2)
         listed = pools_listed(head)
     assert set(listed) == {POOL}  # ...until their idle time is over, when their engine stops too
+    deadline = time.time() + 60
     while time.time() < deadline and head.engine_actor_pids() != pool_engines:
         time.sleep(0.5)
     assert head.engine_actor_pids() == pool_engines
