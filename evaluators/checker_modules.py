@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 PACKAGE = "lm_eval.tasks.ifeval"
-# its modules, taken out of sys.modules again where their import fails
+# its modules: sys.modules gets back what it held for them where their import fails
 MODULES = ("instructions_util", "instructions", "instructions_registry", "utils")
 
 
@@ -33,11 +33,16 @@ def load_ifeval_checker_modules() -> ModuleType:
 
     spec = importlib.machinery.ModuleSpec(PACKAGE, None, is_package=True)
     spec.submodule_search_locations = [str(Path(lm_eval.__file__).parent / "tasks" / "ifeval")]
+    names = [PACKAGE, *(f"{PACKAGE}.{module}" for module in MODULES)]
+    before = {name: sys.modules[name] for name in names if name in sys.modules}
     sys.modules[PACKAGE] = importlib.util.module_from_spec(spec)
     try:
         # Python's own import from here: the package's folder is its path; lm_eval.tasks is never asked for
         return importlib.import_module(f"{PACKAGE}.utils")
     except BaseException:
-        for name in [PACKAGE, *(f"{PACKAGE}.{module}" for module in MODULES)]:
-            sys.modules.pop(name, None)  # nothing half-loaded stays behind for a later import to find
+        for name in names:  # sys.modules as it was: nothing half-loaded stays behind for a later import
+            if name in before:
+                sys.modules[name] = before[name]
+            else:
+                sys.modules.pop(name, None)
         raise
