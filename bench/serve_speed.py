@@ -205,15 +205,17 @@ def printed(stdout: str, key: str) -> str:
     return next(line for line in stdout.splitlines() if line.startswith(f"{key} ")).split()[1]
 
 
-def vllm_serve_command(model: str | None, dtype: str, device: str) -> tuple[str, list[str], dict[str, str]]:
-    """A `vllm serve` of the model on a free port with the engine settings rayeval's replicas get: its URL,
-    command and environment."""
+def vllm_serve_command(
+    model: str | None, dtype: str, device: str, engine_args: tuple[str, ...] = ()
+) -> tuple[str, list[str], dict[str, str]]:
+    """A `vllm serve` of the model on a free port with the engine settings rayeval's replicas get (and
+    `engine_args`, vLLM's flags the caller gives its rayeval side too): its URL, command and environment."""
     from cluster.models import resolve_model
 
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model(model).path,
                "--served-model-name", NAME, "--port", str(port), "--dtype", dtype,
-               "--max-model-len", "2048", "--max-num-seqs", "64"]  # fmt: skip
+               "--max-model-len", "2048", "--max-num-seqs", "64", *engine_args]  # fmt: skip
     env = {}
     if device == "cpu":  # the settings rayeval gives a CPU engine (cluster.engines.settings)
         command += ["--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048"]
@@ -223,13 +225,13 @@ def vllm_serve_command(model: str | None, dtype: str, device: str) -> tuple[str,
 
 def vllm_serve_side(
     work: Path, limit: int, max_tokens: int, model: str | None = None, dtype: str | None = None,
-    device: str = "cpu", score: bool = False,
+    device: str = "cpu", score: bool = False, engine_args: tuple[str, ...] = (),
 ) -> dict:  # fmt: skip
     """`vllm serve` and the seed tools' client: a process of 64 threads of the `openai` client over IFEval's
     first `limit` chat prompts (scored by rayeval's IFEval scorer in that process when `score`). `client_s`:
     the client's process from start to exit; `wall_s`: the server's start plus that. `dtype`: by default what
     rayeval's `--dtype auto` resolves to on the device."""
-    url, command, env = vllm_serve_command(model, dtype or side_dtype("auto", device), device)
+    url, command, env = vllm_serve_command(model, dtype or side_dtype("auto", device), device, engine_args)
     conversations = work / "conversations.json"
     conversations.write_text(json.dumps(chat_messages(limit)))
     server, start_s = start_server(command, url, env)

