@@ -91,6 +91,29 @@ class Cluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
+class Pool:
+    """The bench's warm pool. Where one engine holds the device's only GPU (Ray counts it whole), a cold run
+    cannot start its engine beside the pool: the pool is stopped before a cold side and started again before a
+    warm one (sides alternate, so turns stay paired)."""
+
+    def __init__(self, cluster: Cluster, engine: list[str], one_engine_at_a_time: bool) -> None:
+        self.cluster, self.engine, self.exclusive, self.running = cluster, engine, one_engine_at_a_time, False
+
+    def up(self) -> None:
+        if self.running:
+            return
+        began = time.perf_counter()
+        done = self.cluster.rayeval("up", *self.engine, "--name", "bench")
+        if done.returncode != 0:
+            raise SystemExit(f"rayeval up failed:\n{done.stderr[-3000:]}")
+        self.running, self.up_s = True, round(time.perf_counter() - began, 2)
+
+    def down(self) -> None:
+        if self.running and self.exclusive:
+            self.cluster.rayeval("down", "bench")
+            self.running = False
+
+
 def rayeval_side(
     cluster: Cluster, work: Path, limit: int, max_tokens: int, engine: list[str], cold: bool
 ) -> dict:
@@ -135,15 +158,14 @@ def main() -> None:
     common = {"device": args.device, "model": args.model or "embedded SmolLM2-135M-Instruct", "dtype": dtype,
               "cpu_native_bf16": native, "commit": commit.stdout.strip()}  # fmt: skip
     cluster = Cluster(cpus=2 if args.device == "cpu" else 8)
+    pool = Pool(cluster, engine, one_engine_at_a_time=args.device == "gpu")
     try:
-        up = cluster.rayeval("up", *engine, "--name", "bench")
-        if up.returncode != 0:
-            raise SystemExit(f"rayeval up failed:\n{up.stderr[-3000:]}")
         for workload in args.workloads.split(","):
             limit, max_tokens = WORKLOADS[workload]
             sides = ["cold", "warm"] if workload == "second-run" else ["warm", "vllm-serve-up"]
             for turn in range(args.repeats):
                 for side in sides[turn % 2 :] + sides[: turn % 2]:
+                    pool.down() if side == "cold" else pool.up()
                     with tempfile.TemporaryDirectory(prefix="warm-pool-") as folder:
                         if side == "vllm-serve-up":
                             row = vllm_serve_side(Path(folder), limit, max_tokens, args.model, dtype, args.device,
