@@ -44,9 +44,11 @@ from bench.serve_speed import free_port, timed, vllm_serve_side, write_row  # no
 WORKLOADS = {"second-run": (20, 256), "serve-up": (100, 512)}
 # Both sides' engine settings beyond what bench.serve_speed.vllm_serve_command gives `vllm serve` on the device
 SHARED = ["--max-model-len", "2048", "--max-num-seqs", "64"]
-ENGINE = {"cpu": [*SHARED, "--enforce-eager", "--kv-cache-gib", "1"],
-          "gpu": [*SHARED, "--gpu-memory-utilization", "0.45"]}  # fmt: skip
-SERVE_EXTRA = {"cpu": (), "gpu": ("--gpu-memory-utilization", "0.45")}
+# ENGINE is the CPU's (bench/cli_cpu.py and bench/idle_cpu.py start their pools with it too)
+ENGINE = [*SHARED, "--enforce-eager", "--kv-cache-gib", "1"]
+GPU_MEMORY = ("--gpu-memory-utilization", "0.45")  # the pool's share of the GPU, and `vllm serve`'s beside it
+GPU_ENGINE = [*SHARED, *GPU_MEMORY]
+SERVE_EXTRA = {"cpu": (), "gpu": GPU_MEMORY}
 
 
 class Cluster:
@@ -151,7 +153,7 @@ def main() -> None:
     native = cpu_has_native_bf16()
     # what `--dtype auto` resolves to: on CPU bfloat16 only where it is native; on GPU the model's own
     dtype = ("bfloat16" if native else "float32") if args.device == "cpu" else "auto"
-    engine = ["--dtype", dtype, "--device", args.device, *ENGINE[args.device]]
+    engine = ["--dtype", dtype, "--device", args.device, *(ENGINE if args.device == "cpu" else GPU_ENGINE)]
     engine += ["--model", args.model] if args.model else []
     data = ["--data-path", f"ifeval={args.ifeval_data}"] if args.ifeval_data else []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
