@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.serve_speed import write_row  # noqa: E402
-from bench.warm_pool import ENGINE, Cluster  # noqa: E402
+from bench.warm_pool import ENGINE, Cluster, float32_pool  # noqa: E402
 
 
 def timed_run(cluster: Cluster, run_id: str, prompts: int) -> dict:
@@ -51,17 +51,12 @@ def main() -> None:
     from cluster.engines.settings import cpu_has_native_bf16
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    cluster = Cluster()
-    try:
-        up = cluster.rayeval("up", *ENGINE, "--dtype", "float32", "--name", "cli", "--idle-timeout", "1h")
-        assert up.returncode == 0, up.stderr[-3000:]
+    with float32_pool("cli") as cluster:
         for turn in range(args.runs):
             row = {"bench": "cli-cpu-warm-run", "commit": commit.stdout.strip(), "turn": turn,
                    "prompts": args.prompts, "max_tokens": 32, "native_bf16": cpu_has_native_bf16(),
                    **timed_run(cluster, f"run-{turn}", args.prompts)}  # fmt: skip
             write_row(args.out, row)
-    finally:
-        cluster.stop()
 
 
 if __name__ == "__main__":

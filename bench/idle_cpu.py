@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.serve_speed import write_row  # noqa: E402
-from bench.warm_pool import ENGINE, Cluster  # noqa: E402
+from bench.warm_pool import ENGINE, Cluster, float32_pool  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -110,10 +110,7 @@ def main() -> None:
     from cluster.engines.settings import cpu_has_native_bf16
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    cluster = Cluster()
-    try:
-        up = cluster.rayeval("up", *ENGINE, "--dtype", "float32", "--name", "idle", "--idle-timeout", "1h")
-        assert up.returncode == 0, up.stderr[-3000:]
+    with float32_pool("idle") as cluster:
         run = cluster.rayeval("run", "--tasks", "ifeval", "--limit", "4", "--max-tokens", "32", "--dtype",
                               "float32", *ENGINE, "--no-progress", "--output-dir", str(cluster.temp / "runs"),
                               "--address", cluster.address)  # fmt: skip
@@ -125,8 +122,6 @@ def main() -> None:
                        "window_s": args.seconds, "process_kind": kind, "cpu_s": round(cpu, 3),
                        "native_bf16": cpu_has_native_bf16()}  # fmt: skip
                 write_row(args.out, row)
-    finally:
-        cluster.stop()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ the `vllm serve` side reads from RAYEVAL_IFEVAL_DATA: set both to the same file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,6 +93,19 @@ class Cluster:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def float32_pool(name: str) -> Iterator[Cluster]:
+    """A fresh cluster holding a one-replica float32 pool `name` of ENGINE's settings (kept up for an hour of
+    idleness), stopped with the cluster after the block: what bench/cli_cpu.py and bench/idle_cpu.py measure on."""
+    cluster = Cluster()
+    try:
+        up = cluster.rayeval("up", *ENGINE, "--dtype", "float32", "--name", name, "--idle-timeout", "1h")
+        assert up.returncode == 0, up.stderr[-3000:]
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 class Pool:
