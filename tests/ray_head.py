@@ -3,6 +3,7 @@ Ray client): its own ports, temp dir and auth token, token authentication on, th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -89,6 +90,15 @@ class HeadNode:
         """The live engine actors of this cluster, by the pid of their worker process (titled
         `ray::EngineActor...`), sorted."""
         return sorted(pid for pid in self.pids() if is_engine_actor(pid))
+
+    def engine_core_pids(self) -> list[int]:
+        """The live vLLM engine cores of this cluster (the kernel's name for them is `VLLM::EngineCor`), sorted."""
+        found = []
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::EngineCor"):
+                    found.append(pid)
+        return sorted(found)
 
     def stop(self) -> None:
         """`ray start --block` stops what it started on SIGTERM; the process group catches any straggler."""

@@ -48,18 +48,18 @@ def current_timer_slack_ns() -> int | None:
 def timer_slack(slack_ns: int) -> Iterator[None]:
     """Inside, the calling thread's timer slack is `slack_ns`, and threads it starts keep that slack for their
     whole life; the calling thread's own slack is back afterwards. Where prctl is missing, nothing changes."""
-    prctl = _prctl()
-    before = None if prctl is None else prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)
-    if prctl is None or before is None or before < 0:
-        yield
-        return
-    if prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(slack_ns), 0, 0, 0) != 0:
-        yield
-        return
+    prctl, before = _prctl(), current_timer_slack_ns()
+    changed = (
+        prctl is not None
+        and before is not None
+        and before >= 0
+        and prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(slack_ns), 0, 0, 0) == 0
+    )
     try:
         yield
     finally:
-        prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(before), 0, 0, 0)
+        if changed and prctl is not None:
+            prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(before), 0, 0, 0)
 
 
 def quiet_process_groups(slack_ns: int = GROUP_THREAD_SLACK_NS) -> bool:

@@ -1,15 +1,13 @@
 """Warm pools on a real `ray start --head` cluster (token auth on, 2 CPUs) with real engines of the embedded
 model: `rayeval up` starts one, runs with its engine settings generate on it without starting an engine and
 answer as a cold run does (float32 greedy, against the shared base run), two runs at once share it (and a
-third, killed mid-way, leaves it healthy), a run
-with other settings is not served by it (and a dry run says why), a pool replica killed between runs is
-replaced by the next run, `--keep-warm` leaves a run's engines up for their idle time, and `down` stops a
-pool; idle, the pool's engine core wakes rarely. The pool's replica starts once for the whole module; the kept-warm run and the replacement start one
-engine each."""
+third, killed mid-way, leaves it healthy), a run with other settings is not served by it (and a dry run says
+why), a pool replica killed between runs is replaced by the next run, `--keep-warm` leaves a run's engines up
+for their idle time, and `down` stops a pool; idle, the pool's engine core wakes rarely. The pool's replica
+starts once for the whole module; the kept-warm run and the replacement start one engine each."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -89,18 +87,9 @@ def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
     assert row[0] == POOL and row[3] == "1" and int(row[6]) == 2 * BASE_IFEVAL_LIMIT and row[7] == "-"
     # idle between runs, the engine core's process-group threads sleep (cluster.engines.idle_wakeups): gloo's
     # 10 ms wait alone would wake each about 100 times a second
-    (core,) = engine_core_pids(head)
+    (core,) = head.engine_core_pids()
     rates = wakeups_per_second(core, "gloo_tcp_loop")
     assert rates and max(rates.values()) < 20, rates
-
-
-def engine_core_pids(head: HeadNode) -> list[int]:
-    found = []
-    for pid in head.pids():
-        with contextlib.suppress(OSError):
-            if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::EngineCor"):
-                found.append(pid)
-    return found
 
 
 def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_healthy(
