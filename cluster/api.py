@@ -111,8 +111,9 @@ def evaluate_plan(
 ) -> RunResult:
     config = plan.config
     preflight(plan)
-    for task_plan in plan.tasks:  # heavy scorer imports (IFEval's nltk) go on while Ray starts
-        task_plan.task.preload_scorer()
+    if not config.cluster.address:  # heavy scorer imports (IFEval's nltk) go on while a local Ray starts
+        for task_plan in plan.tasks:
+            task_plan.task.preload_scorer()
     replicas = config.cluster.replicas + local_judge_replicas(plan)
     with ray_session(config.cluster.address, plan.replica, replicas, verbose):
         if config.cluster.address and config.cluster.device == "auto" and not plan.model.endpoint:

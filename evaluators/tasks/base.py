@@ -102,7 +102,8 @@ class Task(ABC):
         return None  # most tasks score with the standard library and need no check
 
     def preload_scorer(self) -> None:
-        """Start importing what scoring needs, in the background (a run calls it while Ray starts)."""
+        """Start importing what scoring needs, in the background (a run calls it while a local Ray starts, or
+        once its requests are built); a second call does nothing."""
         return None
 
     def wait_for_scorer(self) -> None:
