@@ -138,6 +138,11 @@ class Dispatcher:
         self._feeding = False  # from `open` until `drain` has returned: a replica that joins gets a feeder
         self.stats = DispatchStats(per_replica={s.replica.name: s.stats for s in self._states})
 
+    @property
+    def replicas(self) -> list[Replica]:
+        """Every replica it feeds or has fed, in the order they joined (the dead ones too)."""
+        return [state.replica for state in self._states]
+
     async def run(
         self, groups: Iterable[PromptGroup], on_group_done: GroupDone | None = None
     ) -> DispatchStats:

@@ -1,7 +1,7 @@
 """rayeval on real GPUs: replica scaling, tensor parallel and orchestration overhead.
 
-One package does the whole GPU measurement, one workload per call on the lent 2-GPU machine. Run it from the
-project root (or with the root on PYTHONPATH):
+One package does the whole GPU measurement, one workload per call on a lent GPU machine (1 to 8 GPUs). Run
+it from the project root (or with the root on PYTHONPATH):
 
     python -m bench.gpu --workload A --out $OUT   # random ~1.1B Llama, 2048 x 256 random tokens in, 256 out:
                                                   # vllm.LLM.generate on 1 GPU and on 2 (two processes),
@@ -16,6 +16,10 @@ project root (or with the root on PYTHONPATH):
     python -m bench.gpu --workload B --configs ifeval-2-vs-1 --repeats 2 --out $OUT   # B's scaling, paired
     python -m bench.gpu --workload A --configs rayeval-1-vs-vllm,rayeval-2-vs-1 --repeats 9 --budget-s 550 --out $OUT
                                                   # up to 9 pairs each, as many as fit in 550 s for the call
+    python -m bench.gpu --workload A --configs rayeval-4-vs-1,layout-2x2-vs-1x4,layout-2x2-vs-4x1 --repeats 3 --out $OUT
+                                                  # four GPUs: 4 replicas against 1, 2 replicas of TP=2 against
+                                                  # 1 of TP=4 and against 4 of TP=1 (bench.gpu.layouts)
+    python -m bench.gpu --workload B --configs ifeval-4-vs-1 --repeats 2 --out $OUT   # B: 4 replicas against 1
 
 Every configuration runs in its own process (`--config NAME` is what the driver calls), one after the other,
 so none shares an engine, a Ray session or GPU memory with another. Each writes one JSON line; the driver
@@ -46,7 +50,9 @@ compare one GPU with two and refuse fewer.
 The modules, by job: `settings` (the environment variables every process reads, and how the driver starts a
 configuration's process), `placement` (the GPU and memory share of each side of a paired configuration),
 `workloads` (the random model, A's prompts and requests, B's run configuration),
-`configurations` (what each `--config NAME` runs), `rows` (the JSON row each configuration prints),
+`configurations` (what each `--config NAME` runs), `layouts` (replica counts and tensor-parallel layouts
+against each other), `turns` (rayeval's runner for a pass, and the sides of a paired configuration as
+processes taking turns), `rows` (the JSON row each configuration prints),
 `samplers` (CPU and GPU use sampled by the driver while a configuration runs) and `driver` (the command line,
 the child processes, the call's time budget, the ratios and the files written).
 """

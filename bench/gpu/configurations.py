@@ -2,24 +2,23 @@
 one GPU (vllm) and on two in two processes (vllm-2); rayeval's real runner with 1 or 2 replicas or 1 of
 tensor parallel 2 (rayeval-1, rayeval-2, rayeval-tp2, each also -unpinned); the pieces between them
 (engine-one-call, asyncllm, ray-calls); workload B through `cluster.api.evaluate` (ifeval-N, ifeval-2-stats);
-and the paired comparisons (the -vs- names), whose sides take turns on engines that stay up. Each returns its
-JSON row (bench.gpu.rows)."""
+and the paired comparisons (the -vs- names), whose sides take turns on engines that stay up: rayeval against
+`LLM.generate` and vLLM's own scaling here, replica counts and tensor-parallel layouts in bench.gpu.layouts.
+Each returns its JSON row (bench.gpu.rows)."""
 
 from __future__ import annotations
 
 import os
 import resource
-import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from bench.gpu.placement import SidePlace, place_sides, side_env, visible_gpus
+from bench.gpu.layouts import gpus_for, is_layout_config, run_layout_config
+from bench.gpu.placement import place_sides, side_env, visible_gpus
 from bench.gpu.rows import as_one_turn, dispatch_timeline, paired_row, repeated, result_row, throughput
 from bench.gpu.settings import A_DTYPE, A_REPEATS, DEADLINE, GPU_MEMORY, SAFE_ENV, SMOKE, WORK, config_command
+from bench.gpu.turns import TURNS, rayeval_generate, rayeval_runner, take_turns
 from bench.gpu.workloads import (
     A_MAX_MODEL_LEN,
     A_OUTPUT_TOKENS,
@@ -36,13 +35,9 @@ from bench.gpu.workloads import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from vllm import LLM
 
     from bench.paired import Referee
-    from cluster.plan import RunPlan
-    from cluster.run import RequestRunner
 
 
 CONFIGS = {
@@ -50,12 +45,13 @@ CONFIGS = {
     # Not in the default list, to find where rayeval-1 loses to LLM.generate (`--configs`): asyncllm (vLLM's
     # AsyncLLM in a plain process, everything submitted at once) and engine-one-call (rayeval's engine actor
     # given everything in one call, no dispatcher), and rayeval names ending in -unpinned.
-    # The paired comparisons (rayeval-1-vs-vllm, rayeval-2-vs-1, vllm-2-vs-1; see TURNS) are chosen with --configs.
+    # The paired comparisons (rayeval-1-vs-vllm, vllm-2-vs-1, and bench.gpu.layouts' rayeval-N-vs-1 and
+    # layout-RxT-vs-RxT) are chosen with --configs.
     "A": ["vllm", "vllm-2", "rayeval-1", "rayeval-2", "rayeval-tp2"],
     # ifeval-2-stats: the 2-replica run again with vLLM's engine stats logged every 2 s (running / waiting
     # requests per engine), to see where the time goes; kept out of the ratios (logging costs a little).
     # ray-calls: the dispatcher and Ray actor calls alone (no-op actors), what orchestration costs per request.
-    # ifeval-2-vs-1 (with --configs): B's generation on one replica against two, in paired turns (see TURNS).
+    # ifeval-N-vs-1 (with --configs): B's generation on one replica against N, in paired turns (bench.gpu.layouts).
     "B": ["ifeval-2", "ifeval-1", "ray-calls", "ifeval-2-stats"],
 }
 
@@ -103,7 +99,7 @@ def run_vllm_data_parallel() -> dict:
 
     shutil.rmtree(WORK / "barrier", ignore_errors=True)
     env = {**os.environ, **SAFE_ENV}
-    places = place_sides(["shard-0", "shard-1"], _two_gpus("vllm-2"))
+    places = place_sides(["shard-0", "shard-1"], gpus_for("vllm-2", 2))
     children = [
         subprocess.Popen(
             config_command(f"vllm-shard-{i}"),
@@ -133,60 +129,15 @@ def run_vllm_data_parallel() -> dict:
     return row
 
 
-def _two_gpus(name: str) -> list[str]:
-    """The visible GPUs, for a configuration that compares one GPU with two: refused on fewer than two."""
-    gpus = visible_gpus()
-    if len(gpus) < 2 and not SMOKE:
-        raise RuntimeError(f"{name} compares one GPU with two, and this machine shows {len(gpus)}: {gpus}")
-    return gpus
-
-
 # Paired configurations (bench/paired.py): both sides' engines start once, then `--repeats` pairs of turns
 # (fewer if the configuration's share of `--budget-s` runs out first: `pairs` in the row) in ABBA order, fresh
 # prompts each turn; each pair gives one ratio (its median and range in the row).
 # rayeval-1-vs-vllm: `LLM.generate` against one rayeval replica (two processes): each on a GPU of its own where
 # two are visible, else both on the one GPU with half its memory each, started one after the other
 # (bench.gpu.placement); the row says where (`gpus`, `gpu_memory_utilization`).
-# rayeval-2-vs-1: one rayeval pool of 2 replicas; each pair, one pass on one replica (which one alternates)
-# and one on both; ifeval-2-vs-1 the same on workload B's requests. vllm-2-vs-1: two `LLM` processes, one per
-# GPU; each pair, one of them alone on all the prompts (which one alternates) and both at once on half each.
-TURNS = WORK / "turns"
-
-
-def _take_turns(sides: dict[str, tuple[str, SidePlace]], play: Callable[[Referee], dict]) -> dict:
-    """Start one `--config` process per role (role: (config, its place)), let `play` hand out the turns once
-    every engine is up, and stop them. A side whose GPU holds another side's engine starts once that engine is
-    up (bench.gpu.placement). Each child's stdout goes to TURNS/<role>.out, its stderr to ours."""
-    import shutil
-
-    from bench.paired import Referee
-
-    shutil.rmtree(TURNS, ignore_errors=True)
-    TURNS.mkdir(parents=True)
-    children: dict[str, subprocess.Popen] = {}
-    referee = Referee(TURNS, children)
-    try:
-        for role, (config, place) in sides.items():
-            referee.wait_ready([r for r in children if sides[r][1].gpu == place.gpu])
-            env = {**os.environ, **SAFE_ENV, **side_env(place), "RAYEVAL_TURN_ROLE": role}
-            with (TURNS / f"{role}.out").open("w") as stdout:
-                children[role] = (
-                    subprocess.Popen(  # own process group: a kill reaches its engine processes too
-                        config_command(config), env=env, stdout=stdout, start_new_session=True
-                    )
-                )
-        referee.wait_ready()
-        played = play(referee)
-        referee.stop()
-        for role, child in children.items():
-            if child.wait(timeout=120) != 0:
-                raise RuntimeError(f"{role} ({sides[role][0]}) exited with status {child.returncode}")
-    finally:
-        for role, child in children.items():
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-            sys.stderr.write(f"----- {role} ({sides[role][0]})\n{(TURNS / f'{role}.out').read_text()}\n")
-    return played
+# vllm-2-vs-1: two `LLM` processes, one per GPU; each pair, one of them alone on all the prompts (which one
+# alternates) and both at once on half each. rayeval-N-vs-1, ifeval-N-vs-1 and the layout-RxT-vs-RxT
+# comparisons (replicas against tensor parallel): bench.gpu.layouts.
 
 
 def serve_vllm_turns() -> dict:
@@ -205,26 +156,6 @@ def serve_vllm_turns() -> dict:
     return {"config": "vllm-turns", "turns": served}
 
 
-def serve_rayeval_turns() -> dict:
-    """Child: one rayeval replica (real runner, dispatcher and engine actor); each turn generates `seed`'s prompts."""
-    from bench.paired import serve_turns
-
-    with _rayeval_runner(rayeval_a_plan(1, 1)) as runner:
-        engine = runner.stats.engines[0]
-
-        def turn(order: dict) -> dict:
-            return {
-                **_rayeval_generate(
-                    runner, "rayeval-1", rayeval_a_requests(runner.model_path, order["seed"])
-                ),
-                "engine_start_s": engine.start_s,
-                "engine_core_cpus": list(engine.engine_core_cpus),
-            }
-
-        served = serve_turns(TURNS, os.environ["RAYEVAL_TURN_ROLE"], turn)
-    return {"config": "rayeval-1-turns", "turns": served}
-
-
 def run_rayeval_vs_vllm() -> dict:
     from bench.paired import pairs_before
 
@@ -237,7 +168,7 @@ def run_rayeval_vs_vllm() -> dict:
 
     gpus = visible_gpus()
     places = place_sides(["rayeval-1", "vllm"], gpus)
-    turns = _take_turns({role: (f"{role}-turns", places[role]) for role in ("vllm", "rayeval-1")}, play)
+    turns = take_turns({role: (f"{role}-turns", places[role]) for role in ("vllm", "rayeval-1")}, play)
     return paired_row(
         "rayeval-1-vs-vllm", turns,
         engine_start_s={side: round(t[0]["engine_start_s"], 1) for side, t in turns.items()},
@@ -266,8 +197,8 @@ def run_vllm_scaling_paired() -> dict:
                     turns["vllm-2"].append(as_one_turn(list(referee.turn(orders).values())))
         return turns
 
-    places = place_sides(["gpu0", "gpu1"], _two_gpus("vllm-2-vs-1"))
-    turns = _take_turns({role: ("vllm-turns", place) for role, place in places.items()}, play)
+    places = place_sides(["gpu0", "gpu1"], gpus_for("vllm-2-vs-1", 2))
+    turns = take_turns({role: ("vllm-turns", place) for role, place in places.items()}, play)
     return paired_row(
         "vllm-2-vs-1", turns,
         dtype=A_DTYPE,
@@ -276,98 +207,10 @@ def run_vllm_scaling_paired() -> dict:
     )  # fmt: skip
 
 
-def _rayeval_scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], list]) -> dict:
-    """One rayeval pool of two replicas, in ABBA pairs of turns: one replica alone (which one alternates),
-    then both through one dispatcher, each turn on `requests(seed)` with a fresh seed."""
-    from bench.paired import pairs_before
-    from sharding.dispatcher import Dispatcher
-
-    sides = (f"{name.split('-')[0]}-1", f"{name.split('-')[0]}-2")
-    turns: dict[str, list[dict]] = {side: [] for side in sides}
-    with _rayeval_runner(plan) as runner:
-        both = runner._ensure_replicas()
-        alone = [Dispatcher([replica]) for replica in runner._pool.replicas()]
-        for k, order in pairs_before(DEADLINE, A_REPEATS):
-            for side in order:
-                runner._dispatcher = alone[k % 2] if side == "a" else both
-                seed = 2 * k + (side == "b")
-                result = _rayeval_generate(runner, name, requests(seed))
-                turns[sides[side == "b"]].append(result)
-    return paired_row(
-        name, turns,
-        engine_start_s=round(max(e.start_s for e in runner.stats.engines), 1),
-        dtype=runner.stats.engines[0].dtype,
-        alone_on=[f"replica-{k % 2}" for k in range(len(turns[sides[0]]))],
-        engine_core_cpus=[list(e.engine_core_cpus) for e in runner.stats.engines],
-        dispatch_per_turn={side: [t["dispatch"] for t in side_turns] for side, side_turns in turns.items()},
-    )  # fmt: skip
-
-
-def run_rayeval_scaling_paired() -> dict:
-    plan = rayeval_a_plan(2, 1)
-    return _rayeval_scaling_paired(
-        "rayeval-2-vs-1", plan, lambda seed: rayeval_a_requests(plan.model.path, seed)
-    )
-
-
-def run_ifeval_scaling_paired() -> dict:
-    """Workload B's generation (every IFEval request, as `evaluate` builds them, a fresh sampling seed each
-    turn) on one replica against two, paired like rayeval-2-vs-1; the ratio is in requests/s. Scoring and
-    prompt rendering are outside the turns (they do not change with the replica count)."""
-    from cluster.models import PromptRenderer
-    from cluster.plan import build_plan
-    from cluster.run import build_requests
-
-    plan = build_plan(ifeval_config(2, "ifeval-2-vs-1"))
-    renderer = PromptRenderer(plan.model, plan.config.model.chat_template, plan.config.model.revision)
-
-    def requests(seed: int) -> list:
-        return [p.request for p in build_requests(plan, renderer, sampling_seed=1000 * seed)]
-
-    return _rayeval_scaling_paired("ifeval-2-vs-1", plan, requests)
-
-
-@contextmanager
-def _rayeval_runner(plan: RunPlan) -> Iterator[RequestRunner]:
-    """The plan's rayeval runner in a local Ray session, its engines up before the first pass (so no pass's
-    window holds their start), closed on the way out; `runner.stats.engines` stays readable afterwards."""
-    from cluster.run import RequestRunner
-    from cluster.session import ray_session
-
-    with ray_session(None, plan.replica, plan.config.cluster.replicas, verbose=False):
-        runner = RequestRunner(plan, None, progress=False)
-        try:
-            runner._ensure_replicas()
-            yield runner
-        finally:
-            runner.close()
-
-
-def _rayeval_generate(runner: RequestRunner, name: str, requests: list) -> dict:
-    """One pass of `requests` through the runner's current dispatcher: when it began, how long it took,
-    tokens and requests out, the dispatcher's timeline, and the failed requests (how many, the first one's
-    error)."""
-    done_before = runner.stats.generation_s
-    dispatch = runner.dispatch
-    sequences_before = {n: r.sequences for n, r in dispatch.per_replica.items()} if dispatch else {}
-    began_at = time.time()
-    results = runner.run(requests, label=name)
-    errors = [c.error for c in results.values() if not c.ok]
-    return {
-        "began_at": began_at,
-        "seconds": runner.stats.generation_s - done_before,
-        "tokens": sum(c.output_tokens for c in results.values()),
-        "requests": len(results),
-        "dispatch": dispatch_timeline(runner.dispatch, began_at, sequences_before),
-        "failed": len(errors),
-        "first_error": errors[0] if errors else None,
-    }
-
-
 def run_rayeval_a(replicas: int, tp: int, name: str, pin_engine_core: bool = True) -> dict:
-    with _rayeval_runner(rayeval_a_plan(replicas, tp, pin_engine_core)) as runner:
+    with rayeval_runner(rayeval_a_plan(replicas, tp, pin_engine_core)) as runner:
         repeats = [
-            _rayeval_generate(runner, name, rayeval_a_requests(runner.model_path, repeat))
+            rayeval_generate(runner, name, rayeval_a_requests(runner.model_path, repeat))
             for repeat in range(A_REPEATS)
         ]
     engine = runner.stats.engines[0]
@@ -546,14 +389,13 @@ def run_config(name: str) -> dict:
         "engine-one-call": run_engine_one_call,
         "asyncllm": run_asyncllm,
         "rayeval-1-vs-vllm": run_rayeval_vs_vllm,
-        "rayeval-2-vs-1": run_rayeval_scaling_paired,
         "vllm-2-vs-1": run_vllm_scaling_paired,
-        "ifeval-2-vs-1": run_ifeval_scaling_paired,
         "vllm-turns": serve_vllm_turns,
-        "rayeval-1-turns": serve_rayeval_turns,
     }
     if name in runners:
         return runners[name]()
+    if is_layout_config(name):
+        return run_layout_config(name)
     if name.startswith("vllm-shard-"):
         return run_vllm(int(name.rsplit("-", 1)[1]), 2)
     if name.startswith("rayeval-"):

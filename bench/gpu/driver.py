@@ -202,6 +202,13 @@ def _with_ratios(rows: list[dict]) -> dict:
             for row in rows
             if key in row
         },
+        # every paired row's median ratio by its configuration's name (bench.gpu.layouts' among them)
+        **{
+            f"paired_{row['config']}_median": value["median"]
+            for row in rows
+            for key, value in row.items()
+            if "_over_" in key and isinstance(value, dict) and "median" in value
+        },
     }
 
 

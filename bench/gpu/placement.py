@@ -1,8 +1,10 @@
 """Which GPU each side of a paired configuration runs on, and how much of that GPU's memory its engine may take.
 
 With a GPU per side, each side has its own and the engine its full share (`GPU_MEMORY`). With fewer, the sides
-share the GPUs in turn (side i on GPU i mod n) and each engine on a shared GPU gets an equal part of that share;
-the sides' engines then start one after the other, since vLLM sizes its KV cache from the memory it sees free
+share the GPUs in turn (side i on GPU i mod n) and each engine on a shared GPU gets an equal part of that share.
+Sides that each lay engines over every GPU (bench.gpu.layouts: 2 replicas of tensor parallel 2 against one of
+4 on four GPUs) all see every GPU, with an equal part of the share each (`share_every_gpu`). Where GPUs are shared,
+the sides' engines start one after the other, since vLLM sizes its KV cache from the memory it sees free
 and would count another engine's allocations made during its start as its own. The turns themselves never
 overlap (bench/paired.py), so the sides do not compete for the GPU while one of them is measured.
 """
@@ -22,7 +24,7 @@ SMOKE_GPU = (
 
 @dataclass(frozen=True)
 class SidePlace:
-    gpu: str  # the side's CUDA_VISIBLE_DEVICES: one GPU, named as the parent's list names it
+    gpu: str  # the side's CUDA_VISIBLE_DEVICES: one GPU or several, named as the parent's list names them
     gpu_memory_utilization: float  # of that GPU, for the side's engine
     shared: bool  # another side's engine is on the same GPU
 
@@ -37,6 +39,14 @@ def place_sides(roles: list[str], gpus: list[str], memory: float = GPU_MEMORY) -
         role: SidePlace(gpu, round(memory / sharing[gpu], 3), sharing[gpu] > 1)
         for role, gpu in chosen.items()
     }
+
+
+def share_every_gpu(roles: list[str], gpus: list[str], memory: float = GPU_MEMORY) -> dict[str, SidePlace]:
+    """Each role on every GPU with an equal part of the memory share (its engines start after the others')."""
+    if not gpus:
+        raise RuntimeError("no GPU is visible to this process (CUDA_VISIBLE_DEVICES, nvidia-smi -L)")
+    every = ",".join(gpus)
+    return {role: SidePlace(every, round(memory / len(roles), 3), len(roles) > 1) for role in roles}
 
 
 def parse_visible_gpus(cuda_visible_devices: str | None, nvidia_smi_list: str) -> list[str]:

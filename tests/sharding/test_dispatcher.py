@@ -82,6 +82,14 @@ def test_longest_expected_first_on_a_single_replica():
     assert [g.prompt for g in fake.seen] == ["x" * 400, "mid", "short"]
 
 
+def test_the_replicas_it_feeds_are_listed_in_the_order_they_joined():
+    first, second, third = (Replica(name, FakeReplica(name), max_in_flight=1) for name in ("r0", "r1", "r2"))
+    dispatcher = Dispatcher([first, second])
+    dispatcher.add_replica(third, replaces="r0")
+    assert dispatcher.replicas == [first, second, third]
+    assert dispatcher.stats.replacements == {"r2": "r0"}
+
+
 def test_in_flight_window_is_filled_but_never_exceeded():
     fake = FakeReplica("r0", delay=0.01)
     groups = [make_group(f"p{i}", n=2) for i in range(20)]
