@@ -85,6 +85,12 @@ def gpus_for(name: str, needed: int) -> list[str]:
     return gpus
 
 
+def scaling_sides(kind: str, count: int) -> tuple[str, str]:
+    """The two sides' names: one replica, then N; with N = 1 the second is `-again` (an A/A pair, its noise
+    floor), so the sides stay apart."""
+    return f"{kind}-1", f"{kind}-{count}" if count > 1 else f"{kind}-1-again"
+
+
 def scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], list]) -> dict:
     """One rayeval pool of N replicas, in ABBA pairs of turns: one replica alone (which one rotates), then all
     N through one dispatcher, each turn on `requests(seed)` with a fresh seed."""
@@ -92,7 +98,7 @@ def scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], list]) ->
     from sharding.dispatcher import Dispatcher
 
     count = plan.config.cluster.replicas
-    sides = (f"{name.split('-')[0]}-1", f"{name.split('-')[0]}-{count}")
+    sides = scaling_sides(name.split("-")[0], count)
     turns: dict[str, list[dict]] = {side: [] for side in sides}
     with rayeval_runner(plan) as runner:
         every = runner._ensure_replicas()

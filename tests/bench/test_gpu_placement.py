@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.gpu.layouts import Layout, gpus_for, is_layout_config
+from bench.gpu.layouts import Layout, gpus_for, is_layout_config, scaling_sides
 from bench.gpu.placement import SidePlace, parse_visible_gpus, place_sides, share_every_gpu, side_env
 
 NVIDIA_SMI_ONE = "GPU 0: NVIDIA H200 (UUID: GPU-0c1e)\n"
@@ -76,3 +76,9 @@ def test_a_layout_wider_than_the_visible_gpus_is_refused_by_name(monkeypatch):
     monkeypatch.setattr("bench.gpu.layouts.visible_gpus", lambda: ["0"])
     with pytest.raises(RuntimeError, match="layout-2x2-vs-1x4 needs 4 GPUs and this machine shows 1"):
         gpus_for("layout-2x2-vs-1x4", 4)
+
+
+def test_scaling_sides_are_one_replica_and_n_and_stay_apart_where_n_is_one():
+    assert scaling_sides("rayeval", 4) == ("rayeval-1", "rayeval-4")
+    # rayeval-1-vs-1 on a one-GPU machine: an A/A pair, two sides (one name for both lost a side's turns)
+    assert scaling_sides("ifeval", 1) == ("ifeval-1", "ifeval-1-again")
