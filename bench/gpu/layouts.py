@@ -85,10 +85,15 @@ def gpus_for(name: str, needed: int) -> list[str]:
     return gpus
 
 
+def sides_apart(a: str, b: str) -> tuple[str, str]:
+    """A paired configuration's two side names; where both would be the same (an A/A pair, which measures the
+    noise floor), the second is `<name>-again`, so each side keeps its own turns."""
+    return a, b if b != a else f"{b}-again"
+
+
 def scaling_sides(kind: str, count: int) -> tuple[str, str]:
-    """The two sides' names: one replica, then N; with N = 1 the second is `-again` (an A/A pair, its noise
-    floor), so the sides stay apart."""
-    return f"{kind}-1", f"{kind}-{count}" if count > 1 else f"{kind}-1-again"
+    """The two sides' names: one replica, then N (`<kind>-1-again` where N is 1)."""
+    return sides_apart(f"{kind}-1", f"{kind}-{count}")
 
 
 def scaling_paired(name: str, plan: RunPlan, requests: Callable[[int], list]) -> dict:
@@ -168,7 +173,7 @@ def run_layouts_paired(name: str, a: Layout, b: Layout) -> dict:
     """Layouts `a` and `b` over the same GPUs, one process each, in ABBA pairs of turns on the same prompts."""
     from bench.paired import pairs_before
 
-    roles = [str(a), str(b) if b != a else f"{b}-again"]  # an A/A pair (1x1-vs-1x1) measures the noise floor
+    roles = list(sides_apart(str(a), str(b)))
 
     def play(referee: Referee) -> dict:
         turns: dict[str, list[dict]] = {role: [] for role in roles}
