@@ -57,11 +57,39 @@ def base_ifeval_records(base_ifeval_run) -> list[dict]:
     return rows
 
 
+EXIT_STATUS = pytest.StashKey[int]()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Stop the test run's shared cluster (tests/warm_cluster.py), if a test started it."""
+    """Stop the test run's shared cluster (tests/warm_cluster.py), if a test started it, and Ray in this
+    process, if a test joined it here; keep the session's exit status for `pytest_unconfigure`."""
+    import sys
+
     from tests.warm_cluster import stop_warm_cluster
 
     stop_warm_cluster()
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+    session.config.stash[EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the test process with pytest's exit status once every report is written (the terminal summary,
+    --junitxml), without the interpreter's teardown. This process holds torch, Ray's gRPC and pyarrow's S3
+    client (the AWS SDK) in-process; tearing those C extensions down at exit is not safe in every order (a CI
+    run segfaulted there after all 679 tests had passed, and make reported the crash instead of the
+    result). Nothing the tests made depends on that teardown: their clusters and servers stop in fixtures
+    and in `pytest_sessionfinish` above."""
+    import os
+    import sys
+
+    status = config.stash.get(EXIT_STATUS, None)
+    if status is None:  # no session ran (--help, --version, a usage error): the normal exit
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,37 @@
+"""The test process ends with pytest's own exit status once its reports are written (tests/conftest.py's
+`pytest_unconfigure`), never with a crash of the interpreter's teardown in its place."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_with_our_hooks(*args: str) -> subprocess.CompletedProcess[str]:
+    """pytest in a child process with tests/conftest.py loaded as a plugin, on test files outside tests/."""
+    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", *args]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_a_failing_run_exits_1_after_its_summary_and_junit_report(tmp_path: Path):
+    tests = tmp_path / "test_two.py"
+    tests.write_text("def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 1 == 2\n")
+    junit = tmp_path / "junit.xml"
+    done = pytest_with_our_hooks(str(tests), f"--junitxml={junit}")
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "1 failed, 1 passed" in done.stdout.splitlines()[-1]
+    suite = ElementTree.parse(junit).getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "1")
+
+
+def test_a_run_that_collects_nothing_exits_5_and_help_exits_0(tmp_path: Path):
+    (tmp_path / "test_one.py").write_text("def test_passes():\n    pass\n")
+    done = pytest_with_our_hooks(str(tmp_path), "-k", "no_such_test")
+    assert done.returncode == 5 and "1 deselected" in done.stdout, done.stdout[-2000:]
+    help_text = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=REPO, capture_output=True,
+                               text=True, timeout=120)  # fmt: skip  # tests/conftest.py loaded as a conftest
+    assert help_text.returncode == 0 and "usage:" in help_text.stdout
