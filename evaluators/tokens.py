@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from evaluators.records import SampleRecord
 
+GENERATION_S_DIGITS = 3  # summary.json's seconds are rounded to the millisecond
+
 
 @dataclass(frozen=True)
 class TokenCounts:
@@ -38,11 +40,20 @@ class RunTokens:
     per_replica: dict[str, TokenCounts] = field(default_factory=dict)
 
     @property
+    def reported_generation_s(self) -> float:
+        """The generation seconds as summary.json holds them (to the millisecond)."""
+        return round(self.generation_s, GENERATION_S_DIGITS)
+
+    @property
     def output_tokens_per_s(self) -> float | None:
-        """Output tokens generated in this run per second of its generation; None when it generated none."""
-        if self.generated.output_tokens == 0 or self.generation_s <= 0:
+        """Output tokens generated in this run per second of its generation, over the seconds as reported, so
+        that summary.json's output tokens over its generation seconds give its rate to the rate's last digit
+        (over the unrounded seconds, a run of a few seconds would differ from it by more); None when it
+        generated none."""
+        seconds = self.reported_generation_s
+        if self.generated.output_tokens == 0 or seconds <= 0:
             return None
-        return self.generated.output_tokens / self.generation_s
+        return self.generated.output_tokens / seconds
 
     def to_json(self) -> dict[str, object]:
         """summary.json's `run.tokens`."""
@@ -51,7 +62,7 @@ class RunTokens:
             "prompt_tokens": self.total.prompt_tokens,
             "output_tokens": self.total.output_tokens,
             "generated": _counts_json(self.generated),
-            "generation_s": round(self.generation_s, 3),
+            "generation_s": self.reported_generation_s,
             "output_tokens_per_s": None if rate is None else round(rate, 1),
             "per_replica": {name: _counts_json(counts) for name, counts in sorted(self.per_replica.items())},
             "counted": "each request once; generated, per_replica and output_tokens_per_s count only the "

@@ -4,6 +4,8 @@ tokens per second over the generation seconds of what this run generated."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from evaluators.records import SampleRecord
 from evaluators.report import render_table, summarize_task
@@ -76,3 +78,13 @@ def test_the_footer_is_the_tables_last_line():
         "= 78.5 tokens/s"
     )
     assert table == render_table([summary]) + tokens.footer() + "\n"
+
+
+@given(output=st.integers(1, 10**8), seconds=st.floats(0.0005, 1e5, allow_nan=False))
+def test_the_reported_rate_is_the_reported_tokens_over_the_reported_seconds(output: int, seconds: float):
+    """What a reader recomputes from summary.json (generated output tokens over generation_s) agrees with its
+    output_tokens_per_s to that figure's rounding, however short the generation."""
+    records = [record("t", 0, 0, "r", "replica-0", 1, output)]
+    body = run_tokens(records, {"r"}, generation_s=seconds).to_json()
+    recomputed = body["generated"]["output_tokens"] / body["generation_s"]
+    assert body["output_tokens_per_s"] == pytest.approx(recomputed, abs=0.05, rel=1e-12)
