@@ -77,10 +77,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """End the test process with pytest's exit status once every report is written (the terminal summary,
     --junitxml), without the interpreter's teardown. This process holds torch, Ray's gRPC and pyarrow's S3
-    client (the AWS SDK) in-process; tearing those C extensions down at exit is not safe in every order (a CI
-    run segfaulted there after all 679 tests had passed, and make reported the crash instead of the
-    result). Nothing the tests made depends on that teardown: their clusters and servers stop in fixtures
-    and in `pytest_sessionfinish` above."""
+    client (the AWS SDK) in-process; tearing those C extensions down at exit is not safe in every order, and a
+    segfault there would replace the status of a run whose reports are already written. Nothing the tests
+    made depends on that teardown: their clusters and servers stop in fixtures and in `pytest_sessionfinish`
+    above."""
     import os
     import sys
 
