@@ -15,6 +15,7 @@ from cluster.run.requests import PlannedSample
 from evaluators.failures import FailureKind
 from evaluators.judging.base import JudgeTask
 from evaluators.records import SampleRecord
+from evaluators.report import preload_report_libraries
 from evaluators.tasks.base import Sample, Task
 from sharding.requests import Completion
 
@@ -74,6 +75,9 @@ class SampleWriter:
             try:
                 if self._error is None:
                     self._add(completion)
+                    # what the final files import, beside generation once the first result is out (on two
+                    # cores, before it would slow the first answers); a second call does nothing
+                    preload_report_libraries()
             except BaseException as exc:  # noqa: BLE001 - kept and raised by drain(), on the caller's thread
                 self._error = exc
             finally:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 
@@ -65,3 +67,24 @@ def test_a_task_with_bootstrap_statistics_names_its_headline_interval():
     assert body["headline_interval"].startswith(
         "metrics.*.ci95: the t-interval on the question-clustered SEM"
     )
+
+
+def test_the_report_libraries_load_once_in_the_background_and_the_sample_files_then_write(tmp_path):
+    """A fresh process: the preload's thread imports what writing the Parquet file and the summary would
+    import after a run's last result (pandas, through pyarrow's row conversion; scipy.special), once."""
+    script = f"""
+import sys
+from evaluators.report import preload_report_libraries, write_samples
+assert "pandas" not in sys.modules
+thread = preload_report_libraries()
+assert preload_report_libraries() is thread
+thread.join()
+print(sorted(name for name in ("pandas", "scipy.special") if name in sys.modules))
+from evaluators.records import SampleRecord
+record = SampleRecord("t", 0, 0, "r0", "p", "o", "o", scores={{"acc": 1.0}})
+write_samples(__import__("pathlib").Path({str(tmp_path)!r}), "t", [record])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['pandas', 'scipy.special']"
+    assert pq.read_table(tmp_path / "t.parquet").num_rows == 1
