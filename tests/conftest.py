@@ -60,6 +60,26 @@ def base_ifeval_records(base_ifeval_run) -> list[dict]:
 EXIT_STATUS = pytest.StashKey[int]()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (`timeout`, a CI runner cancelling the job, `kill`) stops the test run as Ctrl-C does: pytest
+    then still runs `pytest_sessionfinish`, which stops the shared cluster and the servers session fixtures
+    started. Killed outright, the test process would leave them running (a `ray start` head with three warm
+    pools, a SeaweedFS server) to fail the next run for memory. A second SIGTERM ends the process at once."""
+    import os
+    import signal
+
+    main_process = os.getpid()
+
+    def interrupt(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if os.getpid() != main_process:  # a child forked from this process: the default (it ends)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise KeyboardInterrupt(f"stopped by signal {signum} (SIGTERM)")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Stop the test run's shared cluster (tests/warm_cluster.py), if a test started it, and Ray in this
     process, if a test joined it here; keep the session's exit status for `pytest_unconfigure`."""

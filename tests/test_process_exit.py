@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -35,3 +37,28 @@ def test_a_run_that_collects_nothing_exits_5_and_help_exits_0(tmp_path: Path):
     help_text = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=REPO, capture_output=True,
                                text=True, timeout=120)  # fmt: skip  # tests/conftest.py loaded as a conftest
     assert help_text.returncode == 0 and "usage:" in help_text.stdout
+
+
+def test_a_sigterm_stops_the_run_through_its_session_finish(tmp_path: Path):
+    """`timeout` or a cancelled CI job sends SIGTERM: pytest ends as after Ctrl-C (status 2, its summary), and
+    session finish runs, which is where the shared cluster and the session's servers are stopped."""
+    finished = tmp_path / "session-finished"
+    (tmp_path / "conftest.py").write_text(
+        "def pytest_sessionfinish(session, exitstatus):\n"
+        f"    open({str(finished)!r}, 'w').write(str(int(exitstatus)))\n"
+    )
+    started = tmp_path / "started"
+    (tmp_path / "test_slow.py").write_text(
+        f"import time\n\n\ndef test_waits():\n    open({str(started)!r}, 'w').close()\n    time.sleep(120)\n"
+    )
+    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", str(tmp_path)]  # fmt: skip
+    child = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.1)
+    assert started.exists(), child.communicate()[0][-2000:]
+    child.send_signal(signal.SIGTERM)
+    output = child.communicate(timeout=60)[0]
+    assert child.returncode == 2, output[-2000:]
+    assert "KeyboardInterrupt" in output and "stopped by signal" in output
+    assert finished.read_text() == "2"
