@@ -107,5 +107,13 @@ def engine_actor_pids() -> list[int]:
     return [pid for pid in psutil.pids() if pid not in shared and is_engine_actor(pid)]
 
 
+def every_core_binding() -> dict[str, str]:
+    """For a vLLM the tests start outside rayeval (lm-eval's reference, `vllm serve`): its CPU worker computes on
+    every core this process may use. vLLM's CPU default keeps one core for its front end, which on a 2-core
+    machine leaves the worker one core; float32 outputs do not depend on it (every response and log-likelihood
+    of the lm-eval module's reference runs equal on one core and on two)."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))}
+
+
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

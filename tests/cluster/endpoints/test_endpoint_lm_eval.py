@@ -18,7 +18,7 @@ import pytest
 
 from cluster.models import default_model_dir
 from tests.ray_head import free_port
-from tests.runs import MODEL_DIR, rayeval, records
+from tests.runs import MODEL_DIR, every_core_binding, rayeval, records
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def vllm_server() -> Iterator[Callable[[], str]]:
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model_dir()),
         "--served-model-name", SERVED_NAME, "--port", str(port), *SERVER,
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **every_core_binding()}
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)  # fmt: skip
     try:
