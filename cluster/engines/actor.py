@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import inspect
 import logging
 import os
@@ -224,6 +225,9 @@ class EngineActor:
 
     async def _start(self) -> EngineInfo:
         importing = time.perf_counter()
+        importlib.import_module(
+            "cluster.engines.lean_imports"
+        )  # before vLLM: transformers skips scikit-learn
         import vllm
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -130,6 +130,10 @@ def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_r
     assert core.environ()["OMP_NUM_THREADS"] == threads and core.environ()["OMP_PROC_BIND"] == "true"
     # the KV cache's size reached vLLM as an engine argument: its whole-GiB variable is not there to override it
     assert "VLLM_CPU_KVCACHE_SPACE" not in core.environ()
+    # scikit-learn, which transformers imports with vLLM where it is installed, is loaded in none of the engine's
+    # processes (cluster.engines.lean_imports): its compiled modules are mapped in none of them
+    for process in (psutil.Process(actor_pid), server, core):
+        assert "/sklearn/" not in Path(f"/proc/{process.pid}/maps").read_text(), process.cmdline()[:3]
 
 
 def test_a_fractional_kv_cache_size_becomes_vllms_engine_argument(monkeypatch):
