@@ -51,6 +51,11 @@ class SampleWriter:
         self._queue: queue.Queue[Completion | None] = queue.Queue()
         self._error: BaseException | None = None
         self._scorers_ready: set[str] = set()
+        # What the final files import (pandas, through pyarrow: 0.3-0.45 s) is imported beside generation once
+        # the first result is scored, where the engines leave this machine's cores free (GPU engines, an
+        # endpoint). CPU engines use every core of their node: there the import would slow generation by what
+        # it saves at the end (four pairs on two cores), so it stays at the end.
+        self._preload_report = plan.device != "cpu"
         self._thread = threading.Thread(target=self._work, name="scoring", daemon=True)
         self._thread.start()
 
@@ -75,9 +80,8 @@ class SampleWriter:
             try:
                 if self._error is None:
                     self._add(completion)
-                    # what the final files import, beside generation once the first result is out (on two
-                    # cores, before it would slow the first answers); a second call does nothing
-                    preload_report_libraries()
+                    if self._preload_report:
+                        preload_report_libraries()  # a second call does nothing
             except BaseException as exc:  # noqa: BLE001 - kept and raised by drain(), on the caller's thread
                 self._error = exc
             finally:
