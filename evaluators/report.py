@@ -142,7 +142,8 @@ def preload_report_libraries() -> threading.Thread:
     """Start, once per process and in a background thread, the imports a run's end would otherwise wait for
     after its last result: pandas, which pyarrow imports the first time it converts Python rows into a table
     (`write_samples`: 0.3 to 0.45 s on two cores), and scipy.special, the t-quantile of every summary. A run
-    starts it once its requests are built, so the imports overlap generation. pandas is imported before
+    whose engines leave this machine's cores free starts it once its first result is scored, so the imports
+    overlap generation (the run's scoring thread starts it). pandas is imported before
     pyarrow's first conversion, so a conversion on another thread meanwhile waits on Python's import lock for
     the same module rather than finding it half-imported."""
 

@@ -225,9 +225,8 @@ class EngineActor:
 
     async def _start(self) -> EngineInfo:
         importing = time.perf_counter()
-        importlib.import_module(
-            "cluster.engines.lean_imports"
-        )  # before vLLM: transformers skips scikit-learn
+        # before vLLM: transformers then skips scikit-learn (the engine-core server preloads it the same way)
+        importlib.import_module("cluster.engines.lean_imports")
         import vllm
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
