@@ -112,7 +112,9 @@ def every_core_binding() -> dict[str, str]:
     every core this process may use. vLLM's CPU default keeps one core for its front end, which on a 2-core
     machine leaves the worker one core; float32 outputs do not depend on it (every response and log-likelihood
     of the lm-eval module's reference runs equal on one core and on two)."""
-    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))}
+    from cluster.engines import BINDING_ENV, cpu_thread_binding
+
+    return {BINDING_ENV: cpu_thread_binding(0, 1, 1, sorted(os.sched_getaffinity(0)))}
 
 
 def records(path: Path) -> list[dict]:

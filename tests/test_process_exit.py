@@ -13,10 +13,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def pytest_with_our_hooks(*args: str) -> subprocess.CompletedProcess[str]:
+def pytest_argv(*args: str) -> list[str]:
     """pytest in a child process with tests/conftest.py loaded as a plugin, on test files outside tests/."""
-    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", *args]
-    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    return [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", *args]
+
+
+def pytest_with_our_hooks(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(pytest_argv(*args), cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 def test_a_failing_run_exits_1_after_its_summary_and_junit_report(tmp_path: Path):
@@ -51,8 +54,9 @@ def test_a_sigterm_stops_the_run_through_its_session_finish(tmp_path: Path):
     (tmp_path / "test_slow.py").write_text(
         f"import time\n\n\ndef test_waits():\n    open({str(started)!r}, 'w').close()\n    time.sleep(120)\n"
     )
-    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", str(tmp_path)]  # fmt: skip
-    child = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(
+        pytest_argv(str(tmp_path)), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 60
     while not started.exists() and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.1)

@@ -31,7 +31,13 @@ _EXPORTS = {
         "replica_call",
         "remote_message",
     ),
-    "cores": ("cpu_thread_binding", "single_worker_omp_env", "bind_this_node", "ENGINE_CORE_SLOT_ENV"),
+    "cores": (
+        "cpu_thread_binding",
+        "single_worker_omp_env",
+        "bind_this_node",
+        "ENGINE_CORE_SLOT_ENV",
+        "BINDING_ENV",
+    ),
     "logs": ("LogPlace", "EngineLog", "describe_failure", "first_exception", "mark", "read_on_node"),
     "affinity": ("engine_core_cpus", "pin_descendants", "descendants"),
 }
