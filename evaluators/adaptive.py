@@ -19,8 +19,10 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    pass
 
 
 class StopReason(StrEnum):
@@ -47,6 +49,8 @@ class Allocation:
 
 def clustered_sem(values: dict[int, list[float]]) -> float:
     """The question-clustered SEM of the benchmark mean: std of per-question means / sqrt(questions)."""
+    import numpy as np
+
     means = np.array([np.mean(v) for v in values.values() if v])
     if len(means) < 2:
         return float("nan")
@@ -55,6 +59,8 @@ def clustered_sem(values: dict[int, list[float]]) -> float:
 
 def question_variances(values: dict[int, list[float]]) -> dict[int, float]:
     """Each question's per-sample variance, with the prior of the module docstring."""
+    import numpy as np
+
     flat = [x for v in values.values() for x in v]
     binary = bool(flat) and all(x in (0.0, 1.0) for x in flat)
     if binary:

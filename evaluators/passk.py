@@ -14,10 +14,12 @@ one value), and its CI95 is a t-interval cut to [0, 1].
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from evaluators.stats import ScoredItem, question_scores, t_critical_95
+
+if TYPE_CHECKING:
+    import numpy as np
 
 METHOD = (
     "unbiased estimator (Chen et al. 2021) per question with its own n, mean over every question, "
@@ -49,6 +51,8 @@ class PassAtKTable:
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of one question with `c` successes among `n` samples."""
+    import numpy as np
+
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
     if n - c < k:
@@ -73,6 +77,8 @@ def is_binary(items: list[ScoredItem]) -> bool:
 def pass_at_k_table(items: list[ScoredItem]) -> PassAtKTable:
     """pass@k for k in {1, 2, 4, ...} up to the most samples a question has; empty where no question has two
     samples or the metric is not 0/1 per sample."""
+    import numpy as np
+
     if not is_binary(items):
         return PassAtKTable()
     per_question = question_scores(items)
@@ -92,6 +98,8 @@ def pass_at_k_table(items: list[ScoredItem]) -> PassAtKTable:
 
 
 def _row(k: int, values: np.ndarray) -> PassAtK:
+    import numpy as np
+
     mean = float(values.mean())
     if len(values) < 2:
         nan = float("nan")

@@ -12,9 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from evaluators.adaptive import AdaptiveReport
 from evaluators.failures import failure_kind
 from evaluators.judging.base import TaskStatistic
@@ -149,6 +146,7 @@ def preload_report_libraries() -> threading.Thread:
 
     def load() -> None:
         import pandas  # noqa: F401 - imported for its side effect: loaded once, here
+        import pyarrow as pa
         from scipy import special  # noqa: F401
 
         pa.Table.from_pylist([{"preload": 0}])  # pyarrow's pandas adapter, set up once per process
@@ -160,6 +158,9 @@ def preload_report_libraries() -> threading.Thread:
 
 def write_samples(directory: Path, task: str, records: list[SampleRecord]) -> tuple[Path, Path]:
     """Final per-sample files, in (question, sample) order so a resumed run writes the same bytes of data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     directory.mkdir(parents=True, exist_ok=True)
     ordered = sorted(records, key=lambda r: r.sort_key)
     jsonl = directory / f"{task}.jsonl"

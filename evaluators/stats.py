@@ -15,8 +15,11 @@ questions, the symmetric interval would otherwise claim values that cannot exist
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
 
 CI_METHOD = "t-interval on the question-clustered SEM, df = questions - 1"
 CI_METHOD_PROPORTION = CI_METHOD + ", cut to [0, 1] (a proportion of successes)"
@@ -87,6 +90,8 @@ class QuestionScores:
 
 def question_scores(items: list[ScoredItem]) -> QuestionScores:
     """The per-question reduction of `QuestionScores`, questions in ascending order."""
+    import numpy as np
+
     if not items:
         empty = np.zeros(0)
         return QuestionScores((), empty, empty, empty, empty)
@@ -115,6 +120,8 @@ def summarize(
     """Reduce scored samples to mean@N with its clustered SEM, CI95 and the std of the per-run means. The CI95
     is cut to `bounds` (the metric's known range) where given, else to [0, 1] for a proportion.
     `common_runs`: with adaptive N, the runs every question has (the std across runs uses those only)."""
+    import numpy as np
+
     if not items:
         nan = float("nan")
         return MetricSummary(nan, nan, nan, nan, CI_METHOD, nan, (), num_runs, 0, 0)
@@ -177,6 +184,8 @@ def _run_means(
 
 def counts_successes(items: list[ScoredItem]) -> bool:
     """Whether the items are successes out of trials (see `_counts_successes`): a metric within [0, 1]."""
+    import numpy as np
+
     values = np.array([i.value for i in items], dtype=float)
     weights = np.array([i.weight for i in items], dtype=float)
     return bool(items) and _counts_successes(values, weights)
@@ -188,5 +197,7 @@ def _counts_successes(values: np.ndarray, weights: np.ndarray) -> bool:
     A continuous score (F1, BLEU, a judge's rating) is left unbounded: its range is not known here.
     A value arrives as rate x weight, which floats do not always round-trip (7 / 25 * 25 != 7), hence the
     tolerance."""
+    import numpy as np
+
     whole = np.allclose(values, np.round(values), rtol=0, atol=1e-9) and np.all(weights == np.round(weights))
     return bool(whole and np.all(values >= 0) and np.all(values <= weights + 1e-9))

@@ -11,18 +11,11 @@ run here has one model against one reference.
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from evaluators.data import load_rows, packaged_or_hub
 from evaluators.judging.base import JudgedItem, JudgedSample, JudgePrompt, JudgeTask, TaskStatistic
 from evaluators.judging.parsing import answer_for, bracket_verdict, template_digest
-from evaluators.judging.statistics import (
-    bootstrap_statistic,
-    length_controlled_win_rate,
-    metric_statistic,
-    question_index,
-)
 from evaluators.tasks.base import (
     DataSourceInfo,
     MetricSpec,
@@ -31,6 +24,9 @@ from evaluators.tasks.base import (
     Sample,
     TaskDefaults,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PACKAGED = ("eval_framework.tasks.alpaca_eval", "data/alpaca_eval_gpt4_baseline.json")
 HUB = "hf://tatsu-lab/alpaca_eval:alpaca_eval_gpt4_baseline"
@@ -118,6 +114,15 @@ class AlpacaEval(JudgeTask):
         )
 
     def statistics(self, items: list[JudgedItem], seed: int = 0) -> list[TaskStatistic]:
+        import numpy as np
+
+        from evaluators.judging.statistics import (
+            bootstrap_statistic,
+            length_controlled_win_rate,
+            metric_statistic,
+            question_index,
+        )
+
         games = _games(items)
         if games is None:
             return []
@@ -146,6 +151,8 @@ class AlpacaEval(JudgeTask):
 
 def _games(items: list[JudgedItem]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(question, model won 0/1, length difference) for every judgment of every item."""
+    import numpy as np
+
     rows = [
         (
             item.question,

@@ -16,7 +16,6 @@ from evaluators.data import load_rows, package_data_file
 from evaluators.errors import DataError
 from evaluators.judging.base import JudgedItem, JudgedSample, JudgePrompt, JudgeTask, TaskStatistic
 from evaluators.judging.parsing import answer_for, bracket_verdict, template_digest
-from evaluators.judging.statistics import metric_statistic
 from evaluators.tasks.base import (
     DataSourceInfo,
     MetricSpec,
@@ -148,6 +147,8 @@ class ArenaHard(JudgeTask):
         )
 
     def statistics(self, items: list[JudgedItem], seed: int = 0) -> list[TaskStatistic]:
+        from evaluators.judging.statistics import metric_statistic
+
         if not items:
             return []
         estimator = (

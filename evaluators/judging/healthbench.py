@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from evaluators.data import load_rows, packaged_or_hub
 from evaluators.errors import DataError
 from evaluators.judging.base import JudgedItem, JudgedSample, JudgePrompt, JudgeTask, TaskStatistic
 from evaluators.judging.parsing import answer_for, extract_json_object, parse_error, quote, template_digest
-from evaluators.judging.statistics import bootstrap_statistic, metric_statistic, question_index
 from evaluators.tasks.base import (
     ChatMessage,
     DataSourceInfo,
@@ -29,6 +26,9 @@ from evaluators.tasks.base import (
     Sample,
     TaskDefaults,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PACKAGED = ("eval_framework.tasks.healthbench", "data/healthbench_eval.jsonl")
 HUB = "hf://openai/healthbench"
@@ -124,6 +124,8 @@ class HealthBench(JudgeTask):
         )
 
     def statistics(self, items: list[JudgedItem], seed: int = 0) -> list[TaskStatistic]:
+        from evaluators.judging.statistics import metric_statistic
+
         if not items:
             return []
         estimator = "mean rubric score (met points / positive points, clipped to [0, 1] per sample)"
@@ -138,6 +140,10 @@ class HealthBench(JudgeTask):
 
     def _reference_clipping(self, items: list[JudgedItem], seed: int) -> TaskStatistic:
         """HealthBench's own aggregate: the mean of the unclipped scores, clipped to [0, 1] once."""
+        import numpy as np
+
+        from evaluators.judging.statistics import bootstrap_statistic, question_index
+
         scored = [i for i in items if "unclipped_score" in i.judged.features]
         index, num_questions = question_index([i.question for i in scored])
         q_sum = np.bincount(index, weights=[i.judged.features["unclipped_score"] for i in scored])

@@ -229,9 +229,11 @@ def test_the_command_returns_mains_exit_code_with_its_heap_frozen_for_the_exit()
     assert "bad input 2" in done.stdout and "no-such-file.yaml" in done.stderr
 
 
-def test_help_and_dry_run_import_neither_ray_vllm_torch_nor_the_ifeval_checkers(tmp_path):
+def test_help_and_dry_run_import_neither_ray_vllm_torch_the_ifeval_checkers_nor_numerics(tmp_path):
     # What makes `rayeval run --help` and `--dry-run` take a second, not ten: the heavy packages are imported
-    # where they are used. torch is not needed to tell that a CPU build of it sees no GPU.
+    # where they are used. torch is not needed to tell that a CPU build of it sees no GPU. A run plans as its
+    # dry run does before its first request, so NumPy, pyarrow, pandas and SciPy (the statistics and the
+    # sample files, 0.3 s of imports and more on a many-core host) load after it, once results arrive.
     script = (
         "import sys\n"
         "from cluster.cli import main\n"
@@ -240,7 +242,8 @@ def test_help_and_dry_run_import_neither_ray_vllm_torch_nor_the_ifeval_checkers(
         "        main(argv)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "print(sorted(m for m in ('ray', 'vllm', 'torch', 'nltk', 'lm_eval') if m in sys.modules))\n"
+        "heavy = ('ray', 'vllm', 'torch', 'nltk', 'lm_eval', 'numpy', 'pyarrow', 'pandas', 'scipy')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
