@@ -110,26 +110,38 @@ def missing_checker_modules() -> list[str]:
     return missing
 
 
-@functools.cache
 def preload_ifeval_utils() -> Future[ModuleType]:
     """`load_ifeval_utils` started once in a background thread; its future holds the module or the error.
 
     The thread also loads langdetect's language profiles, which the first detection would otherwise load
     (0.6 to 0.9 s on two cores, paid at a run's end when the language checker comes late)."""
-    future: Future[ModuleType] = Future()
+    global _preload
+    with _preload_lock:
+        if _preload is None:
+            _preload = Future()
+            threading.Thread(target=_preload_into, args=(_preload,), name="ifeval-checkers-import",
+                             daemon=True).start()  # fmt: skip
+        return _preload
 
-    def load() -> None:
-        try:
-            utils = load_ifeval_utils()
-            from langdetect.detector_factory import init_factory
 
-            init_factory()
-            future.set_result(utils)
-        except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the future
-            future.set_exception(error)
+def ifeval_utils_preloaded() -> Future[ModuleType] | None:
+    """`preload_ifeval_utils`'s future where it has been started, without starting it."""
+    return _preload
 
-    threading.Thread(target=load, name="ifeval-checkers-import", daemon=True).start()
-    return future
+
+_preload: Future[ModuleType] | None = None
+_preload_lock = threading.Lock()
+
+
+def _preload_into(future: Future[ModuleType]) -> None:
+    try:
+        utils = load_ifeval_utils()
+        from langdetect.detector_factory import init_factory
+
+        init_factory()
+        future.set_result(utils)
+    except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the future
+        future.set_exception(error)
 
 
 def offline_loaded_checkers() -> None:

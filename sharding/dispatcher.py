@@ -136,6 +136,9 @@ class Dispatcher:
         self._replacer = replacer
         self._replacing: set[asyncio.Task[None]] = set()
         self._feeding = False  # from `open` until `drain` has returned: a replica that joins gets a feeder
+        self._feeders_running = 0
+        self._feeders_waiting = 0  # feeders waiting for room in their replica's window
+        self._handed_out = asyncio.Event()
         self.stats = DispatchStats(per_replica={s.replica.name: s.stats for s in self._states})
 
     @property
@@ -161,9 +164,8 @@ class Dispatcher:
         if on_group_done is not None:
             self._on_group_done = on_group_done
         self._open = self._feeding = True
-        self._feeders = [
-            asyncio.create_task(self._feed(state)) for state in self._states if not state.stats.dead
-        ]
+        self._handed_out.clear()
+        self._feeders = [self._start_feeder(state) for state in self._states if not state.stats.dead]
 
     async def submit(self, groups: Iterable[PromptGroup]) -> None:
         """Queue more groups (longest first among what is queued); fails them at once if no replica lives."""
@@ -176,6 +178,13 @@ class Dispatcher:
             if not self._live() and not self._replacing:
                 self._fail_everything_queued(FailureKind.REPLICAS_DEAD.error("every replica has died"))
             self._cond.notify_all()
+
+    async def handed_out(self) -> None:
+        """Return once what can be handed out now has been: every feeder waits for room (its replica's window
+        is full, or the queue is empty), or every feeder has ended. Each group handed out has had its turn to
+        send its call by then. A run starts work that would compete with the handout for the interpreter (a
+        scorer's imports, on a thread) after it."""
+        await self._handed_out.wait()
 
     async def drain(self) -> DispatchStats:
         """Wait until every submitted group has finished or failed; the dispatcher is then closed. Queued work
@@ -233,7 +242,7 @@ class Dispatcher:
             self.stats.replacements[replica.name] = replaces
             log.info("replica %s joined in place of %s", replica.name, replaces)
         if self._feeding:
-            self._feeders.append(asyncio.create_task(self._feed(state)))
+            self._feeders.append(self._start_feeder(state))
 
     def _push(self, group: PromptGroup) -> None:
         heapq.heappush(self._heap, (-group.expected_cost, next(self._arrival), group))
@@ -260,10 +269,40 @@ class Dispatcher:
         # A group larger than the whole window still runs, alone, so it can never starve.
         return state.in_flight == 0 or state.in_flight + next_size <= self._window(state)
 
+    def _start_feeder(self, state: _ReplicaState) -> asyncio.Task[None]:
+        self._feeders_running += 1  # counted from here: a feeder not yet begun has not handed out
+        return asyncio.create_task(self._feed(state))
+
     async def _feed(self, state: _ReplicaState) -> None:
+        try:
+            await self._feed_until_done(state)
+        finally:
+            self._feeders_running -= 1
+            self._note_handed_out()
+
+    def _note_handed_out(self) -> None:
+        if self._feeders_waiting >= self._feeders_running:
+            self._handed_out.set()
+
+    async def _wait_for_room(self, state: _ReplicaState) -> None:
+        """Wait (lock held) until `state`'s replica has room, it died, or the dispatch is over."""
+
+        def ready() -> bool:
+            return self._idle() or state.stats.dead or self._has_room(state)
+
+        if ready():
+            return
+        self._feeders_waiting += 1
+        self._note_handed_out()
+        try:
+            await self._cond.wait_for(ready)
+        finally:
+            self._feeders_waiting -= 1
+
+    async def _feed_until_done(self, state: _ReplicaState) -> None:
         while True:
             async with self._cond:
-                await self._cond.wait_for(lambda: self._idle() or state.stats.dead or self._has_room(state))
+                await self._wait_for_room(state)
                 if state.stats.dead or self._idle():
                     return
                 group = self._pop()

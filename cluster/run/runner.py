@@ -113,8 +113,10 @@ class RequestRunner:
         requests: Sequence[GenerationRequest],
         label: str = "generating",
         on_completion: CompletionCallback | None = None,
+        on_handed_out: Callable[[], None] | None = None,
     ) -> dict[str, Completion]:
-        """Every request's completion by request id: cached ones from the store, the rest generated now."""
+        """Every request's completion by request id: cached ones from the store, the rest generated now.
+        `on_handed_out` is called once the first requests are out (`Dispatcher.handed_out`), where any are."""
         unique = list({r.request_id: r for r in requests}.values())
         results, missing = self._reuse(unique, on_completion)
         groups = group_prompts(missing)
@@ -136,7 +138,7 @@ class RequestRunner:
                     on_completion,
                 )
             return results
-        self._generate(groups, label, results, on_completion)
+        self._generate(groups, label, results, on_completion, on_handed_out)
         self.stats.generated += total
         return results
 
@@ -167,6 +169,7 @@ class RequestRunner:
         label: str,
         results: dict[str, Completion],
         on_completion: CompletionCallback | None,
+        on_handed_out: Callable[[], None] | None = None,
     ) -> None:
         """Dispatch the groups over the replicas; each finished group is stored, then delivered."""
         dispatcher = self._ensure_replicas()
@@ -195,7 +198,7 @@ class RequestRunner:
         self.stats.first_dispatch_at = self.stats.first_dispatch_at or time.time()
         timeline.mark("first request handed out")
         with bar:
-            self._loop.run_until_complete(dispatcher.run(groups, on_group_done=done))
+            self._loop.run_until_complete(_dispatch(dispatcher, groups, done, on_handed_out))
         if self.stats.last_completion_at is not None:
             timeline.mark("last result", self.stats.last_completion_at, latest=True)
         self.stats.generation_s += time.perf_counter() - began
@@ -294,6 +297,22 @@ class RequestRunner:
         # a replacement still starting in a worker thread ends once the pool is shut down
         self._loop.run_until_complete(self._loop.shutdown_default_executor())
         self._loop.close()
+
+
+async def _dispatch(
+    dispatcher: Dispatcher,
+    groups: list[PromptGroup],
+    done: Callable[[PromptGroup, list[Completion]], None],
+    on_handed_out: Callable[[], None] | None,
+) -> None:
+    """`dispatcher.run`, calling `on_handed_out` once its first requests are out."""
+    running = asyncio.ensure_future(dispatcher.run(groups, on_group_done=done))
+    if on_handed_out is not None:
+        handed_out = asyncio.ensure_future(dispatcher.handed_out())
+        await asyncio.wait({running, handed_out}, return_when=asyncio.FIRST_COMPLETED)
+        handed_out.cancel()
+        on_handed_out()
+    await running
 
 
 def _deliver(

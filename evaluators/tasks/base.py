@@ -103,7 +103,7 @@ class Task(ABC):
 
     def preload_scorer(self) -> None:
         """Start importing what scoring needs, in the background (a run calls it while a local Ray starts, or
-        once its requests are built); a second call does nothing."""
+        once its first requests are out); a second call does nothing."""
         return None
 
     def wait_for_scorer(self) -> None:
@@ -112,8 +112,9 @@ class Task(ABC):
         return None
 
     def raise_if_scorer_failed(self) -> None:
-        """Raise `wait_for_scorer`'s error where `preload_scorer`'s import has already failed; never blocks. A
-        run asks before it starts engines, so a checker that cannot import costs no engine start."""
+        """Raise `wait_for_scorer`'s error where `preload_scorer`'s import has already failed; never blocks and
+        never starts it. A run asks before it starts engines, so a checker that cannot import costs no engine
+        start where its import began with a local Ray's start."""
         return None
 
     def load_fewshot(self, data_path: str | None) -> list[Sample]:

@@ -11,7 +11,12 @@ from typing import Any
 
 from evaluators.data import load_rows, packaged_or_hub
 from evaluators.errors import DataError, EvalInputError
-from evaluators.sentence_splitting import load_ifeval_utils, missing_checker_modules, preload_ifeval_utils
+from evaluators.sentence_splitting import (
+    ifeval_utils_preloaded,
+    load_ifeval_utils,
+    missing_checker_modules,
+    preload_ifeval_utils,
+)
 from evaluators.tasks.base import (
     DataSourceInfo,
     MetricSpec,
@@ -109,7 +114,8 @@ class IFEval(Task):
             raise _checkers_missing(str(error)) from None
 
     def raise_if_scorer_failed(self) -> None:
-        if preload_ifeval_utils().done():
+        preload = ifeval_utils_preloaded()
+        if preload is not None and preload.done():
             self.wait_for_scorer()
 
     def build_prompt(self, sample: Sample, fewshot: list[Sample]) -> Prompt:

@@ -268,3 +268,21 @@ def test_the_checkers_load_without_lm_evals_task_index_which_loads_later_beside_
     )
     printed = words_printed_by_a_fresh_process(script)
     assert printed == ["False", "False", "False", "True", "True", "True", "False"]
+
+
+def test_asking_whether_the_checkers_failed_to_import_does_not_start_their_import():
+    # A run asks before it starts engines; on a cluster it starts the import only once its first requests are
+    # out, so asking must not start it (the import would then hold the interpreter during the handout).
+    script = (
+        "import sys\n"
+        "from evaluators.sentence_splitting import ifeval_utils_preloaded\n"
+        "from evaluators.tasks.ifeval import IFEval\n"
+        "task = IFEval()\n"
+        "task.raise_if_scorer_failed()\n"
+        "print(ifeval_utils_preloaded() is None, 'nltk' in sys.modules)\n"
+        "task.preload_scorer()\n"
+        "task.wait_for_scorer()\n"
+        "task.raise_if_scorer_failed()\n"
+        "print(ifeval_utils_preloaded().done(), 'nltk' in sys.modules)\n"
+    )
+    assert words_printed_by_a_fresh_process(script) == ["True", "False", "True", "True"]

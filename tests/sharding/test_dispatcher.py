@@ -217,6 +217,43 @@ def test_requeued_groups_of_equal_cost_do_not_collide_in_the_queue():
     assert len(results) == 6 and all(c.ok for c in results.values())
 
 
+def test_handed_out_returns_once_every_window_is_full_and_before_any_group_finishes():
+    """What the windows take at the start has been sent (each replica's call begun) when `handed_out` returns,
+    and nothing has come back yet: a run starts its scorer's imports there, off the handout's path."""
+    replicas = [FakeReplica("r0", delay=0.05), FakeReplica("r1", delay=0.05)]
+    finished: list[str] = []
+    seen_then: list[int] = []
+
+    async def scenario() -> None:
+        dispatcher = Dispatcher([r.replica(max_in_flight=3) for r in replicas])
+        running = asyncio.ensure_future(
+            dispatcher.run([make_group(f"p{i}") for i in range(10)], lambda g, c: finished.append(g.prompt))
+        )
+        await dispatcher.handed_out()
+        seen_then.extend(len(r.seen) for r in replicas)
+        assert finished == []
+        await running
+
+    asyncio.run(scenario())
+    assert seen_then == [3, 3]  # both windows full; the other four groups wait in the queue
+    assert len(finished) == 10
+
+
+def test_handed_out_returns_when_the_queue_empties_first_and_when_every_replica_died():
+    async def handed_out_after(replica: FakeReplica, groups: int) -> tuple[int, int]:
+        results, done = collect()
+        dispatcher = Dispatcher([replica.replica(max_in_flight=8)])
+        running = asyncio.ensure_future(dispatcher.run([make_group(f"p{i}") for i in range(groups)], done))
+        await asyncio.wait_for(dispatcher.handed_out(), timeout=5)  # never waits for room that cannot come
+        seen = len(replica.seen)
+        await running
+        return seen, sum(1 for c in results.values() if c.error is not None)
+
+    assert asyncio.run(handed_out_after(FakeReplica("r0", delay=0.05), 3)) == (3, 0)
+    _, failed = asyncio.run(handed_out_after(FakeReplica("r0", die_after=0), 2))
+    assert failed == 2
+
+
 def test_streaming_dispatch_takes_groups_while_earlier_ones_run():
     """Judging submits judge prompts as outputs arrive: groups added mid-run finish, and drain waits for all."""
     replicas = [FakeReplica("r0", delay=0.01), FakeReplica("r1", delay=0.01)]
