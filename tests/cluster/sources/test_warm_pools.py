@@ -119,10 +119,10 @@ def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_he
 def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: HeadNode, tmp_path):
     head = pool
     pool_engines = head.engine_actor_pids()
-    dry = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "20s", "--dry-run")
+    dry = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "10s", "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert (
-        "no warm pool has these engine settings: the run starts its own (kept warm 20 s after it)"
+        "no warm pool has these engine settings: the run starts its own (kept warm 10 s after it)"
         in dry.stdout
     )
     assert f"warm pool {POOL} would not: max_model_len 1024 (wanted 768)" in dry.stdout
@@ -137,7 +137,7 @@ def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: He
         else f"warm pool {POOL} would serve this run (1 replicas)"
     ) in auto.stdout
 
-    done = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "20s")
+    done = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "10s")
     assert done.returncode == 0, done.stderr[-3000:]
     source = summary_of(tmp_path, "other")["engines_source"]
     assert source["kind"] == "warm" and source["started_by_this_run"] and source["pool"] != POOL
