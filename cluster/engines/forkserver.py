@@ -40,17 +40,9 @@ from cluster.engines.idle_wakeups import quiet_process_groups
 
 log = logging.getLogger(__name__)
 
-# What the engine core imports before it runs: the server imports it once, every engine core is forked from it,
-# in this order. title_room first: it must run before an import changes the environment (OpenCV's, imported with
-# vLLM, prepends to LD_LIBRARY_PATH). Ray: a child imports its parent's main module before it runs (a Ray
-# worker's is Ray's default_worker.py, which imports Ray), at once when the server has Ray already. lean_imports
-# before vLLM: transformers then skips scikit-learn, which no engine uses.
-ENGINE_CORE_PRELOAD = (
-    "cluster.engines.title_room",
-    "ray",
-    "cluster.engines.lean_imports",
-    "vllm.v1.engine.core",
-)
+# What the server imports before it forks an engine core (cluster.engines.core_preload: vLLM's engine core
+# and what must come before it, with the collector paused)
+ENGINE_CORE_PRELOAD = ("cluster.engines.core_preload",)
 
 
 def start_engine_core_server(preload: tuple[str, ...] = ENGINE_CORE_PRELOAD) -> bool:

@@ -123,6 +123,8 @@ def test_a_one_worker_cpu_engine_runs_its_worker_inside_the_engine_core_on_the_r
     servers = [p for p in processes if "multiprocessing.forkserver" in " ".join(p.cmdline())]
     assert len(servers) == 1 and servers[0].ppid() == actor_pid, tree
     server = servers[0]
+    # its one preload imports vLLM's engine core with the collector paused (cluster.engines.core_preload)
+    assert "['cluster.engines.core_preload']" in " ".join(server.cmdline()), server.cmdline()
     (core,) = server.children()
     comm = Path(f"/proc/{core.pid}/comm").read_text().strip()
     assert comm == "VLLM::EngineCor", tree  # the kernel's 15 characters: what `ps` and the GPU pinning see
