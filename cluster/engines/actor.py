@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import inspect
 import logging
 import os
@@ -23,7 +22,7 @@ import ray
 from cluster.engines.affinity import engine_core_cpus, pin_descendants
 from cluster.engines.cores import bind_this_node, replica_slot
 from cluster.engines.forkserver import engine_core_forked, start_engine_core_server
-from cluster.engines.import_gc import collector_paused
+from cluster.engines.import_gc import import_with_collector_paused
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.placement import ExecutorKind
 from cluster.engines.reload_check import ReloadCheck
@@ -226,12 +225,12 @@ class EngineActor:
 
     async def _start(self) -> EngineInfo:
         importing = time.perf_counter()
-        with collector_paused():  # as the engine-core server imports it (cluster.engines.core_preload)
-            # before vLLM: transformers then skips scikit-learn
-            importlib.import_module("cluster.engines.lean_imports")
-            import vllm
-            from vllm.usage.usage_lib import UsageContext
-            from vllm.v1.engine.async_llm import AsyncLLM
+        # as the engine-core server imports them (cluster.engines.core_preload); lean_imports before vLLM:
+        # transformers then skips scikit-learn
+        import_with_collector_paused("cluster.engines.lean_imports", "vllm", "vllm.v1.engine.async_llm")
+        import vllm
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
 
         began = time.perf_counter()
         self.import_s = self.import_s or began - importing  # the first start imports vLLM in this process

@@ -9,9 +9,7 @@ lean_imports before vLLM: transformers then skips scikit-learn, which no engine 
 
 from __future__ import annotations
 
-import importlib
-
-from cluster.engines.import_gc import collector_paused
+from cluster.engines.import_gc import import_with_collector_paused
 
 ENGINE_CORE_IMPORTS = (
     "cluster.engines.title_room",
@@ -20,6 +18,4 @@ ENGINE_CORE_IMPORTS = (
     "vllm.v1.engine.core",
 )
 
-with collector_paused():
-    for module in ENGINE_CORE_IMPORTS:
-        importlib.import_module(module)
+import_with_collector_paused(*ENGINE_CORE_IMPORTS)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
+import sys
 from collections.abc import Iterator
 
 
@@ -29,3 +31,14 @@ def collector_paused() -> Iterator[None]:
         gc.freeze()
         if was_enabled:
             gc.enable()
+
+
+def import_with_collector_paused(*modules: str) -> None:
+    """Import `modules` in this order, with the collector paused, unless every one is imported already (a
+    process that imported them once, such as an engine actor rebuilding its engine, freezes nothing more:
+    what its old engine left to collect stays collectable)."""
+    if all(module in sys.modules for module in modules):
+        return
+    with collector_paused():
+        for module in modules:
+            importlib.import_module(module)

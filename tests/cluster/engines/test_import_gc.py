@@ -4,10 +4,11 @@ inside, what was made inside is frozen after, and the collector's own state come
 from __future__ import annotations
 
 import gc
+import sys
 
 import pytest
 
-from cluster.engines.import_gc import collector_paused
+from cluster.engines.import_gc import collector_paused, import_with_collector_paused
 
 
 @pytest.fixture
@@ -54,3 +55,23 @@ def test_a_collector_turned_off_by_the_caller_stays_off_and_an_error_still_resto
     with pytest.raises(ImportError), collector_paused():
         raise ImportError("a failed import")
     assert gc.isenabled()
+
+
+def test_modules_imported_already_freeze_nothing_and_a_new_one_is_imported_paused(
+    collections_run, tmp_path, monkeypatch
+):
+    """An engine actor that rebuilds its engine has vLLM imported already: nothing more is frozen (what its
+    old engine left to collect stays collectable). A module not imported yet is, with the collector paused."""
+    frozen_before = gc.get_freeze_count()
+    import_with_collector_paused("json", "gc")
+    assert gc.get_freeze_count() == frozen_before
+    (tmp_path / "rayeval_gc_probe.py").write_text(
+        "import gc\nENABLED_WHILE_IMPORTED = gc.isenabled()\nMADE = [[i] for i in range(100000)]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "rayeval_gc_probe", raising=False)
+    collections_run.clear()
+    import_with_collector_paused("json", "rayeval_gc_probe")
+    probe = sys.modules["rayeval_gc_probe"]
+    assert probe.ENABLED_WHILE_IMPORTED is False and collections_run == []
+    assert gc.get_freeze_count() >= frozen_before + len(probe.MADE) and gc.isenabled()
