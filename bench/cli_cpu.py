@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import write_row  # noqa: E402
+from bench.rows import commit_of, write_row  # noqa: E402
 from bench.warm_pool import ENGINE, Cluster, float32_pool  # noqa: E402
 
 
@@ -50,10 +50,10 @@ def main() -> None:
     args = parser.parse_args()
     from cluster.engines.settings import cpu_has_native_bf16
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    commit = commit_of()
     with float32_pool("cli") as cluster:
         for turn in range(args.runs):
-            row = {"bench": "cli-cpu-warm-run", "commit": commit.stdout.strip(), "turn": turn,
+            row = {"bench": "cli-cpu-warm-run", "commit": commit, "turn": turn,
                    "prompts": args.prompts, "max_tokens": 32, "native_bf16": cpu_has_native_bf16(),
                    **timed_run(cluster, f"run-{turn}", args.prompts)}  # fmt: skip
             write_row(args.out, row)

@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.rows import commit_of  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "cpu-engine.jsonl"
 WORKLOADS = {
     "demo": [],
@@ -78,11 +82,11 @@ def output_tokens(run_dir: Path) -> int:
 
 
 def machine() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    commit = commit_of()
     return {
         "cpus": len(os.sched_getaffinity(0)),
         "cpu": platform.processor() or platform.machine(),
-        "commit": commit.stdout.strip(),
+        "commit": commit,
         "date": time.strftime("%Y-%m-%d"),
     }
 

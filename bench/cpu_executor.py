@@ -25,6 +25,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.rows import commit_of  # noqa: E402
+
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 EXECUTORS = ("mp", "uni")
 
@@ -101,14 +105,12 @@ def main() -> None:
         return
     if args.out is None:
         parser.error("--out is required")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
-    ).stdout
+    commit = commit_of()
     with tempfile.TemporaryDirectory() as scratch:
         for dtype in args.dtypes.split(","):
             for repeat in range(args.repeats):
                 for record in paired_turns(dtype, Path(scratch)):
-                    record |= {"repeat": repeat, "commit": commit.strip()}
+                    record |= {"repeat": repeat, "commit": commit}
                     print(json.dumps(record), flush=True)
                     with args.out.open("a") as sink:
                         sink.write(json.dumps(record) + "\n")

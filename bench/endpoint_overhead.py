@@ -23,7 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import rayeval_cmd, write_row  # noqa: E402
+from bench.rows import write_row  # noqa: E402
+from bench.serve_speed import rayeval_cmd  # noqa: E402
 from tests.judge_api_standin import JudgeApiStandin  # noqa: E402
 
 ANSWER = "Hello. This answer has two sentences."

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import write_row  # noqa: E402
+from bench.rows import commit_of, write_row  # noqa: E402
 
 IMPORTS = """
 import contextlib, json, sys, time
@@ -63,8 +63,7 @@ def main() -> None:
         "--sides", default="with-sklearn,lean", help=f"comma-separated, of {', '.join(SIDES)}"
     )
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    common = {"commit": commit.stdout.strip(), "cpu_native_bf16": cpu_has_native_bf16()}
+    common = {"commit": commit_of(), "cpu_native_bf16": cpu_has_native_bf16()}
     sides = args.sides.split(",")
     unknown = sorted(set(sides) - set(SIDES))
     if unknown:

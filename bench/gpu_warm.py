@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.gpu.workloads import RANDOM_MODEL  # noqa: E402
-from bench.serve_speed import free_port, write_row  # noqa: E402
+from bench.rows import write_row  # noqa: E402
+from bench.serve_speed import free_port  # noqa: E402
 
 RUN = [
     "--tasks",

@@ -14,7 +14,6 @@ import argparse
 import collections
 import contextlib
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import write_row  # noqa: E402
+from bench.rows import commit_of, write_row  # noqa: E402
 from bench.warm_pool import ENGINE, Cluster, float32_pool  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -109,7 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     from cluster.engines.settings import cpu_has_native_bf16
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    commit = commit_of()
     with float32_pool("idle") as cluster:
         run = cluster.rayeval("run", "--tasks", "ifeval", "--limit", "4", "--max-tokens", "32", "--dtype",
                               "float32", *ENGINE, "--no-progress", "--output-dir", str(cluster.temp / "runs"),
@@ -118,7 +117,7 @@ def main() -> None:
         time.sleep(15)  # the run's processes gone, the engine's threads idle
         for turn in range(args.repeats):
             for kind, cpu in sorted(idle_window(cluster, args.seconds).items()):
-                row = {"bench": "idle-pool-cpu", "commit": commit.stdout.strip(), "turn": turn,
+                row = {"bench": "idle-pool-cpu", "commit": commit, "turn": turn,
                        "window_s": args.seconds, "process_kind": kind, "cpu_s": round(cpu, 3),
                        "native_bf16": cpu_has_native_bf16()}  # fmt: skip
                 write_row(args.out, row)

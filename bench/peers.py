@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 from bench.dtypes import check_engine_dtype, dtype_fields, side_dtype  # noqa: E402
 from bench.lm_eval_speed import run_lm_eval, run_rayeval  # noqa: E402
 from bench.paired import abba, pair_ratios  # noqa: E402
+from bench.rows import write_row  # noqa: E402
 from bench.serve_speed import (  # noqa: E402
     IFEVAL_DATA,
     chat_messages,
@@ -48,7 +49,6 @@ from bench.serve_speed import (  # noqa: E402
     printed,
     timed,
     vllm_serve_side,
-    write_row,
 )
 
 LM_EVAL_TASKS = ("gsm8k_mean4_local", "gsm8k_mc_local", "ifeval_local")

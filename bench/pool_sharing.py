@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.gpu_warm import rayeval, start_cluster  # noqa: E402
-from bench.serve_speed import write_row  # noqa: E402
+from bench.rows import write_row  # noqa: E402
 
 SAMPLING = ["--temperature", "0.7", "--no-progress"]
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,12 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import write_row  # noqa: E402
-
-
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO,
-                          check=False).stdout.strip()  # fmt: skip
+from bench.rows import commit_of, write_row  # noqa: E402
 
 
 def arguments() -> argparse.Namespace:
@@ -88,7 +82,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4)
     data = [{k: v.to(device) for k, v in b.items()} for b in batches(tokenizer, args.data_path)]
-    common = {"commit": commit(), "model": base.name, "device": args.device, "replicas": args.replicas,
+    common = {"commit": commit_of(), "model": base.name, "device": args.device, "replicas": args.replicas,
               "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
               "train_while_pushing": args.train_while_pushing}  # fmt: skip
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.dtypes import dtype_fields  # noqa: E402
 from bench.lm_eval_speed import run_lm_eval  # noqa: E402
-from bench.serve_speed import write_row  # noqa: E402
+from bench.rows import commit_of, write_row  # noqa: E402
 from tests.lm_eval_local import write_local_tasks  # noqa: E402
 
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--lora-merge", action="store_true", help="rayeval's side merges each adapter first")
     args = parser.parse_args()
     fields = dtype_fields(args.dtype, "cpu")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    commit = commit_of()
     with tempfile.TemporaryDirectory(prefix="rdagent-round-") as folder:
         adapters = make_adapters(Path(folder), args.candidates)
         sides = {"rayeval-run_benchmarks": rayeval_side, "lm-eval-vllm-one-at-a-time": lm_eval_side}
@@ -147,7 +147,7 @@ def main() -> None:
                 row = sides[name](adapters, args.questions, fields["dtype"], work, args.lora_merge)
                 write_row(args.out, {"side": name, "turn": turn, "candidates": args.candidates,
                                      "lora_merge": args.lora_merge,
-                                     "questions": args.questions, **row, **fields, "commit": commit.stdout.strip(),
+                                     "questions": args.questions, **row, **fields, "commit": commit,
                                      "date": time.strftime("%Y-%m-%d %H:%M")})  # fmt: skip
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -29,13 +28,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.dtypes import check_engine_dtype, dtype_fields, side_dtype  # noqa: E402
+from bench.rows import write_row  # noqa: E402
 
 NAME = "served"
 IFEVAL_DATA = os.environ.get(
@@ -180,15 +179,6 @@ def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float,
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[:6])} ... failed:\n{done.stderr[-3000:]}")
     return wall, done
-
-
-def write_row(out: Path, row: dict) -> None:
-    """Print the row and append it to `out` (JSON lines), with the machine and the time."""
-    row = row | {"host": platform.node(), "cores": len(os.sched_getaffinity(0)),
-                 "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
-    print(json.dumps(row), flush=True)
-    with out.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(row) + "\n")
 
 
 def cpu_engine_env() -> dict[str, str]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.dtypes import check_engine_dtype, dtype_fields, side_dtype  # noqa: E402
+from bench.rows import commit_of, write_row  # noqa: E402
 from bench.serve_speed import (  # noqa: E402
     chat_messages,
     cpu_engine_env,
@@ -40,7 +40,6 @@ from bench.serve_speed import (  # noqa: E402
     printed,
     timed,
     vllm_serve_side,
-    write_row,
 )
 
 LLM_CHAT = """
@@ -137,13 +136,13 @@ def main() -> None:
     args.engine_dtype = side_dtype(args.dtype, "cpu")
     sides = args.sides.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    commit = commit_of()
     for turn in range(args.repeats):
         order = sides[turn % len(sides) :] + sides[: turn % len(sides)]
         for side in order:
             with tempfile.TemporaryDirectory(prefix="small-run-") as folder:
                 row = {"side": side, "turn": turn, **SIDES[side](args, Path(folder))}
-            row |= {"limit": args.limit, "max_tokens": args.max_tokens, "commit": commit.stdout.strip(),
+            row |= {"limit": args.limit, "max_tokens": args.max_tokens, "commit": commit,
                     **dtype_fields(args.dtype, "cpu")}  # fmt: skip
             write_row(args.out, row)
 

@@ -29,17 +29,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import write_row  # noqa: E402
+from bench.rows import commit_of, write_row  # noqa: E402
 
 RUN = ["--tasks", "ifeval", "--limit", "20", "--max-tokens", "256", "--no-progress", "--profile-startup"]
 MARKS = ("cli imported", "planned", "ray started", "first request handed out", "first result", "last result")
 COLD_MARKS = ("engine actors launched", "engines ready")
-
-
-def commit(checkout: Path) -> str:
-    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False)  # fmt: skip
-    return done.stdout.strip() or "unknown (no git metadata)"
 
 
 def turn(checkout: Path, address: str | None, flags: list[str], work: Path, name: str) -> dict:
@@ -80,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
     sides = [("base", args.base), ("this", REPO)] if args.base else [("this", REPO)]
-    commits = {name: commit(path) for name, path in sides}
+    commits = {name: commit_of(path) for name, path in sides}
     address = None if args.cold else args.address
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -41,7 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_speed import free_port, timed, vllm_serve_side, write_row  # noqa: E402
+from bench.rows import commit_of, write_row  # noqa: E402
+from bench.serve_speed import free_port, timed, vllm_serve_side  # noqa: E402
 
 WORKLOADS = {"second-run": (20, 256), "serve-up": (100, 512)}
 # Both sides' engine settings beyond what bench.serve_speed.vllm_serve_command gives `vllm serve` on the device
@@ -171,9 +172,9 @@ def main() -> None:
     engine = ["--dtype", dtype, "--device", args.device, *(ENGINE if args.device == "cpu" else GPU_ENGINE)]
     engine += ["--model", args.model] if args.model else []
     data = ["--data-path", f"ifeval={args.ifeval_data}"] if args.ifeval_data else []
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    commit = commit_of()
     common = {"device": args.device, "model": args.model or "embedded SmolLM2-135M-Instruct", "dtype": dtype,
-              "cpu_native_bf16": native, "commit": commit.stdout.strip()}  # fmt: skip
+              "cpu_native_bf16": native, "commit": commit}  # fmt: skip
     cluster = Cluster(cpus=2 if args.device == "cpu" else 8)
     pool = Pool(cluster, engine, one_engine_at_a_time=args.device == "gpu")
     try:
