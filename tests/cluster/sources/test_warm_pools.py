@@ -79,7 +79,9 @@ def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
         assert f"engines: warm (pool {POOL};" in done.stdout and "s of engine start saved" in done.stdout
         source = summary_of(tmp_path, run_id)["engines_source"]
         assert source["kind"] == "warm" and source["pool"] == POOL and not source["started_by_this_run"]
-        assert source["start_saved_s"] > 0
+        (engine,) = summary_of(tmp_path, run_id)["engines"]  # the pool's: its actor's vLLM import, its build
+        assert engine["import_s"] > 0 and engine["start_s"] > 0
+        assert source["start_saved_s"] == pytest.approx(engine["import_s"] + engine["start_s"], abs=2e-3)
         rows = records(tmp_path / run_id / "samples" / MODEL_DIR / "ifeval.jsonl")
         assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]  # float32 greedy
     assert head.engine_actor_pids() == before  # no engine started, none stopped
