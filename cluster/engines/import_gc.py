@@ -2,12 +2,12 @@
 
 Importing vLLM makes hundreds of thousands of objects that live as long as the process (modules, classes,
 functions, torch's operator registrations, transformers' lazy tables). The collector walks them again each
-time allocations pass its thresholds during the import, and finds nothing to free: about a tenth of an
-engine process's 8 to 9 s vLLM import on two cores (docs/BENCHMARKS.md). Paused for the import, the collector
-runs no pass; `gc.freeze()` then moves what the import made into the permanent generation, so later passes in
-the engine's process skip it (and in the engine-core server, children forked from it share those pages
-instead of copying them when a pass would touch their headers). vLLM's engine core freezes its own heap
-after it starts, the same way.
+time allocations pass its thresholds during the import, and finds nothing to free: about a fifth of an
+engine process's vLLM import on two cores (6.7 to 7.1 s, 5.4 to 5.7 s paused; docs/BENCHMARKS.md). Paused for
+the import, the collector runs no pass; `gc.freeze()` then moves what the import made into the permanent
+generation, so later passes in the engine's process skip it (and in the engine-core server, children forked
+from it share those pages instead of copying them when a pass would touch their headers). vLLM's engine core
+freezes its own heap after it starts, the same way.
 """
 
 from __future__ import annotations
