@@ -20,10 +20,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ray.serve.llm import LLMConfig
-from ray.serve.llm.deployment import LLMServer as RayLLMServer
+from cluster.engines.import_gc import import_with_collector_paused
 
-from cluster.engines import VLLM_CPU_KV_CACHE_ENV, cpu_thread_binding
+# Ray Serve LLM's server imports vLLM and torch (7 s on two cores), here in the `rayeval serve` process and in
+# each replica: with the collector paused, as an engine actor imports vLLM, and after lean_imports
+# (transformers then skips scikit-learn); 5.5 to 5.7 s against 7.1 to 7.4 s (docs/BENCHMARKS.md).
+import_with_collector_paused("cluster.engines.lean_imports", "ray.serve.llm.deployment")
+
+from ray.serve.llm import LLMConfig  # noqa: E402
+from ray.serve.llm.deployment import LLMServer as RayLLMServer  # noqa: E402
+
+from cluster.engines import VLLM_CPU_KV_CACHE_ENV, cpu_thread_binding  # noqa: E402
 
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
