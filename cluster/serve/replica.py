@@ -24,7 +24,7 @@ from cluster.engines.import_gc import import_with_collector_paused
 
 # Ray Serve LLM's server imports vLLM and torch (7 s on two cores), here in the `rayeval serve` process and in
 # each replica: with the collector paused, as an engine actor imports vLLM, and after lean_imports
-# (transformers then skips scikit-learn); 5.5 to 5.7 s against 7.1 to 7.4 s (docs/BENCHMARKS.md).
+# (transformers then skips scikit-learn); 5.5 to 5.7 s against 7.4 to 7.5 s (docs/BENCHMARKS.md).
 import_with_collector_paused("cluster.engines.lean_imports", "ray.serve.llm.deployment")
 
 from ray.serve.llm import LLMConfig  # noqa: E402
