@@ -5,7 +5,8 @@
 Reads the first line of /proc/stat (every core's time by state) before and after each test's setup, call and
 teardown; the busy fraction is one minus the share of idle and iowait time. It is system-wide: it counts the
 test run's own clusters, engines and servers, which run in other processes. Rows are appended to the file
-SUITE_CPU_BUSY names (default suite-cpu-busy.jsonl in the working directory): test, seconds, busy.
+SUITE_CPU_BUSY names (default suite-cpu-busy.jsonl in the working directory): test, began (Unix time),
+seconds, busy.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield
     total_after, idle_after = _cpu_times()
     busy = 1 - (idle_after - idle_before) / max(1, total_after - total_before)
-    row = {"test": item.nodeid, "seconds": round(time.time() - began, 3), "busy": round(busy, 3)}
+    row = {
+        "test": item.nodeid,
+        "began": round(began, 3),
+        "seconds": round(time.time() - began, 3),
+        "busy": round(busy, 3),
+    }
     with open(os.environ.get("SUITE_CPU_BUSY", "suite-cpu-busy.jsonl"), "a", encoding="utf-8") as out:
         out.write(json.dumps(row) + "\n")

@@ -1,0 +1,134 @@
+"""Where a long command's CPU time goes, by process: samples every process's CPU time while the command runs.
+
+    python bench/process_cpu.py --out bench/results/suite-cpu-by-process-COMMIT.jsonl -- bash .ci/run
+
+Reads /proc/<pid>/stat and cmdline of every process every `--interval` seconds while the command runs and
+writes one row per process seen: its command line (the last one other than Ray's idle-worker title, as Ray
+renames a worker when it takes an actor), parent, seconds of CPU (user + system, the last reading), and when
+it was first and last seen (Unix times). A process that lives less than one interval is missed;
+one that ends between two readings loses the CPU of its last interval. The rows' CPU adds up to close to the
+machine's busy time when the interval is short against the processes' lives. Summarise with `--summary`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Seen:
+    pid: int
+    ppid: int
+    cmdline: str
+    cpu_s: float
+    first_s: float
+    last_s: float
+
+
+def read_process(pid: str) -> tuple[tuple[int, int], int, str, float] | None:
+    """((pid, start tick), parent, command line, CPU seconds) of one process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat:
+            text = stat.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            argv = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    ppid, utime, stime, start = int(fields[1]), int(fields[11]), int(fields[12]), int(fields[19])
+    name = text[text.index("(") + 1 : text.rindex(")")]
+    return (int(pid), start), ppid, argv or f"[{name}]", (utime + stime) / TICKS
+
+
+def sample(seen: dict[tuple[int, int], Seen]) -> None:
+    now = time.time()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        reading = read_process(pid)
+        if reading is None:
+            continue
+        key, ppid, argv, cpu_s = reading
+        entry = seen.get(key)
+        if entry is None:
+            seen[key] = Seen(key[0], ppid, argv, cpu_s, now, now)
+            continue
+        entry.cpu_s, entry.last_s = cpu_s, now
+        if not argv.startswith("ray::IDLE"):
+            entry.cmdline = argv
+
+
+def watch(command: list[str], interval: float) -> tuple[int, dict[tuple[int, int], Seen]]:
+    seen: dict[tuple[int, int], Seen] = {}
+    sample(seen)
+    before = set(seen)
+    child = subprocess.Popen(command)
+    while child.poll() is None:
+        sample(seen)
+        time.sleep(interval)
+    sample(seen)
+    # processes that were there before the command began are not the command's: left out
+    for key in before:
+        seen.pop(key, None)
+    return child.returncode, seen
+
+
+def category(cmdline: str) -> str:
+    """A coarse name for a command line, for the summary."""
+    if cmdline.startswith("ray::") or cmdline.startswith("VLLM::"):
+        return cmdline.split()[0].split(".")[0]
+    for marker in ("cluster.cli", "tests.lm_eval_reference", "pytest", "raylet", "gcs_server", "dashboard",
+                   "log_monitor", "ray_client_server", "runtime_env", "weed", "mlflow", "chromium",
+                   "multiprocessing.forkserver", "multiprocessing.spawn", "default_worker"):  # fmt: skip
+        if marker in cmdline:
+            return marker
+    return cmdline.split()[0][-40:] if cmdline else "?"
+
+
+def summary(rows: list[dict]) -> None:
+    by_category, counts = Counter(), Counter()
+    for row in rows:
+        by_category[category(row["cmdline"])] += row["cpu_s"]
+        counts[category(row["cmdline"])] += 1
+    total = sum(by_category.values())
+    print(f"{total:9.1f} s CPU in {len(rows)} processes")
+    for name, cpu_s in by_category.most_common(30):
+        print(f"{cpu_s:9.1f} s {counts[name]:5d}  {name}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, help="JSON-lines file for the per-process rows")
+    parser.add_argument("--interval", type=float, default=0.2, help="seconds between readings (default 0.2)")
+    parser.add_argument(
+        "--summary", type=Path, help="print the CPU by kind of process of a rows file, and exit"
+    )
+    parser.add_argument("command", nargs="*", help="the command to watch (after --)")
+    args = parser.parse_args()
+    if args.summary:
+        summary([json.loads(line) for line in args.summary.read_text().splitlines()])
+        return 0
+    if not args.command or not args.out:
+        parser.error("give --out and a command after --")
+    status, seen = watch(args.command, args.interval)
+    with args.out.open("w", encoding="utf-8") as out:
+        for entry in seen.values():
+            out.write(json.dumps(asdict(entry)) + "\n")
+    summary([asdict(entry) for entry in seen.values()])
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
