@@ -4,10 +4,11 @@
 
 Reads /proc/<pid>/stat and cmdline of every process every `--interval` seconds while the command runs and
 writes one row per process seen: its command line (the last one other than Ray's idle-worker title, as Ray
-renames a worker when it takes an actor), parent, seconds of CPU (user + system, the last reading), and when
-it was first and last seen (Unix times). A process that lives less than one interval is missed;
-one that ends between two readings loses the CPU of its last interval. The rows' CPU adds up to close to the
-machine's busy time when the interval is short against the processes' lives. Summarise with `--summary`.
+renames a worker when it takes an actor, or the bare name an exiting process shows), parent, seconds of CPU
+(user + system, the last reading), and when it was first and last seen (Unix times). A process that lives
+less than one interval is missed; one that ends between two readings loses the CPU of its last interval.
+The rows' CPU adds up to close to the machine's busy time when the interval is short against the processes'
+lives. Summarise a rows file with `--summary`.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def sample(seen: dict[tuple[int, int], Seen]) -> None:
             seen[key] = Seen(key[0], ppid, argv, cpu_s, now, now)
             continue
         entry.cpu_s, entry.last_s = cpu_s, now
-        if not argv.startswith("ray::IDLE"):
+        # kept: a title Ray gave the worker for its actor, and any command line over the bare name an exiting
+        # process shows (its cmdline is empty once it is a zombie)
+        if not argv.startswith(("ray::IDLE", "[")) or entry.cmdline.startswith("["):
             entry.cmdline = argv
 
 
@@ -85,9 +88,9 @@ def watch(command: list[str], interval: float) -> tuple[int, dict[tuple[int, int
 
 def category(cmdline: str) -> str:
     """A coarse name for a command line, for the summary."""
-    if cmdline.startswith("ray::") or cmdline.startswith("VLLM::"):
-        return cmdline.split()[0].split(".")[0]
-    for marker in ("cluster.cli", "tests.lm_eval_reference", "pytest", "raylet", "gcs_server", "dashboard",
+    if cmdline.startswith(("ray::", "VLLM::", "[ray::", "[VLLM::")):
+        return cmdline.strip("[]").split()[0].split(".")[0][:15]  # the kernel keeps 15 characters of a title
+    for marker in ("pip install", "cluster.cli", "tests.lm_eval_reference", "pytest", "raylet", "gcs_server", "dashboard",
                    "log_monitor", "ray_client_server", "runtime_env", "weed", "mlflow", "chromium",
                    "multiprocessing.forkserver", "multiprocessing.spawn", "default_worker"):  # fmt: skip
         if marker in cmdline:
@@ -95,11 +98,23 @@ def category(cmdline: str) -> str:
     return cmdline.split()[0][-40:] if cmdline else "?"
 
 
+def named(row: dict, by_pid: dict[int, dict]) -> str:
+    """The row's category; a process seen only by its bare name (it exited before a reading showed its command
+    line) is named by its parent: `python (child of ray::EngineActor)`."""
+    name = category(row["cmdline"])
+    if row["cmdline"].startswith("[") and not name.startswith(("ray::", "VLLM::")):
+        parent = by_pid.get(row["ppid"])
+        name = f"{name} (child of {category(parent['cmdline']) if parent else 'a process not seen'})"
+    return name
+
+
 def summary(rows: list[dict]) -> None:
+    by_pid = {row["pid"]: row for row in rows}
     by_category, counts = Counter(), Counter()
     for row in rows:
-        by_category[category(row["cmdline"])] += row["cpu_s"]
-        counts[category(row["cmdline"])] += 1
+        name = named(row, by_pid)
+        by_category[name] += row["cpu_s"]
+        counts[name] += 1
     total = sum(by_category.values())
     print(f"{total:9.1f} s CPU in {len(rows)} processes")
     for name, cpu_s in by_category.most_common(30):
