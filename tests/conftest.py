@@ -60,6 +60,34 @@ def base_ifeval_records(base_ifeval_run) -> list[dict]:
 EXIT_STATUS = pytest.StashKey[int]()
 
 
+def whole_suite(config: pytest.Config) -> bool:
+    """pytest was given no paths: the run is the suite's testpaths (`make test`, `.ci/run`)."""
+    return config.args_source == pytest.Config.ArgsSource.TESTPATHS
+
+
+def needs_cluster(item: pytest.Item) -> bool:
+    return item.nodeid.startswith("tests/cluster/")
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """In a run of the whole suite, the tests outside tests/cluster (plain Python: no cluster, no engine) go
+    first, in their own order, while the shared cluster and its pools start beside them (below)."""
+    if whole_suite(config):
+        items.sort(key=needs_cluster)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In a run of the whole suite that has tests of tests/cluster selected, start the shared cluster now, in
+    the background (tests/warm_cluster.py): its pools' engines start on the cores the plain tests leave idle."""
+    config = session.config
+    if whole_suite(config) and not config.option.collectonly and any(map(needs_cluster, session.items)):
+        from tests.warm_cluster import start_in_background
+
+        start_in_background()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A SIGTERM (`timeout`, a CI runner cancelling the job, `kill`) stops the test run as Ctrl-C does: pytest
     then still runs `pytest_sessionfinish`, which stops the shared cluster and the servers session fixtures

@@ -6,7 +6,8 @@ It is rayeval's own warm-pool feature used as a user would: a `ray start --head`
 and LoRA-capable ones for BASE_IFEVAL_ARGS' runs with an adapter), and `tests.runs.rayeval("run", ...)` adding
 `--address` of this cluster with `--keep-warm off`: a run whose engine settings match a pool generates on it,
 any other starts its own engines on this cluster and stops them after. The cluster starts with the first run
-that needs it and stops when the test run ends (`pytest_sessionfinish` in tests/conftest.py). Tests whose
+that needs it (in a run of the whole suite: as the session starts, in the background, while the tests that need
+no cluster run first) and stops when the test run ends (`pytest_sessionfinish` in tests/conftest.py). Tests whose
 subject is an engine's start or death, or the local cluster a command starts itself, opt out with
 `rayeval(..., local=True)` (or start their own cluster); `RAYEVAL_TESTS_LOCAL=1` turns the shared cluster off
 for a whole test run.
@@ -60,21 +61,49 @@ def enabled() -> bool:
 
 
 def warm_cluster() -> WarmCluster:
-    """The test run's shared cluster with its pools, started on first use."""
-    global _cluster
+    """The test run's shared cluster with its pools, started on first use (or waited for, while
+    `start_in_background` starts it)."""
     with _lock:
-        if _cluster is None:
-            head = start_head(num_cpus=CPUS)
-            try:
-                from cluster.models import ensure_default_model
+        return _started()
 
-                ensure_default_model()  # once, before the pools' processes would each build it
-                up(head, pools_here())
-            except BaseException:
-                head.stop()
-                raise
-            _cluster = WarmCluster(head)
-        return _cluster
+
+def _started() -> WarmCluster:
+    """The shared cluster, started now if it is not yet; the caller holds `_lock`."""
+    global _cluster
+    if _cluster is None:
+        head = start_head(num_cpus=CPUS)
+        try:
+            from cluster.models import ensure_default_model
+
+            ensure_default_model()  # once, before the pools' processes would each build it
+            up(head, pools_here())
+        except BaseException:
+            head.stop()
+            raise
+        _cluster = WarmCluster(head)
+    return _cluster
+
+
+def start_in_background() -> None:
+    """Start the shared cluster on a thread of its own, so that the tests which need no cluster run meanwhile
+    (tests/conftest.py orders them first in a run of the whole suite). It returns once that thread holds
+    `_lock`: from then on `warm_cluster` and `shared_pids` wait for the start to end, so no test meets the pools
+    half started. A start that fails is tried again by the first test that asks for the cluster, which then
+    reports why."""
+    if not enabled():
+        return
+    holding = threading.Event()
+
+    def start() -> None:
+        with _lock:
+            holding.set()
+            try:
+                _started()
+            except BaseException:  # noqa: BLE001 - the first test that asks starts it again and reports why
+                pass
+
+    threading.Thread(target=start, name="warm-cluster-start", daemon=True).start()
+    holding.wait()
 
 
 def pools_here() -> dict[str, list[str]]:
