@@ -8,7 +8,8 @@ renames a worker when it takes an actor, or the bare name an exiting process sho
 (user + system, the last reading), and when it was first and last seen (Unix times). A process that lives
 less than one interval is missed; one that ends between two readings loses the CPU of its last interval.
 The rows' CPU adds up to close to the machine's busy time when the interval is short against the processes'
-lives. Summarise a rows file with `--summary`.
+lives. Credentials a command line carries are written as <redacted>. Summarise a rows file with
+`--summary`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -24,6 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
+# a credential a command line carries (a test's throwaway store key in a `python -c` script, an API key):
+# written as <redacted>, so that no rows file holds one
+CREDENTIAL = re.compile(r"((?:secret|access|api)[_-]?key|password|token)(['\"]?\s*[=:]\s*['\"]?)[^\s'\",)]+|sk-\w+",
+                        re.IGNORECASE)  # fmt: skip
 
 
 @dataclass
@@ -48,6 +54,7 @@ def read_process(pid: str) -> tuple[tuple[int, int], int, str, float] | None:
     fields = text[text.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
     ppid, utime, stime, start = int(fields[1]), int(fields[11]), int(fields[12]), int(fields[19])
     name = text[text.index("(") + 1 : text.rindex(")")]
+    argv = CREDENTIAL.sub(lambda m: f"{m[1]}{m[2]}<redacted>" if m[1] else "<redacted>", argv)
     return (int(pid), start), ppid, argv or f"[{name}]", (utime + stime) / TICKS
 
 
