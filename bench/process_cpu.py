@@ -2,21 +2,20 @@
 
     python bench/process_cpu.py --out bench/results/suite-cpu-by-process-COMMIT.jsonl -- bash .ci/run
 
-Reads /proc/<pid>/stat and cmdline of every process every `--interval` seconds while the command runs and
-writes one row per process seen: its command line (the last one other than Ray's idle-worker title, as Ray
-renames a worker when it takes an actor, or the bare name an exiting process shows), parent, seconds of CPU
-(user + system, the last reading), and when it was first and last seen (Unix times). A process that lives
-less than one interval is missed; one that ends between two readings loses the CPU of its last interval.
-The rows' CPU adds up to close to the machine's busy time when the interval is short against the processes'
-lives. Credentials a command line carries are written as <redacted>. Summarise a rows file with
-`--summary`.
+Reads every process's CPU time and command line (psutil) every `--interval` seconds while the command runs
+and writes one row per process seen: its command line (the last one other than Ray's idle-worker title, as
+Ray renames a worker when it takes an actor, or the bare name an exiting process shows), parent, seconds of
+CPU (user + system, the last reading), and when it was first and last seen (Unix times), with the commit of
+the checkout it ran in and the machine's facts. A process that lives less than one interval is missed; one
+that ends between two readings loses the CPU of its last interval. The rows' CPU adds up to close to the
+machine's busy time when the interval is short against the processes' lives. Credentials a command line
+carries are written as <redacted>. Summarise a rows file with `--summary`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,11 +24,16 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-TICKS = os.sysconf("SC_CLK_TCK")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.rows import commit_of, machine_facts  # noqa: E402
+
 # a credential a command line carries (a test's throwaway store key in a `python -c` script, an API key):
 # written as <redacted>, so that no rows file holds one
 CREDENTIAL = re.compile(r"((?:secret|access|api)[_-]?key|password|token)(['\"]?\s*[=:]\s*['\"]?)[^\s'\",)]+|sk-\w+",
                         re.IGNORECASE)  # fmt: skip
+READ = ["ppid", "cmdline", "name", "cpu_times", "create_time"]  # psutil's names for what a reading takes
 
 
 @dataclass
@@ -42,44 +46,36 @@ class Seen:
     last_s: float
 
 
-def read_process(pid: str) -> tuple[tuple[int, int], int, str, float] | None:
-    """((pid, start tick), parent, command line, CPU seconds) of one process, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat:
-            text = stat.read()
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            argv = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
-    ppid, utime, stime, start = int(fields[1]), int(fields[11]), int(fields[12]), int(fields[19])
-    name = text[text.index("(") + 1 : text.rindex(")")]
-    argv = CREDENTIAL.sub(lambda m: f"{m[1]}{m[2]}<redacted>" if m[1] else "<redacted>", argv)
-    return (int(pid), start), ppid, argv or f"[{name}]", (utime + stime) / TICKS
+def redacted(cmdline: str) -> str:
+    return CREDENTIAL.sub(lambda m: f"{m[1]}{m[2]}<redacted>" if m[1] else "<redacted>", cmdline)
 
 
-def sample(seen: dict[tuple[int, int], Seen]) -> None:
+def sample(seen: dict[tuple[int, float], Seen]) -> None:
+    """One reading of every process, into `seen` (keyed by pid and start time: pids are reused)."""
+    import psutil
+
     now = time.time()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+    for process in psutil.process_iter(READ):
+        info = process.info
+        if info["cpu_times"] is None or info["create_time"] is None:  # gone meanwhile
             continue
-        reading = read_process(pid)
-        if reading is None:
-            continue
-        key, ppid, argv, cpu_s = reading
+        key = (process.pid, info["create_time"])
+        # an exiting process (a zombie) shows no command line: its bare name, in brackets
+        argv = redacted(" ".join(info["cmdline"] or [])) or f"[{info['name']}]"
+        cpu_s = info["cpu_times"].user + info["cpu_times"].system
         entry = seen.get(key)
         if entry is None:
-            seen[key] = Seen(key[0], ppid, argv, cpu_s, now, now)
+            seen[key] = Seen(process.pid, info["ppid"], argv, cpu_s, now, now)
             continue
         entry.cpu_s, entry.last_s = cpu_s, now
-        # kept: a title Ray gave the worker for its actor, and any command line over the bare name an exiting
-        # process shows (its cmdline is empty once it is a zombie)
+        # kept: a title Ray gave the worker for its actor, and any command line over the bare name
         if not argv.startswith(("ray::IDLE", "[")) or entry.cmdline.startswith("["):
             entry.cmdline = argv
 
 
-def watch(command: list[str], interval: float) -> tuple[int, dict[tuple[int, int], Seen]]:
-    seen: dict[tuple[int, int], Seen] = {}
+def watch(command: list[str], interval: float) -> tuple[int, list[Seen]]:
+    """Run `command`, reading every process meanwhile; its exit status and the processes it saw begin."""
+    seen: dict[tuple[int, float], Seen] = {}
     sample(seen)
     before = set(seen)
     child = subprocess.Popen(command)
@@ -88,9 +84,7 @@ def watch(command: list[str], interval: float) -> tuple[int, dict[tuple[int, int
         time.sleep(interval)
     sample(seen)
     # processes that were there before the command began are not the command's: left out
-    for key in before:
-        seen.pop(key, None)
-    return child.returncode, seen
+    return child.returncode, [entry for key, entry in seen.items() if key not in before]
 
 
 def category(cmdline: str) -> str:
@@ -145,10 +139,12 @@ def main() -> int:
     if not args.command or not args.out:
         parser.error("give --out and a command after --")
     status, seen = watch(args.command, args.interval)
+    # the commit of the checkout the command ran in, and this machine's facts, on every row (bench/rows.py)
+    common = {"commit": commit_of(Path.cwd()), "interval_s": args.interval, **machine_facts()}
+    rows = [common | asdict(entry) for entry in seen]
     with args.out.open("w", encoding="utf-8") as out:
-        for entry in seen.values():
-            out.write(json.dumps(asdict(entry)) + "\n")
-    summary([asdict(entry) for entry in seen.values()])
+        out.writelines(json.dumps(row) + "\n" for row in rows)
+    summary(rows)
     return status
 
 

@@ -20,10 +20,15 @@ def commit_of(checkout: Path = REPO) -> str:
     return done.stdout.strip() or "unknown (no git metadata)"
 
 
+def machine_facts() -> dict:
+    """What every row says of where and when it was measured: the host, its cores, the time (UTC)."""
+    return {"host": platform.node(), "cores": len(os.sched_getaffinity(0)),
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+
+
 def write_row(out: Path, row: dict) -> None:
     """Print the row and append it to `out` (JSON lines), with the machine and the time."""
-    row = row | {"host": platform.node(), "cores": len(os.sched_getaffinity(0)),
-                 "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    row = row | machine_facts()
     print(json.dumps(row), flush=True)
     with out.open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(row) + "\n")
