@@ -15,6 +15,7 @@ _EXPORTS = {
         "eager_by_default",
         "engine_dtype",
         "engine_chunked_prefill",
+        "engine_block_size",
         "engine_lora_args",
         "engine_args",
         "engine_max_num_seqs",

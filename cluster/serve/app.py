@@ -30,6 +30,7 @@ from cluster.config import RunConfig, ServeConfig
 from cluster.engines import (
     ReplicaPlan,
     cpu_kv_cache_bytes,
+    engine_block_size,
     engine_chunked_prefill,
     engine_dtype,
     engine_lora_args,
@@ -235,6 +236,8 @@ def llm_config(
     chunked = engine_chunked_prefill(settings)
     if chunked is not None:
         engine["enable_chunked_prefill"] = chunked
+    if engine_block_size(device) is not None:
+        engine["block_size"] = engine_block_size(device)
     if device == "cpu":  # every prompt prefilled in one step: a step holds the longest prompt
         engine["max_num_batched_tokens"] = max(settings.max_num_batched_tokens or 0, settings.max_model_len)
         engine["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(config.model.cpu_kv_cache_gib)

@@ -212,6 +212,8 @@ def test_max_num_seqs_is_vllms_default_for_the_card_on_gpu_and_64_on_cpu_unless_
     assert on_cpu.max_num_seqs == 64 and on_gpu.max_num_seqs is None
     assert on_gpu.max_num_batched_tokens is None and on_gpu.enforce_eager is False
     assert on_cpu.enforce_eager is True and on_cpu.enable_chunked_prefill is False
+    # 32-token blocks on CPU, so that the prefix cache holds prompts under vLLM's CPU default of 128 tokens
+    assert on_cpu.block_size == 32 and on_gpu.block_size is None
 
 
 def test_auto_dtype_on_cpu_is_bfloat16_only_where_the_cpu_computes_it_natively(tmp_path):
