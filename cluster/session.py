@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
             _system_config={"prestart_worker_first_driver": False},
         )
         log.info("started a local Ray cluster with %d logical CPUs", cpus)
+    _serialization_without_arrow()
     timeline.mark("ray started")
     try:
         yield
@@ -60,6 +62,26 @@ def ray_session(address: str | None, plan: ReplicaPlan, replicas: int, verbose: 
             _stop_autoscaler_monitor()
         ray.shutdown()
         timeline.mark("ray stopped")
+
+
+def _serialization_without_arrow() -> None:
+    """Build this driver's Ray serialization context now, with pyarrow hidden from it.
+
+    Ray builds the context at the driver's first call that serializes, and imports pyarrow there to register
+    Ray Data's Arrow serializers: on a warm pool that is the pool's adoption, on the way to the first request
+    (pyarrow's import 0.07 s on the 2-core VM, 0.35 s on the H200 machine, docs/BENCHMARKS.md). A run's
+    driver sends no Arrow data through Ray (requests and completions are plain objects) and imports pyarrow
+    for its files beside generation (run.records), so this session, which ends with its run, lacks nothing.
+    Sessions that outlive a run (`connect()`, a notebook's) keep Ray's serializers: this runs in
+    `ray_session` only. A `None` in sys.modules makes `import pyarrow` raise ModuleNotFoundError, which Ray
+    reads as "pyarrow not installed"; it is removed right after, so the next import loads pyarrow."""
+    if "pyarrow" in sys.modules or ray.util.client.ray.is_connected():
+        return
+    sys.modules["pyarrow"] = None  # type: ignore[assignment]
+    try:
+        ray.put(None)  # the first serialization builds the context
+    finally:
+        del sys.modules["pyarrow"]
 
 
 def _stop_autoscaler_monitor() -> None:
