@@ -25,10 +25,10 @@ python3 -m pip wheel -q --no-deps -w "$stage/gpu-extras/wheels" langdetect  # pu
 ifeval=$(python3 -c "from evaluators.data import package_data_file as f; print(f('eval_framework.tasks.ifeval', 'data/input_data.jsonl'))")
 cp "$ifeval" "$stage/gpu-extras/ifeval.jsonl"
 ../shared/gpu/pack.sh "$stage/gpu-extras"
-# Its 60 MiB chunks and this working tree (about 5 MB tracked) together pass a device call's 64 MiB: cut the same
-# archive again into 55 MiB chunks .gpu/p00, .gpu/p01, ... (assembled there with `cat part?? > all.tar`).
+# Its 60 MiB chunks and this working tree (about 9 MB tracked) together pass a device call's 64 MiB: cut the same
+# archive again into 40 MiB chunks .gpu/p00, .gpu/p01, ... (assembled there with `cat part?? > all.tar`).
 cat .gpu/p?/chunk > .gpu/all.tar && rm -rf .gpu/p?
-(cd .gpu && split -b 55m -d -a 2 all.tar part && for f in part*; do mkdir -p "p${f#part}" && mv "$f" "p${f#part}/chunk"; done)
+(cd .gpu && split -b 40m -d -a 2 all.tar part && for f in part*; do mkdir -p "p${f#part}" && mv "$f" "p${f#part}/chunk"; done)
 rm .gpu/all.tar
 # Beyond the chunks, carried with the last one as .gpu/extra: lm-eval's vLLM backend imports more-itertools, and
 # `vllm serve` needs its HTTP stack (uvicorn, watchfiles, the metrics instrumentator, SageMaker's routes).
