@@ -184,9 +184,9 @@ def engine_block_size(device: str) -> int | None:
     """Tokens per KV-cache block: 32 on CPU, vLLM's default elsewhere. vLLM's CPU default is 128, and its
     prefix cache keeps full blocks only, so a prompt under 128 tokens (IFEval's are about 70 with the chat
     template) was never cached: a warm pool prefilled a repeated prompt again, and prompts sharing a system
-    prompt or few-shot examples shared less of it. At 32 a repeated 20-prompt IFEval batch prefills in 0.55 s
-    against 1.84 s, and 20 x 512 tokens decode in the same time within run-to-run noise (docs/BENCHMARKS.md);
-    vLLM's CPU attention wants a multiple of 32."""
+    prompt or few-shot examples shared less of it. At 32 a repeated 20-prompt IFEval batch prefills in 0.55 to
+    0.59 s against 2.02 to 2.07 s, and 20 x 512 tokens decode in the same time within run-to-run noise
+    (bench/cpu_block_size.py, docs/BENCHMARKS.md); vLLM's CPU attention wants a multiple of 32."""
     return CPU_BLOCK_SIZE if device == "cpu" else None
 
 
