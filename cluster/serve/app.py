@@ -236,8 +236,9 @@ def llm_config(
     chunked = engine_chunked_prefill(settings)
     if chunked is not None:
         engine["enable_chunked_prefill"] = chunked
-    if engine_block_size(device) is not None:
-        engine["block_size"] = engine_block_size(device)
+    block_size = engine_block_size(device)
+    if block_size is not None:
+        engine["block_size"] = block_size
     if device == "cpu":  # every prompt prefilled in one step: a step holds the longest prompt
         engine["max_num_batched_tokens"] = max(settings.max_num_batched_tokens or 0, settings.max_model_len)
         engine["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(config.model.cpu_kv_cache_gib)
