@@ -28,25 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.rows import commit_of, write_row  # noqa: E402
+from bench.serve_speed import chat_messages  # noqa: E402
 
 PROMPTS = 20
-
-
-def ifeval_prompts(count: int, skip: int = 0) -> list[str]:
-    from transformers import AutoTokenizer
-
-    from cluster.models import ensure_default_model
-    from evaluators.data import package_data_file
-
-    path = package_data_file("eval_framework.tasks.ifeval", "data/input_data.jsonl")
-    with open(path, encoding="utf-8") as handle:
-        rows = [json.loads(line) for line in handle][skip : skip + count]
-    tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()))
-    return [
-        tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
-                                      add_generation_prompt=True)
-        for r in rows
-    ]  # fmt: skip
 
 
 def one_turn(block_size: int) -> dict:
@@ -63,17 +47,22 @@ def one_turn(block_size: int) -> dict:
               enable_chunked_prefill=False, block_size=block_size, kv_cache_memory_bytes=512 << 20,
               max_num_seqs=64)  # fmt: skip
 
-    def timed(prompts: list[str], tokens: int) -> float:
+    def timed(prompts: list[str], tokens: int) -> tuple[float, list]:
         params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
         began = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        return round(time.perf_counter() - began, 3)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return round(time.perf_counter() - began, 3), outputs
 
-    first = ifeval_prompts(PROMPTS)
-    row = {"dtype": dtype, "prompt_tokens": sum(len(llm.get_tokenizer()(p).input_ids) for p in first)}
-    row["first_s"] = timed(first, 4)
-    row["again_s"] = [timed(first, 4), timed(first, 4)]
-    row["decode_s"] = [timed(ifeval_prompts(PROMPTS, skip=PROMPTS * (k + 1)), 512) for k in range(3)]
+    # the first 20, then three batches of 20 others, in the model's chat template (rendered before any timing)
+    tokenizer = llm.get_tokenizer()
+    prompts = [tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+               for chat in chat_messages(PROMPTS * 4)]  # fmt: skip
+    first = prompts[:PROMPTS]
+    row: dict = {"dtype": dtype}
+    row["first_s"], outputs = timed(first, 4)
+    row["prompt_tokens"] = sum(len(output.prompt_token_ids) for output in outputs)
+    row["again_s"] = [timed(first, 4)[0], timed(first, 4)[0]]
+    row["decode_s"] = [timed(prompts[PROMPTS * k : PROMPTS * (k + 1)], 512)[0] for k in (1, 2, 3)]
     return row
 
 
