@@ -1,8 +1,9 @@
 """The local Ray cluster a run starts: it starts no idle workers (an actor gets its worker on demand), and it
 is stopped at the end with nothing left behind, its autoscaler monitor (which has nothing to scale on a fixed
 local cluster) stopped first so that Ray's shutdown does not wait out the monitor's grace period; its driver's
-serialization context is built without pyarrow, and Arrow data still travels. A real local cluster, no engine. Joining a cluster (`cluster.connect`): the address it needs, and a Ray client session start
-that fails and is tried again."""
+serialization context is built without pyarrow, and Arrow data still travels. A real local cluster, no engine.
+Joining a cluster (`cluster.connect`): the address it needs, and a Ray client session start that fails and is
+tried again."""
 
 from __future__ import annotations
 
