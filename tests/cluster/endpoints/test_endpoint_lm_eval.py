@@ -39,7 +39,15 @@ def vllm_server() -> Iterator[Callable[[], str]]:
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model_dir()),
         "--served-model-name", SERVED_NAME, "--port", str(port), *SERVER,
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **every_core_binding()}
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0: the worker computes inside the engine core's process, as in a rayeval
+    # CPU engine; by default vLLM's CPU platform spawns it apart, one more import of vLLM and torch (answering
+    # 9 s sooner on two cores: bench/peer_engine_processes.py)
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        **every_core_binding(),
+    }
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)  # fmt: skip
     try:
