@@ -129,10 +129,10 @@ def _stop_group(server: subprocess.Popen) -> None:
         except ProcessLookupError:
             return
         deadline = time.time() + 60
-        while _group(server.pid) and time.time() < deadline:
+        # poll() reaps the server once it exits: unreaped, it would stay in its session as a zombie
+        while (server.poll() is None or _group(server.pid)) and time.time() < deadline:
             time.sleep(0.25)
-        if not _group(server.pid):
-            server.wait()
+        if server.poll() is not None and not _group(server.pid):
             return
 
 

@@ -41,7 +41,7 @@ def vllm_server() -> Iterator[Callable[[], str]]:
     ]  # fmt: skip
     # VLLM_ENABLE_V1_MULTIPROCESSING=0: the worker computes inside the engine core's process, as in a rayeval
     # CPU engine; by default vLLM's CPU platform spawns it apart, one more import of vLLM and torch (answering
-    # 9 s sooner on two cores: bench/peer_engine_processes.py)
+    # 8 to 10 s sooner on two cores: bench/peer_engine_processes.py)
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",

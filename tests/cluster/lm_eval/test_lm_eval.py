@@ -56,8 +56,8 @@ GENERATIVE = ("gsm8k_local", "gsm8k_repeats_local")
 
 
 # lm-eval's engine with its core and worker inside lm-eval's process (vLLM's switch for `LLM`): by default vLLM
-# spawns both, and each imports vLLM and torch again. Same responses and log-likelihoods, 20 s sooner on two
-# cores (bench/peer_engine_processes.py).
+# spawns both, and each imports vLLM and torch again. Same responses and log-likelihoods, 18 to 24 s sooner
+# on two cores (bench/peer_engine_processes.py).
 IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
