@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.rows import commit_of, write_row  # noqa: E402
+from tests.runs import ENGINE_IN_ONE_PROCESS  # noqa: E402
 
-SIDES = {"default": {}, "in-process": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+SIDES = {"default": {}, "in-process": ENGINE_IN_ONE_PROCESS}
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 PROMPTS = [f"Question: What is {a} plus {a + 7}?\nAnswer:" for a in range(8)]
 
@@ -81,7 +82,7 @@ def reference_turn(work: Path, side: str) -> dict:
 def serve_turn(port: int, side: str) -> dict:
     """`vllm serve` as the endpoint module starts it: seconds to its first answer, and eight greedy texts."""
     from tests.cluster.endpoints.test_endpoint_lm_eval import SERVER, default_model_dir
-    from tests.runs import every_core_binding
+    from tests.runs import every_core_binding, wait_until_answering
 
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model_dir()),
                "--served-model-name", "smol", "--port", str(port), *SERVER]  # fmt: skip
@@ -90,7 +91,11 @@ def serve_turn(port: int, side: str) -> dict:
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)  # fmt: skip
     try:
-        up = _wait_until_serving(server, port) - began
+        try:
+            wait_until_answering(f"http://127.0.0.1:{port}/v1/models", server, poll_s=0.25)
+        except RuntimeError as error:
+            sys.exit(str(error))
+        up = time.perf_counter() - began
         body = {"model": "smol", "prompt": PROMPTS, "max_tokens": 32, "temperature": 0}
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})  # fmt: skip
@@ -100,20 +105,6 @@ def serve_turn(port: int, side: str) -> dict:
         _stop_group(server)
     texts = {str(c["index"]): c["text"] for c in choices}
     return {"up_s": round(up, 2), "processes": processes, "answers": texts}
-
-
-def _wait_until_serving(server: subprocess.Popen, port: int, timeout_s: float = 600) -> float:
-    """The moment the server first answers /v1/models; an error if it exits or stays silent."""
-    deadline = time.perf_counter() + timeout_s
-    while time.perf_counter() < deadline:
-        if server.poll() is not None:
-            sys.exit(f"vllm serve exited with {server.returncode} before answering")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)  # noqa: S310
-            return time.perf_counter()
-        except OSError:
-            time.sleep(0.25)
-    sys.exit(f"vllm serve did not answer within {timeout_s:g} s")
 
 
 def _group(pid: int) -> list[str]:

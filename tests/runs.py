@@ -117,5 +117,31 @@ def every_core_binding() -> dict[str, str]:
     return {BINDING_ENV: cpu_thread_binding(0, 1, 1, sorted(os.sched_getaffinity(0)))}
 
 
+# For a vLLM the tests start outside rayeval: its CPU worker inside the engine core's process, as in a rayeval CPU
+# engine (and `LLM`'s engine core inside its caller's process). By default vLLM spawns each apart, one more import
+# of vLLM and torch apiece; the answers are the same (bench/peer_engine_processes.py).
+ENGINE_IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def wait_until_answering(
+    url: str, server: subprocess.Popen, timeout_s: float = 600, poll_s: float = 0.5
+) -> None:
+    """Returns once the server started as `server` answers GET `url`; RuntimeError with its last error output
+    if it exits first, or if it stays silent for `timeout_s`."""
+    import urllib.request
+
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if server.poll() is not None:
+            tail = server.stderr.read()[-3000:] if server.stderr else ""
+            raise RuntimeError(f"{server.args[:4]} exited with {server.returncode} before answering: {tail}")
+        try:
+            urllib.request.urlopen(url, timeout=2)  # noqa: S310 - a server the tests started here
+            return
+        except OSError:
+            time.sleep(poll_s)
+    raise RuntimeError(f"{server.args[:4]} did not answer {url} within {timeout_s:g} s")
+
+
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -9,8 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,7 +16,14 @@ import pytest
 
 from cluster.models import default_model_dir
 from tests.ray_head import free_port
-from tests.runs import MODEL_DIR, every_core_binding, rayeval, records
+from tests.runs import (
+    ENGINE_IN_ONE_PROCESS,
+    MODEL_DIR,
+    every_core_binding,
+    rayeval,
+    records,
+    wait_until_answering,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -39,15 +44,8 @@ def vllm_server() -> Iterator[Callable[[], str]]:
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model_dir()),
         "--served-model-name", SERVED_NAME, "--port", str(port), *SERVER,
     ]  # fmt: skip
-    # VLLM_ENABLE_V1_MULTIPROCESSING=0: the worker computes inside the engine core's process, as in a rayeval
-    # CPU engine; by default vLLM's CPU platform spawns it apart, one more import of vLLM and torch (answering
-    # 8 to 10 s sooner on two cores: bench/peer_engine_processes.py)
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        **every_core_binding(),
-    }
+    # the worker inside the engine core's process answers 8 to 10 s sooner on two cores
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **ENGINE_IN_ONE_PROCESS, **every_core_binding()}
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)  # fmt: skip
     try:
@@ -60,17 +58,12 @@ def vllm_server() -> Iterator[Callable[[], str]]:
             os.killpg(server.pid, signal.SIGKILL)
 
 
-def _wait_until_serving(url: str, server: subprocess.Popen, timeout_s: float = 600) -> str:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"vllm serve exited with {server.returncode}: {server.stderr.read()[-3000:]}")
-        try:
-            urllib.request.urlopen(f"{url}/models", timeout=2)  # noqa: S310 - the local server
-            return url
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"vllm serve did not answer at {url} within {timeout_s:g} s")
+def _wait_until_serving(url: str, server: subprocess.Popen) -> str:
+    try:
+        wait_until_answering(f"{url}/models", server)
+    except RuntimeError as error:
+        pytest.fail(str(error))
+    return url
 
 
 def test_lm_eval_tasks_through_the_endpoint_score_as_on_local_replicas_and_resume_asking_nothing(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.lm_eval_local import LOCAL_TASKS, lm_eval_vllm_env
-from tests.runs import rayeval, records
+from tests.runs import ENGINE_IN_ONE_PROCESS, rayeval, records
 from tests.warm_cluster import enabled as warm_cluster_enabled
 from tests.warm_cluster import warm_cluster
 
@@ -55,12 +55,6 @@ PLAIN_TASKS = (*LOCAL_TASKS, "gsm8k_repeats_local")
 GENERATIVE = ("gsm8k_local", "gsm8k_repeats_local")
 
 
-# lm-eval's engine with its core and worker inside lm-eval's process (vLLM's switch for `LLM`): by default vLLM
-# spawns both, and each imports vLLM and torch again. Same responses and log-likelihoods, 18 to 24 s sooner
-# on two cores (bench/peer_engine_processes.py).
-IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-
-
 def run_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> None:
     """lm-eval's own `vllm` backend and evaluator (tests/lm_eval_reference.py: what `lm_eval --model vllm
     --log_samples` runs) for each named option set, on one engine; each run's files under out/<name>."""
@@ -73,7 +67,7 @@ def run_references(out: Path, tasks_dir: Path, runs: dict[str, dict]) -> None:
     )
     done = subprocess.run(
         [sys.executable, "-m", "tests.lm_eval_reference", str(spec)], capture_output=True, text=True,
-        timeout=900, env={**lm_eval_vllm_env(out / "stand_in"), **IN_ONE_PROCESS}, check=False,
+        timeout=900, env={**lm_eval_vllm_env(out / "stand_in"), **ENGINE_IN_ONE_PROCESS}, check=False,
     )  # fmt: skip
     # lm-eval's process at times aborts at interpreter exit, after writing everything, while vLLM's engine is
     # torn down ("terminate called without an active exception"); what counts is that its files are complete.
