@@ -13,10 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 
-
-def _process_start() -> float:
+def process_start() -> float:
     """The wall-clock time this process started: its start in clock ticks since boot (/proc/self/stat) against
     the uptime now, to 10 ms. (psutil's create_time adds the boot time, which Linux gives in whole seconds.)"""
     try:
@@ -25,12 +23,22 @@ def _process_start() -> float:
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
+        import psutil
+
         return psutil.Process().create_time()
 
 
-_STARTED_AT = _process_start()  # wall clock (time.time()) of the process's start
+_STARTED_AT = process_start()  # wall clock (time.time()) of the process's start
 _moments: dict[str, float] = {}
 _lock = threading.Lock()
+
+
+def started_at(when: float) -> None:
+    """Count from `when` (wall clock) instead of this process's start: a command that the warm CLI server
+    (cluster.cli.front) runs in a process forked for it counts from its client's start, where the user's
+    wait began."""
+    global _STARTED_AT
+    _STARTED_AT = when
 
 
 def mark(name: str, at: float | None = None, *, latest: bool = False) -> None:

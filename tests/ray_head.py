@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster.cli.front_paths import SOCKET_DIR_ENV
 from tests.runs import ray_cli
 
 
@@ -62,11 +63,20 @@ class HeadNode:
         return f"ray://127.0.0.1:{self.client_port}"
 
     def client_env(self) -> dict[str, str]:
-        """What a user's machine has: the cluster's token in a file, and no RAY_AUTH_MODE (rayeval sets it)."""
+        """What a user's machine has: the cluster's token in a file, and no RAY_AUTH_MODE (rayeval sets it), nor
+        pytest's name of the test running (which differs from test to test, where a user's shell stays the same,
+        so that the runs of the tests match `rayeval up`'s warm CLI server, cluster.cli.front_server)."""
         env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API"))
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API")) and k != "PYTEST_CURRENT_TEST"
         }
-        return {**env, "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+        # the warm CLI server that `rayeval up` starts for this cluster's runs: one per test cluster, gone with it
+        return {
+            **env,
+            "RAY_AUTH_TOKEN_PATH": str(self.token_path),
+            SOCKET_DIR_ENV: str(self.temp_dir / "cli"),
+        }
 
     def pids(self) -> set[int]:
         """Every live process of this cluster: the head's descendants (raylet, workers, engines and their

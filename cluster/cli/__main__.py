@@ -1,5 +1,5 @@
 """`python -m cluster.cli ...`: the same as the `rayeval` command."""
 
-from cluster.cli.app import entry
+from cluster.cli.front import entry
 
 raise SystemExit(entry())

@@ -1,0 +1,73 @@
+"""Starting and stopping this machine's warm CLI server (cluster.cli.front_server) from `rayeval up` and
+`rayeval down --all`: plain Python that talks to it over its socket and starts it as a process of its own."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cluster.cli.front_paths import STARTING_ENV, log_path, socket_path
+
+START_TIMEOUT_S = 30.0
+
+
+def start_server(idle_timeout_s: float) -> int | None:
+    """This machine's warm CLI server for this interpreter and copy of rayeval, started unless one answers;
+    its pid, or None when it did not come up (the runs then import for themselves; its log says why). Several
+    `rayeval up` at once start one server: the first to hold the lock file starts it, the others find it."""
+    import fcntl
+
+    path = socket_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = _answers(path)
+        if found and found.get("current"):
+            return int(found["pid"])
+        if found:  # its code is older than the files': it finishes its commands and exits, a new one serves
+            _message(path, {"stop": True})
+        with open(log_path(), "a") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "cluster.cli.front_server", "--idle-timeout", f"{idle_timeout_s:g}"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=STARTING_ENV,
+                cwd=Path(__file__).resolve().parents[2],
+            )  # fmt: skip
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and server.poll() is None:
+            found = _answers(path)
+            if found:
+                return int(found["pid"])
+            time.sleep(0.1)
+    return None
+
+
+def stop_server() -> int | None:
+    """Ask this machine's warm CLI server to stop (it lets running commands finish); its pid, or None."""
+    answer = _message(socket_path(), {"stop": True})
+    return int(answer["pid"]) if answer else None
+
+
+def _message(path: Path, message: dict, timeout_s: float = 5.0) -> dict | None:
+    """Send a message without streams to the server at `path`; its answer, or None when none answers."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout_s)
+            conn.connect(str(path))
+            data = json.dumps(message).encode()
+            conn.sendall(struct.pack("!I", len(data)) + data)
+            return json.loads(conn.makefile("r").readline() or "null")
+    except (OSError, ValueError):
+        return None
+
+
+def _answers(path: Path) -> dict | None:
+    return _message(path, {"ping": True})
+
+
+def _answers(path: Path) -> dict | None:
+    return _message(path, {"ping": True})
