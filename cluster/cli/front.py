@@ -25,8 +25,7 @@ import socket
 import struct
 import sys
 
-from cluster import timeline
-from cluster.cli.front_paths import DISABLE_ENV, socket_path
+from cluster.cli.front_paths import DISABLE_ENV, command_request, socket_path
 
 COMMANDS = frozenset({"run"})  # the commands the server takes; the rest always run here
 STREAMS = (0, 1, 2)
@@ -51,7 +50,7 @@ def run_through_server(argv: list[str]) -> int | None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(ANSWER_TIMEOUT_S)
         conn.connect(str(socket_path()))
-        send_request(conn, request(argv))
+        send_request(conn, command_request(argv))
         answers = conn.makefile("r", encoding="utf-8")
         first = json.loads(answers.readline() or "{}")
     except (OSError, ValueError):
@@ -66,21 +65,6 @@ def run_through_server(argv: list[str]) -> int | None:
         return None
     conn.settimeout(None)
     return _follow(int(first["pid"]), answers)
-
-
-def request(argv: list[str]) -> dict:
-    """What the server needs to run the command as this process would."""
-    return {
-        "argv": argv,
-        "sys_argv": sys.argv,
-        "env": dict(os.environ),
-        "cwd": os.getcwd(),
-        "umask": _umask(),
-        "affinity": sorted(os.sched_getaffinity(0)),
-        "executable": sys.executable,
-        "path": sys.path,
-        "started_at": timeline.process_start(),
-    }
 
 
 def send_request(conn: socket.socket, body: dict) -> None:
@@ -123,9 +107,3 @@ def _follow(pid: int, answers) -> int:  # noqa: ANN001 - a text file over the so
             os.kill(os.getpid(), -status)
             return 128 - status
         return int(status)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.cli.front_paths import STARTING_ENV, log_path, socket_path
+from cluster.cli.front_paths import STARTING_ENV, command_request, log_path, socket_path
 
 START_TIMEOUT_S = 30.0
 
@@ -27,10 +27,10 @@ def start_server(idle_timeout_s: float) -> int | None:
     with open(path.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = _answers(path)
-        if found and found.get("current"):
+        if found and not found.get("refused"):
             return int(found["pid"])
-        if found:  # its code is older than the files': it finishes its commands and exits, a new one serves
-            _message(path, {"stop": True})
+        if found:  # its code is older than the files', or it was started from another environment: it
+            _message(path, {"stop": True})  # finishes its commands and exits, and a new one serves this one's
         with open(log_path(), "a") as log:
             server = subprocess.Popen(
                 [sys.executable, "-m", "cluster.cli.front_server", "--idle-timeout", f"{idle_timeout_s:g}"],
@@ -66,8 +66,5 @@ def _message(path: Path, message: dict, timeout_s: float = 5.0) -> dict | None:
 
 
 def _answers(path: Path) -> dict | None:
-    return _message(path, {"ping": True})
-
-
-def _answers(path: Path) -> dict | None:
-    return _message(path, {"ping": True})
+    """The server's pid and whether it would refuse the commands of this process's environment."""
+    return _message(path, {**command_request([]), "ping": True})

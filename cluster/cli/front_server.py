@@ -192,8 +192,9 @@ class Server:
                 _send(conn, {"stopping": True, "pid": os.getpid()})
                 conn.close()
                 return
-            if request.get("ping"):
-                _send(conn, {"pid": os.getpid(), "served": self.served, "current": not self.state.changed()})
+            if request.get("ping"):  # `rayeval up`'s: would this server take its commands?
+                answer = {"pid": os.getpid(), "served": self.served}
+                _send(conn, {**answer, "refused": self.state.changed()[:1] or self.state.refusal(request)})
                 conn.close()
                 return
             refused = self.refusal(conn, request)
