@@ -10,8 +10,9 @@ Workloads (every side the same prompts, greedy, the same engine settings: max_mo
 the dtype rayeval resolves on the device; on CPU the embedded SmolLM2, eager, no chunked prefill, 1 GiB KV
 cache; on GPU `--model`, CUDA graphs, 0.45 of the GPU's memory for the pool and as much for `vllm serve`):
 - `second-run`: IFEval's first 20 prompts, 256 tokens (the demo's size). `cold`: `rayeval run --address
-  CLUSTER --no-warm-pools --keep-warm off` (it starts and stops its engine); `warm`: the same command
-  without those flags, on a pool `rayeval up` started before the turns. Each row: the process's wall time
+  CLUSTER --no-warm-pools --keep-warm off` with RAYEVAL_WARM_CLI=0 (it starts and stops its engine, and
+  imports for itself); `warm`: the same command without those, on a pool `rayeval up` started before the
+  turns (and through the warm CLI server that `rayeval up` starts). Each row: the process's wall time
   from start to exit, and its timeline (`--profile-startup`): when the first result came, when its engines
   were ready.
 - `serve-up`: IFEval's first 100 prompts, 512 tokens. `warm` as above (scored, files written) against
@@ -43,6 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.rows import commit_of, write_row  # noqa: E402
 from bench.serve_speed import free_port, timed, vllm_serve_side  # noqa: E402
+from cluster.cli.front_paths import DISABLE_ENV  # noqa: E402
 
 WORKLOADS = {"second-run": (20, 256), "serve-up": (100, 512)}
 # Both sides' engine settings beyond what bench.serve_speed.vllm_serve_command gives `vllm serve` on the device
@@ -138,10 +140,12 @@ def rayeval_side(
     """`engine`: the model, dtype, device and engine flags of the pool (and of the cold run's own engine)."""
     run_id = f"r{time.time_ns()}"
     own = ["--no-warm-pools", "--keep-warm", "off"] if cold else []
+    # a cold run as a user's first: no pool, and no warm CLI server (`rayeval up` started one) to fork it
+    env = {**cluster.env, DISABLE_ENV: "0"} if cold else cluster.env
     command = [sys.executable, "-m", "cluster.cli", "run", "--address", cluster.address, "--tasks", "ifeval",
                "--limit", str(limit), "--max-tokens", str(max_tokens), *engine, *own,
                "--no-progress", "--profile-startup", "--output-dir", str(work), "--run-id", run_id]  # fmt: skip
-    wall, done = timed(command, cluster.env)
+    wall, done = timed(command, env)
     run = json.loads((work / run_id / "summary.json").read_text())["run"]
     timeline = run["timeline"]
     return {"wall_s": wall, "first_result_s": timeline.get("first result"),
