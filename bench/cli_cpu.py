@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.rows import commit_of, write_row  # noqa: E402
 from bench.warm_pool import ENGINE, Cluster, float32_pool  # noqa: E402
+from cluster.cli.front_paths import WARM_CLI_ENV  # noqa: E402
 
 
 def timed_run(cluster: Cluster, run_id: str, prompts: int) -> dict:
@@ -31,7 +32,10 @@ def timed_run(cluster: Cluster, run_id: str, prompts: int) -> dict:
             "--run-id", run_id]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env=cluster.env, check=False)
+    # in its own process (not forked by the warm CLI server, whose children RUSAGE_CHILDREN does not see)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env={**cluster.env, WARM_CLI_ENV: "0"}, check=False
+    )
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.rows import commit_of, write_row  # noqa: E402
 from bench.serve_speed import free_port, timed, vllm_serve_side  # noqa: E402
-from cluster.cli.front_paths import DISABLE_ENV  # noqa: E402
+from cluster.cli.front_paths import SOCKET_DIR_ENV, WARM_CLI_ENV  # noqa: E402
 
 WORKLOADS = {"second-run": (20, 256), "serve-up": (100, 512)}
 # Both sides' engine settings beyond what bench.serve_speed.vllm_serve_command gives `vllm serve` on the device
@@ -64,7 +64,9 @@ class Cluster:
         token = self.temp / "auth_token"
         token.write_text(secrets.token_hex(32))
         self.port = free_port()
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+        # its `rayeval up` starts a warm CLI server of its own, in its folder (gone with it)
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+                    SOCKET_DIR_ENV: str(self.temp / "cli")}  # fmt: skip
         self.env.pop("RAY_ADDRESS", None)
         # Ray's own command, or its entry point where Ray was installed with --target (the GPU machine)
         beside = Path(sys.executable).parent / "ray"
@@ -141,7 +143,7 @@ def rayeval_side(
     run_id = f"r{time.time_ns()}"
     own = ["--no-warm-pools", "--keep-warm", "off"] if cold else []
     # a cold run as a user's first: no pool, and no warm CLI server (`rayeval up` started one) to fork it
-    env = {**cluster.env, DISABLE_ENV: "0"} if cold else cluster.env
+    env = {**cluster.env, WARM_CLI_ENV: "0"} if cold else cluster.env
     command = [sys.executable, "-m", "cluster.cli", "run", "--address", cluster.address, "--tasks", "ifeval",
                "--limit", str(limit), "--max-tokens", str(max_tokens), *engine, *own,
                "--no-progress", "--profile-startup", "--output-dir", str(work), "--run-id", run_id]  # fmt: skip

@@ -49,6 +49,7 @@ class HeadNode:
     gcs_port: int
     dashboard_port: int
     client_port: int
+    base_env: dict[str, str] | None = None  # the environment its clients start from (default: this process's)
 
     @property
     def dashboard(self) -> str:
@@ -68,7 +69,7 @@ class HeadNode:
         so that the runs of the tests match `rayeval up`'s warm CLI server, cluster.cli.front_server)."""
         env = {
             k: v
-            for k, v in os.environ.items()
+            for k, v in (self.base_env if self.base_env is not None else os.environ).items()
             if not k.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API")) and k != "PYTEST_CURRENT_TEST"
         }
         # the warm CLI server that `rayeval up` starts for this cluster's runs: one per test cluster, gone with it
@@ -124,9 +125,14 @@ class HeadNode:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def start_head(num_cpus: int = 2, timeout_s: float = 90, env: dict[str, str] | None = None) -> HeadNode:
+def start_head(
+    num_cpus: int = 2,
+    timeout_s: float = 90,
+    env: dict[str, str] | None = None,
+    base_env: dict[str, str] | None = None,
+) -> HeadNode:
     """A `ray start --head` cluster with token auth; `env`: more of the node's own environment (what its
-    workers and actors inherit, such as a store's credentials)."""
+    workers and actors inherit, such as a store's credentials); `base_env`: what `client_env` starts from."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's socket paths are length-limited
     token_path = temp_dir / "auth_token"
     token_path.write_text(secrets.token_hex(32))
@@ -152,7 +158,7 @@ def start_head(num_cpus: int = 2, timeout_s: float = 90, env: dict[str, str] | N
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True, text=True)  # fmt: skip
-    head = HeadNode(process, temp_dir, token_path, gcs, dashboard, client)
+    head = HeadNode(process, temp_dir, token_path, gcs, dashboard, client, base_env)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         assert process.poll() is None, f"ray start --head exited with {process.returncode}"

@@ -33,7 +33,7 @@ def rayeval(
 ) -> subprocess.CompletedProcess[str]:
     """`rayeval ARGS` in a subprocess. A `run` that names no cluster goes to the test run's shared cluster and
     its warm pools (tests/warm_cluster.py), unless `local` asks for the local cluster the command starts."""
-    base = {**os.environ}
+    base = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # as a user's shell: the same
     if args[:1] == ("run",) and not local and _shared_cluster_serves(args):
         from tests.warm_cluster import warm_cluster
 
@@ -75,18 +75,21 @@ def ray_cli() -> str:
     return str(beside) if beside.exists() else "ray"
 
 
-def _default_sigint() -> None:
-    # A test suite started in the background (`cmd &` in a script) inherits SIGINT as ignored, and Python
-    # then installs no KeyboardInterrupt handler; the child must see Ctrl-C as a user's terminal sends it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start_in_background(
-    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, ignore: tuple[int, ...] = ()
 ) -> subprocess.Popen[str]:
+    """`rayeval ARGV` in a session of its own, with Ctrl-C as a user's terminal sends it (a test suite started
+    in the background, `cmd &` in a script, inherits SIGINT as ignored, and Python then installs no
+    KeyboardInterrupt handler), and the signals in `ignore` ignored (as under `nohup`)."""
+
+    def signals() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        for signum in ignore:
+            signal.signal(signum, signal.SIG_IGN)
+
     return subprocess.Popen([sys.executable, "-m", "cluster.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=_default_sigint, env=env, cwd=cwd)  # fmt: skip
+                            preexec_fn=signals, env=env, cwd=cwd)  # fmt: skip
 
 
 def wait_for_records(proc: subprocess.Popen[str], store: Path, count: int) -> None:

@@ -54,6 +54,11 @@ class WarmCluster:
 
 _cluster: WarmCluster | None = None
 _lock = threading.Lock()
+# The environment of the test run as it began, which every `rayeval` of the shared cluster starts from (its
+# `rayeval up` and the tests' runs, as one user's shell): the test process's own imports of Ray, vLLM and torch
+# later set variables in os.environ (KMP_*, TORCHINDUCTOR_*, HF_HUB_OFFLINE, ...) that a user's shell would not
+# have, and which would make every later run unlike the warm CLI server that `rayeval up` started.
+_SESSION_ENV = dict(os.environ)
 
 
 def enabled() -> bool:
@@ -71,7 +76,7 @@ def _started() -> WarmCluster:
     """The shared cluster, started now if it is not yet; the caller holds `_lock`."""
     global _cluster
     if _cluster is None:
-        head = start_head(num_cpus=CPUS)
+        head = start_head(num_cpus=CPUS, base_env=_SESSION_ENV)
         try:
             from cluster.models import ensure_default_model
 

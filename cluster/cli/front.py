@@ -5,14 +5,15 @@ The server has imported what a run imports before its first request (the CLI, it
 modules: about a second on a 2-core VM, more on a GPU host's Python) and forks a process per command, which
 takes this process's arguments, environment, working directory, CPU affinity and its standard input, output
 and error (passed over the socket), so the command behaves as it would here, only without those imports.
-This module imports nothing heavy: a command that the server refuses (its code or environment differs from
-this process's) or that no server can take starts here with no more than a failed connection's cost.
+This module imports nothing heavy: a command that the server refuses (its code, environment or process
+differs from this one's) or that no server can take starts here with no more than a failed connection's cost.
 
-The wire: this side sends one length-prefixed JSON request with its three standard streams attached; the server
-answers with JSON lines, `{"pid": N}` once the command's process runs (or `{"refused": REASON}`), then
-`{"status": CODE}` when it ends (a negative CODE: killed by that signal). Signals this process gets (Ctrl-C,
-SIGTERM, SIGHUP) go on to the command's process; if this process goes away, the command's process is
-interrupted as Ctrl-C would.
+The wire: this side sends one length-prefixed JSON request with its three standard streams attached. The server
+answers with JSON lines: `{"pid": N}` once it has forked (or `{"refused": REASON}`); this side answers that with
+one byte, without which the command's process runs nothing (a client that gave up waiting runs the command
+itself, once); then `{"status": CODE}` or `{"signal": N}` when the command ends. Signals this process gets
+(Ctrl-C, SIGTERM, SIGHUP; Ctrl-Z and `fg`; a terminal's resize) go on to the command's process group; if this
+process goes away, the command is interrupted as by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -24,8 +25,15 @@ import signal
 import socket
 import struct
 import sys
+from typing import TextIO
 
-from cluster.cli.front_paths import DISABLE_ENV, command_request, socket_path
+from cluster.cli.front_paths import (
+    FORWARDED_SIGNALS,
+    command_request,
+    enabled,
+    private_folder,
+    socket_path,
+)
 
 COMMANDS = frozenset({"run"})  # the commands the server takes; the rest always run here
 STREAMS = (0, 1, 2)
@@ -35,7 +43,7 @@ ANSWER_TIMEOUT_S = 10.0  # for the server's first answer (it checks its code and
 def entry() -> int:
     """`rayeval ARGS`: through the warm CLI server when it takes the command, else in this process."""
     argv = sys.argv[1:]
-    if argv[:1] and argv[0] in COMMANDS and os.environ.get(DISABLE_ENV, "1") != "0":
+    if argv[:1] and argv[0] in COMMANDS and enabled():
         code = run_through_server(argv)
         if code is not None:
             return code
@@ -46,15 +54,24 @@ def entry() -> int:
 
 def run_through_server(argv: list[str]) -> int | None:
     """The command's exit status, run by the server; None when no server took it (none up, or it refused)."""
+    path = socket_path()
+    if not private_folder(path.parent):
+        return None  # no server, or a folder someone else could have put a socket in
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(ANSWER_TIMEOUT_S)
-        conn.connect(str(socket_path()))
-        send_request(conn, command_request(argv))
+        conn.connect(str(path))
+        if _peer_uid(conn) != os.getuid():
+            conn.close()
+            return None
+        request = command_request(argv)
+        send_request(conn, request)
         answers = conn.makefile("r", encoding="utf-8")
         first = json.loads(answers.readline() or "{}")
+        if "pid" in first:
+            conn.sendall(b"g")  # go: the command's process runs from here on, and this one follows it
     except (OSError, ValueError):
-        return None  # no server, or one that went away: the command runs here
+        return None  # no server, one that went away, or one too slow: the command runs here
     if "pid" not in first:
         if "--verbose" in argv:
             print(
@@ -64,29 +81,53 @@ def run_through_server(argv: list[str]) -> int | None:
         conn.close()
         return None
     conn.settimeout(None)
-    return _follow(int(first["pid"]), answers)
+    return _follow(int(first["pid"]), answers, set(request["ignored_signals"]))
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
 
 
 def send_request(conn: socket.socket, body: dict) -> None:
-    data = json.dumps(body).encode()
+    """The request, whole, with this process's standard streams attached to its first bytes."""
+    body_bytes = json.dumps(body).encode()
+    data = struct.pack("!I", len(body_bytes)) + body_bytes
     fds = array.array("i", STREAMS)
-    conn.sendmsg([struct.pack("!I", len(data)), data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+    sent = conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+    conn.sendall(data[sent:])
 
 
-def _follow(pid: int, answers) -> int:  # noqa: ANN001 - a text file over the socket
-    """Forward this process's signals to the command's process until the server reports how it ended."""
+def _follow(pid: int, answers: TextIO, ignored: set[int]) -> int:
+    """Forward this process's signals to the command's process group until the server says how it ended."""
 
     def forward(signum: int, _frame: object) -> None:
-        try:
-            os.killpg(pid, signum)  # its process group, as a terminal's Ctrl-C reaches a command's children
-        except ProcessLookupError:
+        for kill in (os.killpg, os.kill):  # os.kill: it may not have made its group yet
             try:
-                os.kill(pid, signum)  # it has not made its group yet
+                kill(pid, signum)
+                return
             except ProcessLookupError:
-                pass
+                continue
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
+    def stop(signum: int, _frame: object) -> None:  # Ctrl-Z: the command stops, then this process
+        forward(signal.SIGTSTP, _frame)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)
+
+    def resume(signum: int, _frame: object) -> None:  # `fg` / `bg`
+        signal.signal(signal.SIGTSTP, stop)
+        forward(signal.SIGCONT, _frame)
+
+    for signum in FORWARDED_SIGNALS:
+        if signum not in ignored:
+            signal.signal(signum, forward)
+    signal.signal(signal.SIGWINCH, forward)
+    signal.signal(signal.SIGTSTP, stop)
+    signal.signal(signal.SIGCONT, resume)
+    return _outcome(pid, answers)
+
+
+def _outcome(pid: int, answers: TextIO) -> int:
+    """The command's exit status, or this process ended by the signal that ended it."""
     while True:
         try:
             line = answers.readline()
@@ -99,11 +140,12 @@ def _follow(pid: int, answers) -> int:  # noqa: ANN001 - a text file over the so
                 file=sys.stderr,
             )
             return 1
-        status = json.loads(line).get("status")
-        if status is None:
-            continue
-        if status < 0:  # killed by a signal: end the same way
-            signal.signal(-status, signal.SIG_DFL)
-            os.kill(os.getpid(), -status)
-            return 128 - status
-        return int(status)
+        answer = json.loads(line)
+        if "status" in answer:
+            return int(answer["status"])
+        if "signal" in answer:
+            signum = int(answer["signal"])
+            if signum not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return 128 + signum

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -11,27 +12,29 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.cli.front_paths import STARTING_ENV, command_request, log_path, socket_path
+from cluster.cli.front_paths import STARTING_ENV, command_request, log_path, private_folder, socket_path
 
 START_TIMEOUT_S = 30.0
 
 
 def start_server(idle_timeout_s: float) -> int | None:
-    """This machine's warm CLI server for this interpreter and copy of rayeval, started unless one answers;
-    its pid, or None when it did not come up (the runs then import for themselves; its log says why). Several
-    `rayeval up` at once start one server: the first to hold the lock file starts it, the others find it."""
+    """This machine's warm CLI server for this interpreter and copy of rayeval, started unless one that would
+    take this process's commands answers; its pid, or None when none answered within 30 s (the runs then
+    import for themselves; its log says why). Several `rayeval up` at once start one server: the first to
+    hold the lock file starts it, the others find it."""
     import fcntl
 
     path = socket_path()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
+    if not private_folder(path.parent, create=True):
+        return None
+    with _private_file(path.with_suffix(".lock")) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = _answers(path)
         if found and not found.get("refused"):
             return int(found["pid"])
         if found:  # its code is older than the files', or it was started from another environment: it
             _message(path, {"stop": True})  # finishes its commands and exits, and a new one serves this one's
-        with open(log_path(), "a") as log:
+        with _private_file(log_path()) as log:
             server = subprocess.Popen(
                 [sys.executable, "-m", "cluster.cli.front_server", "--idle-timeout", f"{idle_timeout_s:g}"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=STARTING_ENV,
@@ -48,8 +51,14 @@ def start_server(idle_timeout_s: float) -> int | None:
 
 def stop_server() -> int | None:
     """Ask this machine's warm CLI server to stop (it lets running commands finish); its pid, or None."""
-    answer = _message(socket_path(), {"stop": True})
+    path = socket_path()
+    answer = _message(path, {"stop": True}) if private_folder(path.parent) else None
     return int(answer["pid"]) if answer else None
+
+
+def _private_file(path: Path):  # noqa: ANN202 - an open binary file
+    """Open for appending, this user's only, never through a link someone put in its place."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600), "ab")
 
 
 def _message(path: Path, message: dict, timeout_s: float = 5.0) -> dict | None:

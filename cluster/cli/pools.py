@@ -7,7 +7,7 @@ import argparse
 import time
 
 from cluster.cli.flags import GROUPS, add_config_flags, flag_names, overrides
-from cluster.cli.front_paths import DISABLE_ENV
+from cluster.cli.front_paths import WARM_CLI_ENV, enabled
 from cluster.config import COMMAND_LINE, PoolConfig, build_config, load_config_file
 
 UP_EPILOG = """examples:
@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="start no warm CLI server on this machine (by default one starts beside the pool, with its idle "
         "timeout: later `rayeval run` commands here fork from it, their imports done, about a second sooner; "
-        f"{DISABLE_ENV}=0 runs a command without it)",
+        f"{WARM_CLI_ENV}=0 runs a command without it)",
     )
 
     listed = sub.add_parser("pools", help="list the cluster's warm pools",
@@ -96,7 +96,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(
         f"key {row.key}; stops after {row.idle_timeout_s:g} s unused; `rayeval down {row.name}` stops it now"
     )
-    if not args.no_warm_cli:
+    if not args.no_warm_cli and enabled():
         _start_warm_cli(row.idle_timeout_s)
     return 0
 
@@ -107,10 +107,10 @@ def _start_warm_cli(idle_timeout_s: float) -> None:
 
     pid = start_server(idle_timeout_s)
     if pid is None:
-        print(f"no warm CLI server started (its log: {log_path()}); runs import for themselves")
+        print(f"no warm CLI server answered within 30 s (its log: {log_path()}); runs import for themselves")
     else:
         print(
-            f"warm CLI server on this machine: pid {pid}; `rayeval run` here forks from it ({DISABLE_ENV}=0: not)"
+            f"warm CLI server on this machine: pid {pid}; `rayeval run` here forks from it ({WARM_CLI_ENV}=0: not)"
         )
 
 

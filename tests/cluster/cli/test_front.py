@@ -1,45 +1,48 @@
 """The warm CLI server (cluster.cli.front_server) and its client (cluster.cli.front, the `rayeval` entry): a
 command it forks for prints, writes and exits as the same command run in its own process; a client whose
-environment or import path differs is refused (by the variables' names) and runs the command itself; Ctrl-C
-reaches the command's process, and a killed client interrupts it; `stop_server` ends it. The real-run test uses
-the test run's shared cluster, whose `rayeval up` started its server."""
+environment, import path or process differs is refused (by the variables' names) and runs the command itself;
+a request too big for one send arrives whole, and no descriptor of a refused client stays in the server;
+Ctrl-C reaches the command's process, an ignored SIGHUP stays ignored, a killed client interrupts the command,
+and a command killed outright ends its client the same way; `stop_server` ends the server. The real-run test
+uses the test run's shared cluster, whose `rayeval up` started its server."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cluster.cli.front_paths import DISABLE_ENV, SOCKET_DIR_ENV
-from cluster.cli.front_server import CodeState
+from cluster.cli.front_paths import SOCKET_DIR_ENV, WARM_CLI_ENV, command_request
+from cluster.cli.front_state import CodeState
 from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, MODEL_DIR, rayeval, records, start_in_background
 from tests.warm_cluster import warm_cluster
 
 SERVED = re.compile(r"command \d+: pid (\d+) runs `rayeval run`")
 
 
-def state(tmp_path: Path, **changes) -> CodeState:
+def state(tmp_path: Path) -> CodeState:
     module = tmp_path / "site" / "pkg" / "__init__.py"
     module.parent.mkdir(parents=True, exist_ok=True)
     module.touch()
-    stat = module.stat()
-    base = CodeState(
-        files={str(module): (stat.st_mtime_ns, stat.st_size)},
+    info = module.stat()
+    here = command_request([])
+    return CodeState(
+        files={str(module): (info.st_mtime_ns, info.st_size)},
         packages={"pkg": str(module.parent)},
         env={"HOME": "/root", "PWD": "/a"},
-        set_by_imports={},
+        set_by_imports={"RAY_CLIENT_MODE": "0"},
         path=["/first", str(tmp_path / "site")],
-        path_after=["/first", str(tmp_path / "site")],
+        path_after=["/ray/thirdparty", "/first", str(tmp_path / "site")],
+        traits=json.loads(json.dumps(here["process"])),
     )
-    for name, value in changes.items():
-        setattr(base, name, value)
-    return base
 
 
 def test_the_code_state_finds_changed_files_and_other_copies_of_its_packages(tmp_path):
@@ -62,8 +65,11 @@ def test_the_code_state_finds_changed_files_and_other_copies_of_its_packages(tmp
 
 def test_a_client_unlike_the_server_is_refused_by_what_differs_never_by_a_value(tmp_path):
     code = state(tmp_path)
-    alike = {"executable": sys.executable, "env": {"HOME": "/root", "PWD": "/b"}, "path": code.path}
-    assert code.refusal(alike) is None  # PWD is the shell's bookkeeping
+    here = json.loads(json.dumps(command_request([])))  # as the server reads it
+    alike = {**here, "env": {"HOME": "/root", "PWD": "/b", "SSH_TTY": "/dev/pts/3"}, "path": code.path}
+    assert code.refusal(alike) is None  # PWD and SSH_TTY are the shell's and terminal's bookkeeping
+    # a client that imported Ray already has what the server's imports set
+    assert code.refusal({**alike, "env": {**alike["env"], "RAY_CLIENT_MODE": "0"}}) is None
     secret = {**alike, "env": {**alike["env"], "OPENAI_API_KEY": "sk-not-a-real-key"}}
     refused = code.refusal(secret)
     assert refused == "the environment differs in OPENAI_API_KEY" and "sk-not" not in refused
@@ -76,9 +82,16 @@ def test_a_client_unlike_the_server_is_refused_by_what_differs_never_by_a_value(
         code.refusal({**alike, "path": [str(checkout), *code.path[1:]]})
         == f"{checkout} holds other copies of pkg"
     )
-    view = state(tmp_path, set_by_imports={"RAY_CLIENT_MODE": "0"}, path_after=["/ray/thirdparty", "/first"])
-    taken = view.command_view({**alike, "path": ["/client-first", *code.path[1:]]})
-    assert taken["env"]["RAY_CLIENT_MODE"] == "0" and taken["path"] == ["/ray/thirdparty", "/client-first"]
+    # `python -c` puts "" first: the client's working directory, not the server's
+    assert code.refusal({**alike, "cwd": str(checkout), "path": ["", *code.path[1:]]}).endswith(
+        "copies of pkg"
+    )
+    unlike = {**alike["process"], "flags": "sys.flags(optimize=2)", "nice": 19}
+    assert code.refusal({**alike, "process": unlike}) == "the process differs in its flags, nice"
+    assert "working directory" in code.refusal({**alike, "cwd": str(tmp_path / "gone")})
+    view = code.command_view({**alike, "path": ["/client-first", *code.path[1:]]})
+    assert view["env"]["RAY_CLIENT_MODE"] == "0"
+    assert view["path"] == ["/ray/thirdparty", "/client-first", str(tmp_path / "site")]
 
 
 def served(log: Path) -> list[int]:
@@ -90,19 +103,20 @@ def log_of(env: dict[str, str]) -> Path:
     return log
 
 
+def python(code: str, env: dict[str, str]) -> str:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=True).stdout  # fmt: skip
+
+
 @pytest.fixture
-def server_env(tmp_path) -> dict[str, str]:
+def server_env(tmp_path) -> Iterator[dict[str, str]]:
     """A server of this checkout in a folder of the test's, with a client environment as a shell keeps it."""
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     env[SOCKET_DIR_ENV] = str(tmp_path / "cli")
-    started = subprocess.run(
-        [sys.executable, "-c", "from cluster.cli.front_control import start_server; print(start_server(600))"],
-        env=env, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert started.stdout.strip().isdigit(), started.stderr[-2000:]
+    started = python("from cluster.cli.front_control import start_server; print(start_server(600))", env)
+    assert started.strip().isdigit(), started
     yield env
-    subprocess.run([sys.executable, "-c", "from cluster.cli.front_control import stop_server; stop_server()"],
-                   env=env, timeout=60, check=False)  # fmt: skip
+    python("from cluster.cli.front_control import stop_server; stop_server()", env)
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -112,7 +126,7 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 def test_commands_through_the_server_print_and_exit_as_in_their_own_process(server_env, tmp_path):
     log = log_of(server_env)
-    here = {**server_env, DISABLE_ENV: "0"}
+    here = {**server_env, WARM_CLI_ENV: "0"}
     commands = (
         ("run", "--dry-run", "--tasks", "ifeval", "--limit", "3", "--output-dir", str(tmp_path)),
         ("run", "--dry-run", "--tasks", "no_such_task"),
@@ -128,67 +142,86 @@ def test_commands_through_the_server_print_and_exit_as_in_their_own_process(serv
             alone.stderr,
         )
     assert [cli(*c, env=server_env).returncode for c in commands] == [0, 2, 2]
-    # another environment: refused by the variable's name, and the command runs in its own process
+    # another environment, in a request too big for one send: refused by the variable's name, and the
+    # command runs in its own process; the server keeps none of the client's descriptors
+    server_pid = int(python("from cluster.cli.front_control import _answers, socket_path; "
+                            "print(_answers(socket_path())['pid'])", server_env))  # fmt: skip
+    descriptors = len(os.listdir(f"/proc/{server_pid}/fd"))
     before = len(served(log))
-    other = cli(*commands[0], "--verbose", env={**server_env, "SOME_TOKEN": "value-123"})
-    assert other.returncode == 0 and "the environment differs in SOME_TOKEN" in other.stderr
-    assert (
-        len(served(log)) == before and "SOME_TOKEN" in log.read_text() and "value-123" not in log.read_text()
+    big = {f"SOME_TOKEN_{i}": "v" * 100_000 for i in range(3)}  # one variable may hold 128 KiB
+    other = cli(*commands[0], "--verbose", env={**server_env, **big})
+    assert other.returncode == 0
+    assert "the environment differs in SOME_TOKEN_0, SOME_TOKEN_1, SOME_TOKEN_2" in other.stderr
+    assert len(served(log)) == before and "SOME_TOKEN" in log.read_text() and "vvv" not in log.read_text()
+    assert len(os.listdir(f"/proc/{server_pid}/fd")) == descriptors
+    # stopped: its socket goes at once, and commands run in their own processes
+    stop = (
+        "from cluster.cli.front_paths import socket_path; from cluster.cli.front_control import stop_server; "
     )
-    # stopped: its socket goes, and commands run in their own processes
-    stop = "from cluster.cli.front_paths import socket_path; from cluster.cli.front_control import stop_server; print(stop_server(), socket_path())"
-    pid, socket_file = cli_python(stop, server_env).split()
-    deadline = time.time() + 30
-    while time.time() < deadline and Path(socket_file).exists():
-        time.sleep(0.1)
-    assert pid.isdigit() and not Path(socket_file).exists()
+    pid, socket_file = python(stop + "print(stop_server(), socket_path())", server_env).split()
+    assert int(pid) == server_pid and not Path(socket_file).exists()
     assert cli(*commands[0], env=server_env).returncode == 0 and len(served(log)) == before
 
 
-def cli_python(code: str, env: dict[str, str]) -> str:
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
-                          check=True).stdout  # fmt: skip
-
-
 @pytest.mark.slow
-def test_a_warm_run_through_the_server_answers_as_one_run_here_and_is_interrupted_by_its_client(
+def test_a_warm_run_through_the_server_answers_as_one_run_here_and_ends_as_its_client_is_told(
     tmp_path, base_ifeval_records
 ):
     shared = warm_cluster()
-    env, log = shared.env(), log_of(shared.env())
-    common = [*BASE_IFEVAL_ARGS, "--output-dir", str(tmp_path)]
+    log = log_of(shared.env())
+    (tmp_path / "work").mkdir()
+    common = [*BASE_IFEVAL_ARGS, "--output-dir", "out"]  # relative: the client's working directory's
     first = len(served(log))
-    through = rayeval("run", *common, "--limit", str(BASE_IFEVAL_LIMIT), "--run-id", "through")
-    alone = rayeval(
-        "run", *common, "--limit", str(BASE_IFEVAL_LIMIT), "--run-id", "alone", env={DISABLE_ENV: "0"}
+    through = rayeval(
+        "run", *common, "--limit", str(BASE_IFEVAL_LIMIT), "--run-id", "through", cwd=tmp_path / "work"
     )
+    alone = rayeval("run", *common, "--limit", str(BASE_IFEVAL_LIMIT), "--run-id", "alone",
+                    env={WARM_CLI_ENV: "0"}, cwd=tmp_path / "work")  # fmt: skip
     assert through.returncode == 0 and alone.returncode == 0, through.stderr[-3000:] + alone.stderr[-3000:]
     assert len(served(log)) == first + 1, log.read_text()[-2000:]  # the first only
     for run_id in ("through", "alone"):
-        rows = records(tmp_path / run_id / "samples" / MODEL_DIR / "ifeval.jsonl")
+        rows = records(tmp_path / "work" / "out" / run_id / "samples" / MODEL_DIR / "ifeval.jsonl")
         assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]  # float32 greedy
-    # Ctrl-C reaches the command's process: it stops as a run here does, and the same command resumes it
-    cut = ["run", *common, "--limit", "40", "--run-id", "cut"]
-    proc = start_in_background([*cut, *shared.run_args()], env=env)
-    pid = _command_pid(log, first + 2)
+    _interrupts(shared, tmp_path, log)
+
+
+def _interrupts(shared, tmp_path: Path, log: Path) -> None:  # noqa: ANN001 - tests.warm_cluster.WarmCluster
+    """Ctrl-C and a killed client interrupt the command; an ignored SIGHUP does not; a command killed outright
+    ends its client by the same signal."""
+    env, common = shared.env(), [*BASE_IFEVAL_ARGS, "--output-dir", str(tmp_path), "--limit", "40"]
+
+    def start(run_id: str, ignore: tuple[int, ...] = ()) -> tuple[subprocess.Popen[str], int]:
+        count = len(served(log))
+        argv = ["run", *common, "--run-id", run_id, *shared.run_args()]
+        proc = start_in_background(argv, env=env, ignore=ignore)
+        return proc, _command_pid(log, count + 1)
+
+    proc, pid = start("cut")
     time.sleep(1.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "rayeval: interrupted" in err, err[-3000:]
     assert _gone(pid, 30)
-    resumed = rayeval(*cut)
-    assert resumed.returncode == 0 and "40 requests," in resumed.stderr, resumed.stderr[-3000:]
-    rows = records(tmp_path / "cut" / "samples" / MODEL_DIR / "ifeval.jsonl")
-    assert sorted(r["doc_id"] for r in rows) == list(range(40))
-    # a client killed outright: its command's process is interrupted as by Ctrl-C, and ends
-    count = len(served(log))
-    proc = start_in_background(
-        ["run", *common, "--limit", "40", "--run-id", "killed", *shared.run_args()], env=env
+    resumed = rayeval(
+        "run", *BASE_IFEVAL_ARGS, "--output-dir", str(tmp_path), "--limit", "40", "--run-id", "cut"
     )
-    pid = _command_pid(log, count + 1)
+    assert resumed.returncode == 0 and "40 requests," in resumed.stderr, resumed.stderr[-3000:]
+    assert sorted(
+        r["doc_id"] for r in records(tmp_path / "cut" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    ) == list(range(40))
+    proc, pid = start("killed-client")
     proc.kill()
     proc.communicate(timeout=60)
     assert _gone(pid, 60), f"the command's process {pid} outlived its client"
+    assert not (tmp_path / "killed-client" / "summary.json").exists()  # interrupted, not finished
+    proc, pid = start("killed-command")
+    os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL  # the client ends as its command did
+    proc, pid = start("nohup", ignore=(signal.SIGHUP,))
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]  # as under `nohup`: the ignored SIGHUP stays ignored
 
 
 def _command_pid(log: Path, count: int, timeout_s: float = 60) -> int:

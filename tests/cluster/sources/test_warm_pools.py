@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.cli.front_paths import WARM_CLI_ENV
 from cluster.engines.settings import cpu_has_native_bf16
 from tests.ray_head import HeadNode, start_head
 from tests.runs import (
@@ -104,7 +105,14 @@ def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_he
     argv = ["run", "--tasks", "ifeval", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
             "--no-progress", "--max-tokens", "32", "--address", head.gcs_address, "--output-dir", str(tmp_path),
             "--limit", "16", "--temperature", "0.7"]  # fmt: skip
-    runs = {run_id: start_in_background([*argv, "--run-id", run_id, "--seed", seed], env=head.client_env())
+    # the killed run in its own process, as a driver that dies (through the warm CLI server, killing its client
+    # would interrupt it as Ctrl-C does)
+    envs = {
+        "side-a": head.client_env(),
+        "side-b": head.client_env(),
+        "killed": {**head.client_env(), WARM_CLI_ENV: "0"},
+    }
+    runs = {run_id: start_in_background([*argv, "--run-id", run_id, "--seed", seed], env=envs[run_id])
             for run_id, seed in (("side-a", "1"), ("side-b", "2"), ("killed", "3"))}  # fmt: skip
     wait_for_records(runs["killed"], tmp_path / "killed" / "cache" / "completions.jsonl", 2)
     os.killpg(runs.pop("killed").pid, signal.SIGKILL)
@@ -179,7 +187,11 @@ def test_down_stops_the_pool_and_its_engines(pool: HeadNode):
     )
     stopped = rayeval("down", "--all", "--address", head.gcs_address, env=head.client_env())
     assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert stopped.stdout.strip() == f"stopped 1 warm pool(s): {POOL}"
+    # and the warm CLI server that the pool's `rayeval up` started (its socket in this cluster's folder)
+    assert stopped.stdout.splitlines() == [
+        f"stopped 1 warm pool(s): {POOL}",
+        "stopped this machine's warm CLI server",
+    ]
     deadline = time.time() + 30
     while time.time() < deadline and head.engine_actor_pids():
         time.sleep(0.5)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.cli.front_paths import WARM_CLI_ENV
 from tests.object_store import ObjectStore
 from tests.runs import (
     BASE_IFEVAL_ARGS,
@@ -110,7 +111,8 @@ def test_a_killed_run_resumes_from_the_store_on_another_node_generating_only_the
     total = 30
     argv = ["run", *BASE_IFEVAL_ARGS, "--limit", str(total), "--output-dir", s3.uri("killed"), "--run-id", "r",
             "--sync-every", "2", "--sync-interval", "1s"]  # fmt: skip
-    proc = _start(argv, node_env(s3, tmp_path / "node-a"), tmp_path / "node-a")
+    # a driver that dies: in its own process, not forked by the warm CLI server (which would interrupt it)
+    proc = _start(argv, {**node_env(s3, tmp_path / "node-a"), WARM_CLI_ENV: "0"}, tmp_path / "node-a")
     _wait_for_journal_lines(s3, "killed/r", proc, 2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
