@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import sys
 from typing import TextIO
 
@@ -31,6 +30,8 @@ from cluster.cli.front_paths import (
     FORWARDED_SIGNALS,
     command_request,
     enabled,
+    framed,
+    peer_uid,
     private_folder,
     socket_path,
 )
@@ -61,7 +62,7 @@ def run_through_server(argv: list[str]) -> int | None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(ANSWER_TIMEOUT_S)
         conn.connect(str(path))
-        if _peer_uid(conn) != os.getuid():
+        if peer_uid(conn) != os.getuid():
             conn.close()
             return None
         request = command_request(argv)
@@ -84,14 +85,9 @@ def run_through_server(argv: list[str]) -> int | None:
     return _follow(int(first["pid"]), answers, set(request["ignored_signals"]))
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-
-
 def send_request(conn: socket.socket, body: dict) -> None:
     """The request, whole, with this process's standard streams attached to its first bytes."""
-    body_bytes = json.dumps(body).encode()
-    data = struct.pack("!I", len(body_bytes)) + body_bytes
+    data = framed(body)
     fds = array.array("i", STREAMS)
     sent = conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
     conn.sendall(data[sent:])

@@ -6,13 +6,19 @@ from __future__ import annotations
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from cluster.cli.front_paths import STARTING_ENV, command_request, log_path, private_folder, socket_path
+from cluster.cli.front_paths import (
+    STARTING_ENV,
+    command_request,
+    framed,
+    log_path,
+    private_folder,
+    socket_path,
+)
 
 START_TIMEOUT_S = 30.0
 
@@ -67,8 +73,7 @@ def _message(path: Path, message: dict, timeout_s: float = 5.0) -> dict | None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout_s)
             conn.connect(str(path))
-            data = json.dumps(message).encode()
-            conn.sendall(struct.pack("!I", len(data)) + data)
+            conn.sendall(framed(message))
             return json.loads(conn.makefile("r").readline() or "null")
     except (OSError, ValueError):
         return None

@@ -1,14 +1,18 @@
-"""Where this machine's warm CLI server is found (cluster.cli.front_server), the switch that concerns it, and
-what a client tells it about itself: the process it would run a command as, with the environment and import
-path this `rayeval` process started with. Plain Python: the `rayeval` entry imports it first."""
+"""Where this machine's warm CLI server is found (cluster.cli.front_server), the switch that concerns it, how a
+message to it is framed and who is at the other end of a connection, and what a client tells it about itself:
+the process it would run a command as, with the environment and import path this `rayeval` process started
+with. Plain Python: the `rayeval` entry imports it first."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import resource
 import signal
+import socket
 import stat
+import struct
 import sys
 from pathlib import Path
 
@@ -53,6 +57,17 @@ def private_folder(folder: Path, create: bool = False) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def framed(message: dict) -> bytes:
+    """A message to the server: its JSON's length (4 bytes, network order), then the JSON."""
+    body = json.dumps(message).encode()
+    return struct.pack("!I", len(body)) + body
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The user of the process at the other end of a Unix socket, as the kernel says (SO_PEERCRED)."""
+    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
 
 
 def command_request(argv: list[str]) -> dict:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.cli.front_command import BLOCKED_ACROSS_FORK, run_command
-from cluster.cli.front_paths import private_folder, socket_path
+from cluster.cli.front_paths import peer_uid, private_folder, socket_path
 from cluster.cli.front_state import CodeState
 
 # What a warm `rayeval run` imports before its first request: the CLI and its config, Ray, the run's modules.
@@ -69,7 +69,6 @@ class Server:
     idle_timeout_s: float
     children: dict[int, socket.socket] = field(default_factory=dict)
     served: int = 0
-    stopping: bool = False
     listener: socket.socket | None = None
     identity: tuple[int, int, int] = (0, 0, 0)  # the socket file's device, inode and change time: still ours?
 
@@ -120,7 +119,7 @@ class Server:
 
     def take(self, conn: socket.socket) -> None:
         """One client's message: a command to fork for, or `ping` / `stop`."""
-        if _peer_uid(conn) != os.getuid():
+        if peer_uid(conn) != os.getuid():
             _log("refused a client of another user")
             conn.close()
             return
@@ -225,12 +224,9 @@ def _identity(path: Path) -> tuple[int, int, int]:
     return (info.st_dev, info.st_ino, info.st_ctime_ns)
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-
-
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
-    """One length-prefixed JSON object and the descriptors sent with it (closed here if the message fails)."""
+    """One message as `front_paths.framed` frames it, and the descriptors sent with it (closed here if the
+    message fails)."""
     fds: list[int] = []
     try:
         conn.settimeout(RECEIVE_TIMEOUT_S)
