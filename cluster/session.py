@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,17 @@ from cluster.errors import ClusterError, first_line
 from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
 
 log = logging.getLogger(__name__)
+
+# What the environment of a head node's `ray start` needs for Ray client sessions to start every time. Ray's
+# client server starts each session's own server as a subprocess of a process whose gRPC threads are busy;
+# with gRPC's fork support on (its default), gRPC restarts its threads in the child before the child runs the
+# server, and now and then the child dies there (Ray reports "Initialization failure from server" some 40 s
+# later) or hangs there for good (`ray.init` never returns): ray-project/ray#63202. The child runs nothing of
+# gRPC's before it becomes the server, so it needs none of that support. Measured by bench/ray_client_fork.py.
+CLIENT_SERVER_HEAD_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "false"}
+# A Ray client session that has not started after this long is named in a warning with the head's fix
+# (a healthy one starts in 3 to 8 s on two busy cores; Ray's client server gives up its own wait at 30 s).
+CLIENT_START_WARNING_S = 60.0
 
 
 def local_cpus(plan: ReplicaPlan, replicas: int) -> int:
@@ -139,7 +151,8 @@ def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.
         log.info("using the Ray auth token from %s", token)
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
+            with _warned_if_slow(address, CLIENT_START_WARNING_S):
+                ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
             return
         except Exception as exc:  # noqa: BLE001 - Ray raises several types here; the user needs one message
             retry = (
@@ -156,6 +169,32 @@ def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.
                 "that `ray start --head` is running there; leave --address out to start a local cluster."
                 + (f" {TOKEN_HELP}" if auth else "")
             ) from None
+
+
+@contextmanager
+def _warned_if_slow(address: str, after_s: float) -> Iterator[None]:
+    """Log a warning with the head's fix if a Ray client session has not started `after_s` seconds into the
+    block: Ray's client gives no sign while a session's server hangs as it is forked, it only waits."""
+    if not address.startswith("ray://"):
+        yield
+        return
+    timer = threading.Timer(after_s, _warn_slow_client_start, args=(address, after_s))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _warn_slow_client_start(address: str, after_s: float) -> None:
+    fix = " ".join(f"{name}={value}" for name, value in CLIENT_SERVER_HEAD_ENV.items())
+    log.warning(
+        "The Ray client session at %s has not started after %.0f s. Ray's client server can hang as it starts "
+        "a session's server when the head's `ray start` ran without %s (ray-project/ray#63202): start the "
+        "head with it in its environment (docs/CLUSTERS.md), then interrupt this and connect again.",
+        address, after_s, fix,
+    )  # fmt: skip
 
 
 def cluster_has_gpus() -> bool:

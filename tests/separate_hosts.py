@@ -521,15 +521,19 @@ def ray_command(*args: str) -> list[str]:
     return [str(VENV_BIN / "ray"), "start", "--block", "--disable-usage-stats", *args]
 
 
-def start_raylet(cluster: RayCluster, host: Host, argv: list[str]) -> None:
+def start_raylet(cluster: RayCluster, host: Host, env: Mapping[str, str], argv: list[str]) -> None:
     log = (host.root / "ray-start.log").open("a")
     with log:
-        cluster.raylets[host.name] = host.popen(argv, env=RAYLET_ENV, stdout=log, stderr=subprocess.STDOUT)
+        cluster.raylets[host.name] = host.popen(argv, env={**RAYLET_ENV, **env}, stdout=log,
+                                                stderr=subprocess.STDOUT)  # fmt: skip
 
 
 def start_head(cluster: RayCluster, num_cpus: int) -> None:
+    """The head as a user is told to start one that serves Ray clients (cluster.session's head environment)."""
+    from cluster.session import CLIENT_SERVER_HEAD_ENV
+
     head, ports = cluster.head, cluster.ports
-    start_raylet(cluster, head, ray_command(
+    start_raylet(cluster, head, CLIENT_SERVER_HEAD_ENV, ray_command(
         "--head", f"--node-ip-address={head.ip}", f"--port={ports.gcs}", f"--num-cpus={num_cpus}",
         f"--dashboard-host={cluster.dashboard_host}", f"--dashboard-port={ports.dashboard}",
         "--include-dashboard=true", f"--ray-client-server-port={ports.client}",
@@ -544,7 +548,7 @@ def start_worker(cluster: RayCluster, worker: Host, num_cpus: int, timeout_s: fl
     if reached.returncode != 0:
         raise HostSetupError(f"{worker.name} did not reach the head's GCS at {head_ip}:{port}: "
                              f"{reached.stderr.strip()}\n{log_tails(cluster.hosts)}")  # fmt: skip
-    start_raylet(cluster, worker, ray_command(
+    start_raylet(cluster, worker, {}, ray_command(
         f"--address={cluster.gcs_address}", f"--node-ip-address={worker.ip}", f"--num-cpus={num_cpus}",
     ))  # fmt: skip
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cluster.session import CLIENT_SERVER_HEAD_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_TEXT = (REPO / "ray-config.yaml").read_text()
 RAY_COMMAND = re.compile(r"(?:^|\s)(\S*/)?ray\s+(\w[\w-]*)")
@@ -93,6 +95,12 @@ def test_the_dashboard_listens_on_the_heads_localhost_only(config: dict) -> None
     assert "--dashboard-host=127.0.0.1" in head_start
     assert "0.0.0.0" not in CONFIG_TEXT  # no command or setting listens on every interface
     assert all("--dashboard-host" not in c for c in config["worker_start_ray_commands"])
+
+
+def test_the_head_starts_with_what_ray_clients_need(config: dict) -> None:
+    [head_start] = [c for c in config["head_start_ray_commands"] if " start " in c]
+    for name, value in CLIENT_SERVER_HEAD_ENV.items():
+        assert f"{name}={value}" in head_start.split(), head_start
 
 
 def test_local_environments_run_folders_and_caches_are_not_copied_to_the_nodes(config: dict) -> None:

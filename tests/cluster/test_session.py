@@ -2,13 +2,15 @@
 is stopped at the end with nothing left behind, its autoscaler monitor (which has nothing to scale on a fixed
 local cluster) stopped first so that Ray's shutdown does not wait out the monitor's grace period; its driver's
 serialization context is built without pyarrow, and Arrow data still travels. A real local cluster, no engine.
-Joining a cluster (`cluster.connect`): the address it needs, and a Ray client session start that fails and is
-tried again."""
+Joining a cluster (`cluster.connect`): the address it needs, a Ray client session start that fails and is
+tried again, and one that hangs, named with the head's fix."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -157,3 +159,30 @@ def test_connect_tries_a_ray_client_session_again_when_its_server_fails_to_start
     with pytest.raises(ClusterError, match="Could not connect to the Ray cluster at ray://head:10001"):
         cluster.connect("ray://head:10001")
     assert len(calls) == 3  # three tries, then the error names the address and what to check
+
+
+def test_a_ray_client_session_that_does_not_start_is_named_with_the_heads_fix(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    """Ray's client server at times hangs for good as it forks a session's server (ray-project/ray#63202, on a
+    head started without cluster.session.CLIENT_SERVER_HEAD_ENV), which cannot be caused on demand: a stand-in
+    for `ray.init` takes longer than the warning's time (shortened to 1 s)."""
+    monkeypatch.setattr("cluster.session.CLIENT_START_WARNING_S", 1.0)
+    monkeypatch.setattr("cluster.session.ray.is_initialized", lambda: False)
+    took = {"s": 1.6}
+    monkeypatch.setattr("cluster.session.ray.init", lambda address, **_: threading.Event().wait(took["s"]))
+    with caplog.at_level(logging.WARNING, logger="cluster.session"):
+        assert cluster.connect("ray://head:10001") is True
+    warned = [record.getMessage() for record in caplog.records if record.name == "cluster.session"]
+    assert len(warned) == 1
+    assert "The Ray client session at ray://head:10001 has not started after 1 s" in warned[0]
+    assert "GRPC_ENABLE_FORK_SUPPORT=false" in warned[0] and "docs/CLUSTERS.md" in warned[0]
+
+    caplog.clear()
+    took["s"] = 0.1  # a session that starts in time, and an address that is not Ray client's: no warning
+    with caplog.at_level(logging.WARNING, logger="cluster.session"):
+        assert cluster.connect("ray://head:10001") is True
+        took["s"] = 1.6
+        assert cluster.connect("head:6379") is True
+    time.sleep(0.2)  # past where a timer left running would have fired
+    assert not [record for record in caplog.records if record.name == "cluster.session"]
