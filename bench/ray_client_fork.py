@@ -1,15 +1,17 @@
 """Ray client sessions started against a head whose `ray start` ran as it comes (`default`) and with
-`cluster.session.CLIENT_SERVER_HEAD_ENV` (`fork-support-off`: gRPC's fork support off).
+`cluster.head_env.CLIENT_SERVER_HEAD_ENV` (`fork-support-off`: gRPC's fork support off).
 
 Ray's client server starts each session's own server as a subprocess of a process whose gRPC threads are
 busy; with gRPC's fork support on, gRPC restarts its threads in the child before it runs the server, and the
 child now and then dies there (`ray.init` fails: "Initialization failure from server", after about 40 s) or
 hangs there for good (`ray.init` never returns). ray-project/ray#63202.
 
-Two `ray start --head` clusters with token auth (tests.ray_head), one per side, up at once; sessions in blocks
-of --block against one side, then the other (back to back, as a notebook user or a test suite opens them: the
-fault needs the client server busy with the session before), each `ray.init("ray://...")` as
-`cluster.connect` calls it but not retried, in a fresh process, then one task. A row per session:
+Two `ray start --head` clusters with token auth (tests.ray_head), one per side, up at once (the `default`
+side's head without the variable even where this shell has it); sessions in blocks of --block against one
+side, then the other, each `ray.init("ray://...")` as `cluster.connect` calls it but not retried, in a fresh
+process, then one task. So each head serves sessions back to back, then idles while the other side's block
+runs (the faults seen so far came at a block's first session; with the sides alternating session by session
+none came in 50 each). A row per session:
 `outcome` ok / failed (its first line) / hung (no answer in --hang-s; the process is killed), `seconds` from
 the process's start. At the end a row per side counts its client server's "SpecificServer startup failed"
 lines (a session whose server died as it was forked).
@@ -30,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.rows import commit_of, write_row  # noqa: E402
-from cluster.session import CLIENT_SERVER_HEAD_ENV  # noqa: E402
+from cluster.head_env import CLIENT_SERVER_HEAD_ENV  # noqa: E402
 from tests.ray_head import HeadNode, start_head  # noqa: E402
 
 SIDES = {"default": {}, "fork-support-off": CLIENT_SERVER_HEAD_ENV}
@@ -71,6 +73,7 @@ def main() -> None:
     parser.add_argument("--hang-s", type=float, default=120.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    os.environ.pop("GRPC_ENABLE_FORK_SUPPORT", None)  # the default side's head: as `ray start` comes
     common = {"commit": commit_of(), "cpu_count": os.cpu_count()}
     heads = {side: start_head(num_cpus=4, client_server_env=env) for side, env in SIDES.items()}
     try:

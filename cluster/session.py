@@ -16,19 +16,13 @@ from ray.exceptions import AuthenticationError
 from cluster import timeline
 from cluster.engines import ReplicaPlan
 from cluster.errors import ClusterError, first_line
+from cluster.head_env import head_env_assignments
 from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
 
 log = logging.getLogger(__name__)
 
-# What the environment of a head node's `ray start` needs for Ray client sessions to start every time. Ray's
-# client server starts each session's own server as a subprocess of a process whose gRPC threads are busy;
-# with gRPC's fork support on (its default), gRPC restarts its threads in the child before the child runs the
-# server, and now and then the child dies there (Ray reports "Initialization failure from server" some 40 s
-# later) or hangs there for good (`ray.init` never returns): ray-project/ray#63202. The child runs nothing of
-# gRPC's before it becomes the server, so it needs none of that support. Measured by bench/ray_client_fork.py.
-CLIENT_SERVER_HEAD_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "false"}
-# A Ray client session that has not started after this long is named in a warning with the head's fix
-# (a healthy one starts in 3 to 8 s on two busy cores; Ray's client server gives up its own wait at 30 s).
+# A Ray client session that has not started after this long is named in a warning with the head's fix (a
+# healthy one started in 4 to 9 s on a 2-core VM, busy or not; a hung one waits for good, with no timeout).
 CLIENT_START_WARNING_S = 60.0
 
 
@@ -143,9 +137,9 @@ def joined_session(address: str | None, verbose: bool = False) -> Iterator[None]
 
 def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.0) -> None:
     """Join an existing cluster, with Ray's token when one is at hand. A Ray client connection is tried up
-    to three times, seconds apart: the head's client server at times fails to start the session's own
-    server ("Initialization failure from server": that server dies as it is forked, a race in Ray's client
-    proxy, ray-project/ray#63202) and succeeds on a later try."""
+    to three times, seconds apart: the client server of a head started without cluster.head_env's variables at
+    times fails to start the session's own server ("Initialization failure from server": that server dies as
+    it is forked, ray-project/ray#63202) and succeeds on a later try; the final error names the head's fix."""
     token = enable_token_auth()
     if token:
         log.info("using the Ray auth token from %s", token)
@@ -155,10 +149,8 @@ def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.
                 ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
             return
         except Exception as exc:  # noqa: BLE001 - Ray raises several types here; the user needs one message
-            retry = (
-                address.startswith("ray://") and "Initialization failure" in str(exc) and attempt < attempts
-            )
-            if retry:
+            server_lost = address.startswith("ray://") and "Initialization failure" in str(exc)
+            if server_lost and attempt < attempts:
                 log.info("Ray client session did not start (%s); trying again", first_line(exc))
                 time.sleep(pause_s)
                 continue
@@ -168,6 +160,13 @@ def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.
                 "(host:port of the head's GCS, `auto` on a cluster node, or ray://head:10001 for Ray client) and "
                 "that `ray start --head` is running there; leave --address out to start a local cluster."
                 + (f" {TOKEN_HELP}" if auth else "")
+                + (
+                    f" The head's Ray client server may have lost the session's server as it forked it, {attempts} "
+                    f"times (ray-project/ray#63202): where its `ray start` ran without {head_env_assignments()}, "
+                    "start the head with it in its environment (docs/CLUSTERS.md)."
+                    if server_lost
+                    else ""
+                )
             ) from None
 
 
@@ -188,12 +187,11 @@ def _warned_if_slow(address: str, after_s: float) -> Iterator[None]:
 
 
 def _warn_slow_client_start(address: str, after_s: float) -> None:
-    fix = " ".join(f"{name}={value}" for name, value in CLIENT_SERVER_HEAD_ENV.items())
     log.warning(
         "The Ray client session at %s has not started after %.0f s. Ray's client server can hang as it starts "
         "a session's server when the head's `ray start` ran without %s (ray-project/ray#63202): start the "
         "head with it in its environment (docs/CLUSTERS.md), then interrupt this and connect again.",
-        address, after_s, fix,
+        address, after_s, head_env_assignments(),
     )  # fmt: skip
 
 

@@ -15,11 +15,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.cli.front_paths import SOCKET_DIR_ENV
-from cluster.session import CLIENT_SERVER_HEAD_ENV
+from cluster.head_env import CLIENT_SERVER_HEAD_ENV
 from tests.runs import ray_cli
 
 
@@ -131,11 +132,11 @@ def start_head(
     timeout_s: float = 90,
     env: dict[str, str] | None = None,
     base_env: dict[str, str] | None = None,
-    client_server_env: dict[str, str] = CLIENT_SERVER_HEAD_ENV,
+    client_server_env: Mapping[str, str] = CLIENT_SERVER_HEAD_ENV,
 ) -> HeadNode:
     """A `ray start --head` cluster with token auth; `env`: more of the node's own environment (what its
     workers and actors inherit, such as a store's credentials); `base_env`: what `client_env` starts from;
-    `client_server_env`: what users are told to start a head that serves Ray clients with (cluster.session)."""
+    `client_server_env`: what users are told to start a head that serves Ray clients with (cluster.head_env)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's socket paths are length-limited
     token_path = temp_dir / "auth_token"
     token_path.write_text(secrets.token_hex(32))

@@ -530,7 +530,7 @@ def start_raylet(cluster: RayCluster, host: Host, env: Mapping[str, str], argv: 
 
 def start_head(cluster: RayCluster, num_cpus: int) -> None:
     """The head as a user is told to start one that serves Ray clients (cluster.session's head environment)."""
-    from cluster.session import CLIENT_SERVER_HEAD_ENV
+    from cluster.head_env import CLIENT_SERVER_HEAD_ENV
 
     head, ports = cluster.head, cluster.ports
     start_raylet(cluster, head, CLIENT_SERVER_HEAD_ENV, ray_command(

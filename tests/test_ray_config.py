@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.session import CLIENT_SERVER_HEAD_ENV
+from cluster.head_env import CLIENT_SERVER_HEAD_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_TEXT = (REPO / "ray-config.yaml").read_text()
@@ -99,8 +99,10 @@ def test_the_dashboard_listens_on_the_heads_localhost_only(config: dict) -> None
 
 def test_the_head_starts_with_what_ray_clients_need(config: dict) -> None:
     [head_start] = [c for c in config["head_start_ray_commands"] if " start " in c]
+    words = head_start.split()
+    assignments = words[: next(i for i, word in enumerate(words) if word.endswith("/ray"))]  # before `ray`
     for name, value in CLIENT_SERVER_HEAD_ENV.items():
-        assert f"{name}={value}" in head_start.split(), head_start
+        assert f"{name}={value}" in assignments, head_start
 
 
 def test_local_environments_run_folders_and_caches_are_not_copied_to_the_nodes(config: dict) -> None:

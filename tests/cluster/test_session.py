@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 import ray
 
 import cluster
+from cluster import session
 from cluster.engines import ReplicaPlan
 from cluster.errors import ClusterError
 from cluster.session import _stop_autoscaler_monitor, ray_session
@@ -156,33 +158,49 @@ def test_connect_tries_a_ray_client_session_again_when_its_server_fails_to_start
 
     calls.clear()
     failures["left"] = 3
-    with pytest.raises(ClusterError, match="Could not connect to the Ray cluster at ray://head:10001"):
+    with pytest.raises(
+        ClusterError, match="Could not connect to the Ray cluster at ray://head:10001"
+    ) as raised:
         cluster.connect("ray://head:10001")
-    assert len(calls) == 3  # three tries, then the error names the address and what to check
+    assert len(calls) == 3  # three tries, then the error names the address, what to check and the head's fix
+    assert "may have lost the session's server as it forked it, 3 times" in str(raised.value)
+    assert "GRPC_ENABLE_FORK_SUPPORT=false" in str(raised.value)
 
 
 def test_a_ray_client_session_that_does_not_start_is_named_with_the_heads_fix(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
     """Ray's client server at times hangs for good as it forks a session's server (ray-project/ray#63202, on a
-    head started without cluster.session.CLIENT_SERVER_HEAD_ENV), which cannot be caused on demand: a stand-in
-    for `ray.init` takes longer than the warning's time (shortened to 1 s)."""
-    monkeypatch.setattr("cluster.session.CLIENT_START_WARNING_S", 1.0)
+    head started without cluster.head_env's variables), which cannot be caused on demand: a stand-in for
+    `ray.init` returns only once the warning (its time shortened to 0.5 s) is out, as long as that takes."""
+    monkeypatch.setattr("cluster.session.CLIENT_START_WARNING_S", 0.5)
     monkeypatch.setattr("cluster.session.ray.is_initialized", lambda: False)
-    took = {"s": 1.6}
-    monkeypatch.setattr("cluster.session.ray.init", lambda address, **_: threading.Event().wait(took["s"]))
+    warned = threading.Event()
+    warn = session._warn_slow_client_start
+    monkeypatch.setattr("cluster.session._warn_slow_client_start", lambda *args: (warn(*args), warned.set()))
+    timers: list[threading.Timer] = []
+
+    class RecordedTimer(threading.Timer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            timers.append(self)
+
+    monkeypatch.setattr("cluster.session.threading.Timer", RecordedTimer)
+    monkeypatch.setattr("cluster.session.ray.init", lambda address, **_: warned.wait(60))
     with caplog.at_level(logging.WARNING, logger="cluster.session"):
         assert cluster.connect("ray://head:10001") is True
-    warned = [record.getMessage() for record in caplog.records if record.name == "cluster.session"]
-    assert len(warned) == 1
-    assert "The Ray client session at ray://head:10001 has not started after 1 s" in warned[0]
-    assert "GRPC_ENABLE_FORK_SUPPORT=false" in warned[0] and "docs/CLUSTERS.md" in warned[0]
+    assert warned.is_set()
+    [message] = [record.getMessage() for record in caplog.records if record.name == "cluster.session"]
+    assert "The Ray client session at ray://head:10001 has not started after 0 s" in message
+    assert "GRPC_ENABLE_FORK_SUPPORT=false" in message and "docs/CLUSTERS.md" in message
 
     caplog.clear()
-    took["s"] = 0.1  # a session that starts in time, and an address that is not Ray client's: no warning
+    monkeypatch.setattr("cluster.session.ray.init", lambda address, **_: None)
     with caplog.at_level(logging.WARNING, logger="cluster.session"):
-        assert cluster.connect("ray://head:10001") is True
-        took["s"] = 1.6
-        assert cluster.connect("head:6379") is True
-    time.sleep(0.2)  # past where a timer left running would have fired
+        assert (
+            cluster.connect("ray://head:10001") is True
+        )  # a session that starts in time: its timer cancelled
+        assert timers[-1].finished.is_set() and len(timers) == 2
+        assert cluster.connect("head:6379") is True  # not Ray client's address: no timer at all
+    assert len(timers) == 2
     assert not [record for record in caplog.records if record.name == "cluster.session"]
