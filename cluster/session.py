@@ -22,7 +22,7 @@ from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
 log = logging.getLogger(__name__)
 
 # A Ray client session that has not started after this long is named in a warning with the head's fix (a
-# healthy one started in 4 to 9 s on a 2-core VM, busy or not; a hung one waits for good, with no timeout).
+# healthy one started in 3 to 9 s on a 2-core VM, busy or not; a hung one waits for good, with no timeout).
 CLIENT_START_WARNING_S = 60.0
 
 

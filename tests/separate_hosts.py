@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.head_env import CLIENT_SERVER_HEAD_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable  # the venv's interpreter: the shared filesystem has it at the same path on every host
 VENV_BIN = Path(sys.executable).parent
@@ -529,9 +531,7 @@ def start_raylet(cluster: RayCluster, host: Host, env: Mapping[str, str], argv: 
 
 
 def start_head(cluster: RayCluster, num_cpus: int) -> None:
-    """The head as a user is told to start one that serves Ray clients (cluster.session's head environment)."""
-    from cluster.head_env import CLIENT_SERVER_HEAD_ENV
-
+    """The head as a user is told to start one that serves Ray clients (cluster.head_env)."""
     head, ports = cluster.head, cluster.ports
     start_raylet(cluster, head, CLIENT_SERVER_HEAD_ENV, ray_command(
         "--head", f"--node-ip-address={head.ip}", f"--port={ports.gcs}", f"--num-cpus={num_cpus}",

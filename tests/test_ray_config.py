@@ -99,8 +99,7 @@ def test_the_dashboard_listens_on_the_heads_localhost_only(config: dict) -> None
 
 def test_the_head_starts_with_what_ray_clients_need(config: dict) -> None:
     [head_start] = [c for c in config["head_start_ray_commands"] if " start " in c]
-    words = head_start.split()
-    assignments = words[: next(i for i, word in enumerate(words) if word.endswith("/ray"))]  # before `ray`
+    assignments = head_start[: RAY_COMMAND.search(head_start).start()].split()  # the words before `ray start`
     for name, value in CLIENT_SERVER_HEAD_ENV.items():
         assert f"{name}={value}" in assignments, head_start
 

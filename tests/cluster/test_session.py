@@ -197,9 +197,8 @@ def test_a_ray_client_session_that_does_not_start_is_named_with_the_heads_fix(
     caplog.clear()
     monkeypatch.setattr("cluster.session.ray.init", lambda address, **_: None)
     with caplog.at_level(logging.WARNING, logger="cluster.session"):
-        assert (
-            cluster.connect("ray://head:10001") is True
-        )  # a session that starts in time: its timer cancelled
+        # a session that starts in time: its timer cancelled
+        assert cluster.connect("ray://head:10001") is True
         assert timers[-1].finished.is_set() and len(timers) == 2
         assert cluster.connect("head:6379") is True  # not Ray client's address: no timer at all
     assert len(timers) == 2
