@@ -34,6 +34,12 @@ def start_commands(config: dict) -> list[str]:
     return [*config["head_start_ray_commands"], *config["worker_start_ray_commands"]]
 
 
+def head_start(config: dict) -> str:
+    """The head's `ray start` command (its other start commands stop Ray first)."""
+    [command] = [c for c in config["head_start_ray_commands"] if " start " in c]
+    return command
+
+
 def every_command(config: dict) -> list[str]:
     keys = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands")
     return [c for key in keys for c in config.get(key, [])] + start_commands(config)
@@ -91,17 +97,16 @@ def test_token_authentication_is_on_for_every_node_and_the_token_is_not_in_the_f
 
 
 def test_the_dashboard_listens_on_the_heads_localhost_only(config: dict) -> None:
-    [head_start] = [c for c in config["head_start_ray_commands"] if " start " in c]
-    assert "--dashboard-host=127.0.0.1" in head_start
+    assert "--dashboard-host=127.0.0.1" in head_start(config)
     assert "0.0.0.0" not in CONFIG_TEXT  # no command or setting listens on every interface
     assert all("--dashboard-host" not in c for c in config["worker_start_ray_commands"])
 
 
 def test_the_head_starts_with_what_ray_clients_need(config: dict) -> None:
-    [head_start] = [c for c in config["head_start_ray_commands"] if " start " in c]
-    assignments = head_start[: RAY_COMMAND.search(head_start).start()].split()  # the words before `ray start`
+    command = head_start(config)
+    assignments = command[: RAY_COMMAND.search(command).start()].split()  # the words before `ray start`
     for name, value in CLIENT_SERVER_HEAD_ENV.items():
-        assert f"{name}={value}" in assignments, head_start
+        assert f"{name}={value}" in assignments, command
 
 
 def test_local_environments_run_folders_and_caches_are_not_copied_to_the_nodes(config: dict) -> None:
