@@ -158,7 +158,8 @@ def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.
             raise ClusterError(
                 f"Could not connect to the Ray cluster at {address} ({first_line(exc)}). Check the address "
                 "(host:port of the head's GCS, `auto` on a cluster node, or ray://head:10001 for Ray client) and "
-                "that `ray start --head` is running there; leave --address out to start a local cluster."
+                "that `ray start --head` is running there (for `rayeval run`, leaving --address out starts a local "
+                "cluster instead)."
                 + (f" {TOKEN_HELP}" if auth else "")
                 + (
                     f" The head's Ray client server may have lost the session's server as it forked it, {attempts} "

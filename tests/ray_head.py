@@ -4,6 +4,7 @@ Ray client): its own ports, temp dir and auth token, token authentication on, th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -112,6 +113,20 @@ class HeadNode:
                 if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::EngineCor"):
                     found.append(pid)
         return sorted(found)
+
+    def placement_groups(self) -> list[dict]:
+        """Every placement group of this cluster that is not removed (name, state), from Ray's state API on
+        its dashboard, read by a process that does not join the cluster."""
+        read = (
+            "import json, sys\n"
+            "from ray.util.state import list_placement_groups\n"
+            "found = list_placement_groups(address=sys.argv[1], detail=True, limit=10000)\n"
+            "print(json.dumps([{'name': g.name, 'state': g.state} for g in found if g.state != 'REMOVED']))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", read, self.dashboard], capture_output=True, text=True,
+                              env={**self.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
 
     def stop(self) -> None:
         """`ray start --block` stops what it started on SIGTERM; the process group catches any straggler."""

@@ -47,6 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     groups = {key: up.add_argument_group(title, text) for key, (title, text) in POOL_GROUPS.items()}
     add_config_flags(groups, PoolConfig, skip=NOT_POOL_SETTINGS)
+    (address,) = [action for action in up._actions if "--address" in action.option_strings]
+    address.help = ADDRESS_HELP  # a pool lives on a running cluster: no local one is started for it
     groups["pool"].add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs")
     groups["pool"].add_argument(
         "--no-warm-cli",
@@ -73,12 +75,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _address_flag(down)
 
 
+ADDRESS_HELP = (
+    "the running cluster (host:port, ray://host:10001; default auto: this machine's `ray start` one)"
+)
+
+
 def _address_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--address",
-        metavar="ADDR",
-        help="the cluster (host:port, ray://host:10001; default auto: this machine's)",
-    )
+    parser.add_argument("--address", metavar="ADDR", help=ADDRESS_HELP)
 
 
 def pool_config(args: argparse.Namespace) -> PoolConfig:
@@ -90,9 +93,14 @@ def pool_config(args: argparse.Namespace) -> PoolConfig:
 def cmd_up(args: argparse.Namespace) -> int:
     from cluster.sources import up
 
-    row = up(pool_config(args), args.verbose)
+    config = pool_config(args)
+    row = up(config, args.verbose)
     state = "started" if row.started else "already running"
     print(f"warm pool {row.name} {state}: {row.replicas} replica(s) of {row.model} on {', '.join(row.nodes)}")
+    if config.name and config.name != row.name:
+        print(
+            f"(not started as {config.name}: pool {row.name} has these engine settings and serves the same runs)"
+        )
     print(
         f"key {row.key}; stops after {row.idle_timeout_s:g} s unused; `rayeval down {row.name}` stops it now"
     )
@@ -139,6 +147,11 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     if not args.names and not args.all:
         raise EvalInputError("rayeval down needs the pools to stop (`rayeval pools` names them) or --all.")
+    if args.names and args.all:
+        raise EvalInputError(
+            f"rayeval down: give the pools to stop ({' '.join(args.names)}) or --all, not both: --all stops every "
+            "pool of the cluster."
+        )
     stopped = down(args.address, args.names, args.all)
     print(f"stopped {len(stopped)} warm pool(s): {', '.join(stopped) or 'none'}")
     if args.all:

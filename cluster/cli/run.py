@@ -138,9 +138,14 @@ def report(result: RunResult) -> int:
         f"results in {result.location} ({result.requests_reused} of {result.requests_total} requests reused, "
         f"{result.requests_failed} failed, {result.wall_s:.1f} s)"
     )
-    if result.engines_source.get("kind") == "warm" and not result.engines_source.get("started_by_this_run"):
-        source = result.engines_source
+    source = result.engines_source
+    if source.get("kind") == "warm" and not source.get("started_by_this_run"):
         print(f"engines: warm (pool {source['pool']}; {source['start_saved_s']:.1f} s of engine start saved)")
+    elif source.get("kind") == "warm":
+        print(
+            f"engines: started by this run and left up as warm pool {source['pool']} for the runs that follow "
+            f"(stopped after {source.get('idle_timeout_s', 0):g} s unused; `rayeval down {source['pool']}` stops it now)"
+        )
     if result.task_errors:
         names = ", ".join(sorted(result.task_errors))
         print(

@@ -15,19 +15,19 @@ COMMAND_LINE = "the command line"
 
 
 def format_validation_error(
-    error: ValidationError, source: str, flags: Mapping[str, str] | None = None
+    error: ValidationError, source: str, flags: Mapping[str, str] | None = None, command: str = "run"
 ) -> str:
     """One paragraph naming each bad setting (and the flag that set it), its value, the rule, and the fix.
 
     `flags` maps the dotted settings given on the command line to their flags (`sampling.temperature` to
-    `--temperature`).
+    `--temperature`); `command`: the rayeval command whose `--help` describes them.
     """
     problems = [_describe_problem(item, flags or {}) for item in error.errors()]
     them = "it" if len(problems) == 1 else "them"
     fix = (
-        f"Fix {them}: `rayeval run --help` describes every flag"
+        f"Fix {them}: `rayeval {command} --help` describes every flag"
         if source == COMMAND_LINE
-        else f"Fix {them} in {source}: docs/RUNNING.md shows a full config, `rayeval run --help` every setting"
+        else f"Fix {them} in {source}: docs/RUNNING.md shows a full config, `rayeval {command} --help` every setting"
     )
     return f"{source} has {len(problems)} invalid setting(s): " + "; ".join(problems) + f". {fix}."
 

@@ -83,7 +83,8 @@ def build_config(
     try:
         return schema.model_validate(merged)
     except ValidationError as exc:
-        raise EvalInputError(format_validation_error(exc, source, flags)) from None
+        command = getattr(schema, "help_command", "run")
+        raise EvalInputError(format_validation_error(exc, source, flags, command)) from None
 
 
 def _override_tasks(existing: Any, names: list[str]) -> list[Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -832,6 +832,7 @@ class RunConfig(Strict):
 class PoolConfig(Strict):
     """`rayeval up`: a warm pool of engine replicas on a running cluster, for the runs that follow."""
 
+    help_command: ClassVar[str] = "up"  # whose --help describes its flags (errors.format_validation_error)
     model: ModelOptions = Field(default_factory=ModelOptions)
     cluster: ClusterOptions = Field(default_factory=ClusterOptions)
     name: str | None = Field(
@@ -879,6 +880,7 @@ class ServeConfig(Strict):
     """`rayeval serve`: the model (and each replica's engine, as `rayeval run` builds it) behind an
     OpenAI-compatible API on Ray Serve."""
 
+    help_command: ClassVar[str] = "serve"  # whose --help describes its flags (errors.format_validation_error)
     model: ModelOptions = Field(default_factory=ModelOptions)
     cluster: ClusterOptions = Field(default_factory=ClusterOptions)
     served_name: str | None = Field(

@@ -88,7 +88,10 @@ class EngineStartFailed(RuntimeError):
     """The vLLM engine could not be built; the message is its root error and where its full log is."""
 
 
-@ray.remote(max_restarts=0)
+# `alive` has a concurrency group of its own: a replica whose default group is full (a run's window can pass
+# Ray's 1,000 calls an async actor runs at once, on a GPU where an engine batches 1,024 sequences) still
+# answers another run's check at once, instead of being taken for dead behind the queue
+@ray.remote(max_restarts=0, concurrency_groups={"health": 1})
 class EngineActor:
     def __init__(self, name: str, settings: EngineSettings, env: dict[str, str]) -> None:
         self.created_at = time.time()  # when this actor's process began its work (after Ray started it)
@@ -332,7 +335,8 @@ class EngineActor:
             if self.engine is not None:
                 await self.engine.do_log_stats()
 
-    def alive(self) -> str:
+    @ray.method(concurrency_group="health")
+    async def alive(self) -> str:
         """Answers while the actor lives (a warm pool's replicas are checked before a run uses them)."""
         return self.name
 

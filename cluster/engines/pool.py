@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from dataclasses import replace
@@ -16,7 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cluster import timeline
 from cluster.engines.actor import EngineActor, EngineDead, EngineInfo, EngineStartFailed
 from cluster.engines.cores import ENGINE_CORE_SLOT_ENV
-from cluster.engines.logs import EngineLog, describe_failure, mark, read_on_node
+from cluster.engines.logs import EngineLog, LogPlace, describe_failure, mark, read_on_node
 from cluster.engines.placement import ExecutorKind, ReplicaLayout, ReplicaPlan
 from cluster.engines.settings import EngineSettings, cpu_kv_cache_env
 from cluster.errors import ClusterError
@@ -131,8 +132,31 @@ class ReplicaPool:
         return pool
 
     def start(self, placement_timeout_s: float) -> list[EngineInfo]:
+        """Place and start the replicas. Whatever fails (no room in time, an engine that does not start, an
+        interrupt) stops what was started: a warm pool's groups and actors are detached and would outlive
+        this process, holding their resources and names."""
         self.layout = check_feasible(self.plan, self.count)
         self.placement_timeout_s = placement_timeout_s
+        try:
+            self._place_and_launch(placement_timeout_s)
+            self.infos = ray.get([a.start.remote(for_engines()) for a in self.actors])
+        except ClusterError:
+            self.shutdown()
+            raise
+        except Exception as exc:
+            self.shutdown()
+            raise ClusterError(
+                f"The vLLM engine for '{self.settings.model}' failed to start: {remote_message(exc)}. Check that the "
+                "model path or HF id is right and reachable from every node, and that max_model_len fits."
+            ) from None
+        except BaseException:
+            self.shutdown()
+            raise
+        # where each engine's log stands now: a replica that dies later has its root error after this mark
+        self.log_marks = [engine_log(info) for info in self.infos]
+        return self.infos
+
+    def _place_and_launch(self, placement_timeout_s: float) -> None:
         names = [
             f"{self.name_prefix}-{index}" for index in range(self.first_index, self.first_index + self.count)
         ]
@@ -143,8 +167,8 @@ class ReplicaPool:
         except GetTimeoutError:
             raise ClusterError(
                 f"{self.count} replica(s) of {self.plan.describe()} could not be placed within "
-                f"{placement_timeout_s:g} s: the resources exist but other work holds them. Wait for it, lower "
-                "--replicas, or raise cluster.placement_timeout_s."
+                f"{placement_timeout_s:g} s: the resources exist but other work holds them.{held_by_pools()} "
+                "Wait for it, lower --replicas, or raise cluster.placement_timeout_s."
             ) from None
         host_of_node = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes()}
         hosts = [self._host_of(g, host_of_node) for g in self.groups.values()]
@@ -154,19 +178,11 @@ class ReplicaPool:
             if self.core_slots is not None:
                 slot = (self.core_slots[0] + slot[0], self.core_slots[1])
             self.slots[name] = slot
-            self.actors.append(self._launch(name, group, slot))
+            with self._lock:  # a shutdown meanwhile (an interrupt) either sees the actor or stops the launch
+                if self.closing:
+                    return
+                self.actors.append(self._launch(name, group, slot))
         timeline.mark("engine actors launched", latest=True)  # the last launch of this start
-        try:
-            self.infos = ray.get([a.start.remote(for_engines()) for a in self.actors])
-        except Exception as exc:
-            self.shutdown()
-            raise ClusterError(
-                f"The vLLM engine for '{self.settings.model}' failed to start: {remote_message(exc)}. Check that the "
-                "model path or HF id is right and reachable from every node, and that max_model_len fits."
-            ) from None
-        # where each engine's log stands now: a replica that dies later has its root error after this mark
-        self.log_marks = [engine_log(info) for info in self.infos]
-        return self.infos
 
     def load_checkpoint(self, path: str) -> list[EngineInfo]:
         """Move every replica's engine to the full checkpoint at `path` in its own actor (a sweep's next
@@ -240,7 +256,8 @@ class ReplicaPool:
         """Start a replica in place of `dead` (blocking: the caller runs it in a thread). Its placement group
         goes first, so the resources it held (or Ray would re-place after a node loss) are free; the new one
         waits up to placement_timeout_s for room. None when the run's restarts are used up, no room came, the
-        engine did not start, or the pool is shutting down."""
+        engine did not start, or the pool is shutting down; what a replacement that fails made (its group,
+        its actor) is removed again, so a warm pool's detached ones do not outlive it."""
         with self._lock:
             if self.closing or self.restarts_used >= self.max_restarts:
                 log.warning(
@@ -254,11 +271,12 @@ class ReplicaPool:
             old = self.groups.pop(dead, None)
             if old is not None:
                 remove_placement_group(old)
-            name = f"{dead.split('.')[0]}.{self.restarts_used}"
+            name = self._replacement_name(dead)
             group = self.groups[name] = self._placement_group(name)
             self.slots[name] = self.slots[dead]  # the lost replica's cores, free now where it shared a host
         if not self._placed(group):
             log.warning("no room for a replacement of %s within %g s", dead, self.placement_timeout_s)
+            self.drop(name)
             return None
         with self._lock:  # launched under the lock, so a shutdown either sees the actor or stops the launch
             if self.closing:
@@ -269,6 +287,7 @@ class ReplicaPool:
             info = ray.get(actor.start.remote(for_engines()))
         except Exception as exc:  # noqa: BLE001 - a replacement that cannot start leaves the run as it was
             log.warning("the replacement of %s did not start: %s", dead, remote_message(exc))
+            self.drop(name, actor)
             return None
         with self._lock:
             if self.closing:
@@ -276,6 +295,30 @@ class ReplicaPool:
             self.infos.append(info)
             self.log_marks.append(engine_log(info))
             return self._replica(actor, info, self.log_marks[-1]), info
+
+    def _replacement_name(self, dead: str) -> str:
+        """`replica-0.1`, `replica-0.2`, ... within a run. A warm pool's replicas are replaced by whichever
+        run finds them dead, each counting from its own start, and their actors and groups are named in the
+        cluster: those get a random suffix, so no two runs' replacements ever claim one name."""
+        base = dead.split(".")[0]
+        return f"{base}.{self.restarts_used}" if self.warm is None else f"{base}.{secrets.token_hex(3)}"
+
+    def drop(self, name: str, actor: ray.actor.ActorHandle | None = None) -> None:
+        """Remove the replica `name` (a replacement that failed, or one no pool holds any more): its actor
+        killed, its placement group removed."""
+        with self._lock:
+            if actor is None and name in [i.name for i in self.infos]:
+                index = [i.name for i in self.infos].index(name)
+                actor = self.actors[index]
+                del self.infos[index], self.log_marks[index]
+            group = self.groups.pop(name, None)
+            self.group_ids.pop(name, None)
+            if actor is not None and actor in self.actors:
+                self.actors.remove(actor)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+        if group is not None:
+            remove_placement_group(group)
 
     def _placed(self, group: PlacementGroup) -> bool:
         """Wait for the group in short steps, so a pool shutting down is not held up by the wait."""
@@ -335,9 +378,32 @@ class ReplicaPool:
         self.actors, self.groups = [], {}
 
 
+def held_by_pools() -> str:
+    """What the cluster's warm pools hold, for a placement that waited in vain: ` Warm pools hold
+    replicas here: p1 (1 replica of {1 CPU}); `rayeval down NAME` stops one.` ("" where there are none)."""
+    from cluster.engines.warm import pools_here
+
+    try:
+        records = pools_here()
+    except Exception:  # noqa: BLE001 - a hint only: the placement error stands without it
+        return ""
+    if not records:
+        return ""
+    held = ", ".join(f"{r.name} ({len(r.engines)} x {r.plan.describe()})" for r in records)
+    return (
+        f" Warm pools hold replicas here: {held}; `rayeval pools` lists them, `rayeval down NAME` stops one."
+    )
+
+
 def engine_log(info: EngineInfo) -> EngineLog:
     """The engine's log files on its node, marked where they stand now."""
     return EngineLog(tuple(mark(info.log_files)), info.node_id, info.node_ip)
+
+
+def whole_engine_log(info: EngineInfo) -> EngineLog:
+    """The engine's log files from their start: for a replica found dead by a process that did not watch it
+    (where its log stood before it died is not known there)."""
+    return EngineLog(tuple(LogPlace(path) for path in info.log_files), info.node_id, info.node_ip)
 
 
 def replica_call(actor: ray.actor.ActorHandle, name: str, log: EngineLog | None = None) -> ReplicaCall:

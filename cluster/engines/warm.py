@@ -13,13 +13,17 @@ removed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import pickle
 import re
+import stat
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -38,17 +42,38 @@ RENEW_S = 5.0
 NOT_IN_KEY = frozenset({"log_stats", "pin_engine_core", "executor", "max_loras"})
 
 
+MODEL_FILES = "model_files"  # the key's entry for what the model folder holds (`model_files_fingerprint`)
+
+
+def model_files_fingerprint(model: str) -> str:
+    """The names, sizes and modification times of the files in the model folder, hashed: a folder written
+    again in place (a checkpoint retrained to the same path) gets another. "" where this process does not
+    see the folder (a hub id, or a path on the cluster's nodes only): there the pool's key cannot tell."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return ""
+    entries = []
+    for path in sorted(folder.iterdir()):
+        with contextlib.suppress(OSError):
+            found = path.stat()
+            if stat.S_ISREG(found.st_mode):
+                entries.append((path.name, found.st_size, found.st_mtime_ns))
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class PoolKey:
     """What decides a pool's outputs: the engine settings that change them (the model, its revision, dtype,
-    context length, batch limits, parallelism, eager or compiled, chunked prefill, LoRA) and the device."""
+    context length, batch limits, parallelism, eager or compiled, chunked prefill, LoRA), the device, and
+    what the model folder holds (`model_files_fingerprint`, as the process that made the key saw it)."""
 
     settings: tuple[tuple[str, Any], ...]
 
     @classmethod
     def of(cls, settings: EngineSettings) -> PoolKey:
         values = asdict(settings)
-        return cls(tuple((f.name, values[f.name]) for f in fields(settings) if f.name not in NOT_IN_KEY))
+        named = tuple((f.name, values[f.name]) for f in fields(settings) if f.name not in NOT_IN_KEY)
+        return cls((*named, (MODEL_FILES, model_files_fingerprint(settings.model))))
 
     @property
     def digest(self) -> str:
@@ -58,7 +83,7 @@ class PoolKey:
         """Each setting where this pool's key differs from the one `wanted`: `dtype 'float32' (wanted
         'bfloat16')`. `auto_dtype`: what `--dtype auto` becomes on the pool's nodes; where it is known, a
         dtype asked as `auto` on one side and by name on the other differs only if they name other dtypes
-        there (one engine either way)."""
+        there (one engine either way). The model folder's files differ only where both sides saw them."""
         theirs = dict(wanted.settings)
 
         def resolved(dtype: Any) -> Any:
@@ -67,6 +92,10 @@ class PoolKey:
         found = []
         for name, value in self.settings:
             other = theirs.get(name)
+            if name == MODEL_FILES:
+                if value and other and value != other:
+                    found.append("the model folder's files changed since the pool started (sizes or times)")
+                continue
             is_dtype = name == "dtype"
             if (resolved(value) if is_dtype else value) == (resolved(other) if is_dtype else other):
                 continue
@@ -86,6 +115,11 @@ def default_pool_name(settings: EngineSettings) -> str:
     """The model folder's name and the key's digest: `SmolLM2-135M-Instruct-3f2a9c1b07de`."""
     model = re.sub(r"[^A-Za-z0-9._-]+", "-", settings.model.rstrip("/").rsplit("/", 1)[-1]).strip("-")
     return f"{model[:40] or 'model'}-{PoolKey.of(settings).digest}"
+
+
+def free_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base-2`, `base-3`, ...: the first that is not `taken`."""
+    return next(n for n in (base, *(f"{base}-{i}" for i in range(2, len(taken) + 3))) if n not in taken)
 
 
 def actor_name(pool: str, replica: str) -> str:
@@ -129,18 +163,63 @@ class PoolRecord:
         return not self.differences(wanted)
 
 
-@ray.remote(num_cpus=0, max_restarts=-1)
+# The registry's records, kept in the cluster's own key-value store (the GCS) as well: Ray restarts the registry
+# where its process or its node is lost, and a registry that came back empty would leave every pool's detached
+# engines running unlisted, never stopped.
+RECORDS_KEY = b"rayeval-pools"
+# Raised when the registry's methods or its records change: a registry another version started is not used.
+REGISTRY_VERSION = 2
+
+
+def saved_records() -> dict[str, PoolRecord]:
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(RECORDS_KEY, namespace=NAMESPACE.encode())
+    try:
+        return pickle.loads(raw) if raw else {}  # noqa: S301 - written by a registry, in this cluster's GCS
+    except Exception as exc:  # noqa: BLE001 - records another version wrote: its pools are not this one's
+        log.warning("the saved warm-pool records could not be read (%s): starting without them", exc)
+        return {}
+
+
+# calls run in threads of their own (state under `_lock`): stopping a pool (`remove`, up to 30 s while its
+# engines stop) does not hold up other runs' lease renewals, which would otherwise lapse behind it
+@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16)
 class PoolRegistry:
     """The cluster's warm pools. Stops a pool that nobody has used for its idle timeout."""
 
     def __init__(self) -> None:
-        self.pools: dict[str, PoolRecord] = {}
+        # a registry restarted by Ray reads its records back; their leases were not kept (runs renew theirs
+        # every few seconds), so each pool starts a new idle period rather than look unused
+        now = time.time()
+        self.pools: dict[str, PoolRecord] = saved_records()
+        for record in self.pools.values():
+            record.last_used = max(record.last_used, now)
+        self.claimed: set[str] = set()  # names given to pools that are starting
         self._lock = threading.Lock()
         threading.Thread(target=self._reap_forever, name="rayeval-pool-reaper", daemon=True).start()
+
+    def version(self) -> int:
+        return REGISTRY_VERSION
+
+    def _save(self) -> None:
+        """Write the records to the GCS; the caller holds `_lock`."""
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(RECORDS_KEY, pickle.dumps(self.pools), overwrite=True, namespace=NAMESPACE.encode())
 
     def put(self, record: PoolRecord) -> None:
         with self._lock:
             self.pools[record.name] = record
+            self.claimed.discard(record.name)
+            self._save()
+
+    def claim_name(self, base: str) -> str:
+        """A name for a pool that is starting (`free_name`), held for it until `put` enters the pool."""
+        with self._lock:
+            name = free_name(base, set(self.pools) | self.claimed)
+            self.claimed.add(name)
+            return name
 
     def get(self, name: str) -> PoolRecord | None:
         with self._lock:
@@ -177,21 +256,28 @@ class PoolRegistry:
                 pool.leases.pop(run_id, None)
                 pool.requests_served += served
                 pool.last_used = time.time()
+                self._save()
 
-    def replaced(self, name: str, dead: str, info: EngineInfo, group: str) -> None:
+    def replaced(self, name: str, dead: str, info: EngineInfo, group: str) -> bool:
+        """Enter `info` in the pool in place of `dead`; False where the pool is not here (stopped meanwhile):
+        the caller then stops the replacement."""
         with self._lock:
             pool = self.pools.get(name)
-            if pool is not None:
-                pool.engines.pop(dead, None)
-                pool.groups.pop(dead, None)
-                pool.engines[info.name] = info
-                pool.groups[info.name] = group
-                pool.slots[info.name] = pool.slots.pop(dead, (0, 1))
+            if pool is None:
+                return False
+            pool.engines.pop(dead, None)
+            pool.groups.pop(dead, None)
+            pool.engines[info.name] = info
+            pool.groups[info.name] = group
+            pool.slots[info.name] = pool.slots.pop(dead, (0, 1))
+            self._save()
+            return True
 
     def remove(self, name: str) -> PoolRecord | None:
         """Take the pool out of the registry and stop it."""
         with self._lock:
             pool = self.pools.pop(name, None)
+            self._save()
         if pool is not None:
             stop_pool_actors(pool)
         return pool
@@ -205,6 +291,8 @@ class PoolRegistry:
                 idle = [p for p in self.pools.values() if self._idle_out(p, time.time())]
                 for pool in idle:
                     del self.pools[pool.name]
+                if idle:
+                    self._save()
             for pool in idle:
                 log.warning("warm pool %s unused for %g s: stopping it", pool.name, pool.idle_timeout_s)
                 stop_pool_actors(pool)
@@ -243,22 +331,37 @@ def placement_group_of(hex_id: str) -> Any:
     return PlacementGroup(PlacementGroupID(bytes.fromhex(hex_id)))
 
 
-def registry(create: bool = True) -> Any:
+def registry(create: bool = True, same_version: bool = True) -> Any:
     """The cluster's pool registry actor (started, detached, on first need); None when there is none and
-    `create` is off."""
+    `create` is off. One that another version of rayeval started (the cluster outlived an upgrade) is
+    refused with the way out, unless `same_version` is off (`rayeval down --all` stops its pools and it)."""
     try:
-        return ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)
+        found = ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)
     except ValueError:
         if not create:
             return None
-    return PoolRegistry.options(
-        name=REGISTRY_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote()
+        found = PoolRegistry.options(
+            name=REGISTRY_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+        ).remote()
+    if same_version and registry_version(found) != REGISTRY_VERSION:
+        from cluster.errors import ClusterError
+
+        raise ClusterError(
+            "This cluster's warm-pool registry was started by another version of rayeval (the cluster outlived "
+            "an upgrade). `rayeval down --all` (with this --address) stops its pools and it; the next run or "
+            "`rayeval up` starts them again."
+        )
+    return found
 
 
-def pools_here() -> list[PoolRecord]:
-    """Every warm pool of the connected cluster."""
-    found = registry(create=False)
+def registry_version(found: Any) -> int:
+    """The registry's REGISTRY_VERSION; 1 for one from before registries had a version."""
+    return ray.get(found.version.remote()) if hasattr(found, "version") else 1
+
+
+def pools_here(same_version: bool = True) -> list[PoolRecord]:
+    """Every warm pool of the connected cluster (`registry` says what `same_version` allows)."""
+    found = registry(create=False, same_version=same_version)
     return [] if found is None else list(ray.get(found.all.remote()))
 
 

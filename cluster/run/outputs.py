@@ -213,7 +213,7 @@ def run_info(run: FinishedRun, summaries: list[TaskSummary], failed: int, wall: 
         "adapter": asdict(plan.adapter) if plan.adapter else None,
         "model_path": plan.model.path,
         "device": plan.device,
-        "replicas": config.cluster.replicas,
+        "replicas": stats.replicas or config.cluster.replicas,  # engines as the run began
         "replica_resources": plan.replica.bundle,
         "tensor_parallel_size": config.model.tensor_parallel_size,
         "pipeline_parallel_size": config.model.pipeline_parallel_size,

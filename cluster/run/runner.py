@@ -55,6 +55,8 @@ class RunnerStats:
     generated: int = 0
     generation_s: float = 0.0
     engines: list[EngineInfo] = field(default_factory=list)
+    # the replicas the run began with: a warm pool serves with all of its own, more than the run may ask
+    replicas: int = 0
     replicas_replaced: int = 0  # restarts the pool has spent (a replacement that did not start counts)
     endpoint: ApiStats | None = None  # a model behind an endpoint: its requests, retries and failures
     source: dict[str, Any] = field(default_factory=dict)  # where the generations came from (run.sources)
@@ -233,6 +235,8 @@ class RequestRunner:
         self._source = choose(self.source_request())
         started = self._source.start()
         self.stats.engines = started.engines
+        if self._source.kind is not SourceKind.ENDPOINT:  # an endpoint's "replicas" are its API clients
+            self.stats.replicas = len(started.replicas)
         self.stats.source = self._source.describe()
         if self._source.kind is SourceKind.OWN:
             timeline.mark("engines ready")

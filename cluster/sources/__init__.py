@@ -16,7 +16,7 @@ _EXPORTS = {
         "where",
         "with_lora_slots",
         "run_engine_settings",
-        "register_pool",
+        "start_registered",
         "EndpointClients",
         "OwnReplicas",
         "WarmReplicas",

@@ -10,16 +10,19 @@ import ray
 
 from cluster.config import PoolConfig
 from cluster.engines import EngineSettings, ReplicaPool, engine_settings
-from cluster.engines.warm import PoolKey, PoolRecord, default_pool_name, pools_here, registry
+from cluster.engines.warm import (
+    REGISTRY_VERSION,
+    PoolKey,
+    PoolRecord,
+    default_pool_name,
+    pools_here,
+    registry,
+    registry_version,
+)
 from cluster.errors import ClusterError
 from cluster.plan import RunPlan, build_model_plan, resolve_device
 from cluster.session import joined_session
-from cluster.sources.registry import (
-    SourceRequest,
-    register_pool,
-    run_engine_settings,
-    start_logged,
-)
+from cluster.sources.registry import SourceRequest, run_engine_settings, start_registered
 
 DEFAULT_ADDRESS = "auto"  # a warm pool lives on a running cluster: this machine's `ray start` one by default
 
@@ -79,8 +82,7 @@ def up(config: PoolConfig, verbose: bool = False) -> PoolRow:
         request = SourceRequest(
             run_config, settings, plan.replica, config.cluster.replicas, run_id=f"up-{name}"
         )
-        start_logged(pool, request)
-        return PoolRow.of(register_pool(registry(), pool, config.idle_timeout_s), started=True)
+        return PoolRow.of(start_registered(pool, request, registry(), config.idle_timeout_s), started=True)
 
 
 def pool_engine_settings(config: PoolConfig, model_path: str, device: str) -> EngineSettings:
@@ -99,37 +101,46 @@ def list_pools(address: str | None, verbose: bool = False) -> list[PoolRow]:
 def down(address: str | None, names: list[str], every: bool, verbose: bool = False) -> list[str]:
     """Stop the named pools (or every pool); returns the names stopped. An unknown name is an error."""
     with joined_session(address or DEFAULT_ADDRESS, verbose):
-        known = {record.name for record in pools_here()}
+        known = {record.name for record in pools_here(same_version=not every)}
         wanted = sorted(known) if every else names
         unknown = [name for name in wanted if name not in known]
         if unknown:
             raise ClusterError(
                 f"No warm pool named {', '.join(unknown)} on this cluster (its pools: {', '.join(sorted(known)) or 'none'})."
             )
-        found = registry(create=False)
+        found = registry(create=False, same_version=False)
         for name in wanted:
             ray.get(found.remove.remote(name))
+        if every and found is not None and registry_version(found) != REGISTRY_VERSION:
+            ray.kill(found, no_restart=True)  # another version's: the next command starts this version's
         return wanted
 
 
 def explain(plan: RunPlan) -> str:
-    """For a dry run on a cluster: which warm pool would serve the run's engines, and why each other one
-    would not (the settings that differ)."""
+    """For a dry run on a cluster: which warm pool would serve the run's engines (and the replicas the run
+    would start beside it), why each other one would not (the settings that differ), and what becomes of the
+    engines the run starts."""
     config = plan.config
+    kept = config.cluster.kept_warm_s
+    then = f"kept warm {kept:g} s after it as a pool of their own" if kept else "stopped when it ends"
     if not config.cluster.warm_pools:
-        return "warm pools: not used (--no-warm-pools)"
+        return f"warm pools: not used (--no-warm-pools); the run starts its own engines ({then})"
     key = PoolKey.of(run_engine_settings(plan))
     with joined_session(config.cluster.address, verbose=False):
         records = pools_here()
     differing = {r.name: r.differences(key) for r in records}
+    asked = config.cluster.replicas
     serving = [
-        f"warm pool {r.name} would serve this run ({len(r.engines)} replicas)"
+        f"warm pool {r.name} would serve this run ({replicas(len(r.engines))})"
+        + (f"; the run starts {asked - len(r.engines)} more beside it" if asked > len(r.engines) else "")
         for r in records
         if not differing[r.name]
     ]
     others = [f"warm pool {name} would not: {'; '.join(found)}" for name, found in differing.items() if found]
     if not serving:
-        kept = config.cluster.kept_warm_s
-        then = f"kept warm {kept:g} s after it" if kept else "stopped when it ends"
         serving = [f"no warm pool has these engine settings: the run starts its own ({then})"]
     return "\n".join(serving + others)
+
+
+def replicas(count: int) -> str:
+    return f"{count} replica" + ("" if count == 1 else "s")

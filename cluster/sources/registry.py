@@ -231,7 +231,9 @@ class WarmReplicas:
             kept = [info for info in self.pool.infos if info.name in record.engines]
             # what a cold run pays for each of these engines: its actor's vLLM import, then the engine's build
             self.start_saved_s = max((info.import_s + info.start_s for info in kept), default=0.0)
-            log.info("engines: warm (pool %s, %.1f s of engine start saved)", record.name, self.start_saved_s)
+            log.info(
+                "generating on warm pool %s: %.1f s of engine start saved", record.name, self.start_saved_s
+            )
         timeline.mark("engines ready")
         replicas, engines = self.pool.replicas(), list(self.pool.infos)
         beyond = self.request.count - len(replicas)
@@ -245,25 +247,27 @@ class WarmReplicas:
         return Started(replicas, engines)
 
     def _new_pool(self) -> PoolRecord:
-        """The run's engines started as a warm pool, kept `keep_warm_s` after its last use."""
+        """The run's engines started as a warm pool, kept `keep_warm_s` after its last use. Its name is the
+        settings' default one, or that with a number where a pool has it already (a run with
+        --no-warm-pools beside a pool of the same settings)."""
+        import ray
+
         from cluster.engines.warm import default_pool_name
 
         request = self.request
-        name = default_pool_name(request.settings)
+        name = ray.get(self.registry.claim_name.remote(default_pool_name(request.settings)))
         pool = ReplicaPool(request.settings, request.plan, request.count, request.config.model.cpu_kv_cache_gib,
                            request.verbose, core_slots=request.core_slots, warm=name)  # fmt: skip
-        start_logged(pool, request)
-        record = register_pool(self.registry, pool, request.keep_warm_s or 0.0)
-        acquired = self.registry.acquire.remote(record.key, request.run_id, name)
-        import ray
-
-        return ray.get(acquired)
+        record = start_registered(pool, request, self.registry, request.keep_warm_s or 0.0)
+        return ray.get(self.registry.acquire.remote(record.key, request.run_id, name))
 
     def _replace_the_dead(self) -> None:
-        """Replicas of the pool whose actor died since it was last used: replaced now, their cause said."""
+        """Replicas of the pool whose actor died since it was last used: replaced now, their cause said (the
+        root error in the engine's log, read from the log's start: the driver cannot tell how far the log
+        was when the pool was last used)."""
         import ray
 
-        from cluster.engines.pool import dead_actor_cause, engine_log
+        from cluster.engines.pool import dead_actor_cause, remote_message, whole_engine_log
 
         assert self.pool is not None and self.record is not None
         dead = {name: "its actor is gone" for name in self.pool.missing}
@@ -271,37 +275,47 @@ class WarmReplicas:
             try:
                 ray.get(actor.alive.remote(), timeout=30)
             except Exception as exc:  # noqa: BLE001 - any failure to answer means the replica is gone
-                dead[info.name] = type(exc).__name__
+                dead[info.name] = remote_message(exc)
                 index = self.pool.infos.index(info)
                 del self.pool.actors[index], self.pool.infos[index], self.pool.log_marks[index]
         for name, message in dead.items():
-            cause = asyncio.run(dead_actor_cause(message, engine_log(self.record.engines[name])))
+            cause = asyncio.run(dead_actor_cause(message, whole_engine_log(self.record.engines[name])))
             log.warning("pool %s: %s had died (%s); replacing it", self.record.name, name, cause)
             self.found_dead += 1
-            found = self.pool.replace(name)
-            if found is not None:
-                self._registered(name, found[1])
+            self._replace_registered(name)
 
-    def _registered(self, dead: str, info: EngineInfo) -> None:
+    def _replace_registered(self, dead: str) -> tuple[Replica, EngineInfo] | None:
+        """Replace `dead` in the pool and enter the replacement in the registry, in one call (blocking): a run
+        that ends meanwhile cancels only its wait for this, not the registration, so a replacement that
+        started is never left outside the pool. Where the pool was stopped meanwhile (`rayeval down`, its
+        idle timeout), the replacement is stopped too."""
         import ray
 
         assert self.pool is not None and self.record is not None
-        ray.get(self.registry.replaced.remote(self.record.name, dead, info, self.pool.group_ids[info.name]))
+        found = self.pool.replace(dead)
+        if found is None:
+            return None
+        info = found[1]
+        entered = self.registry.replaced.remote(self.record.name, dead, info, self.pool.group_ids[info.name])
+        if ray.get(entered):
+            return found
+        log.warning(
+            "pool %s was stopped while %s replaced %s: stopping it too", self.record.name, info.name, dead
+        )
+        self.pool.drop(info.name)
+        return None
 
     async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         if self.extra is not None and dead not in {i.name for i in (self.pool.infos if self.pool else [])}:
             return await self.extra.replace(dead)
-        assert self.pool is not None
-        found = await asyncio.to_thread(self.pool.replace, dead)
-        if found is not None:
-            await asyncio.to_thread(self._registered, dead, found[1])
-        return found
+        return await asyncio.to_thread(self._replace_registered, dead)
 
     def describe(self) -> dict[str, Any]:
         return {
             "kind": self.kind.value,
             "pool": self.record.name if self.record else None,
             "started_by_this_run": self.started_pool,
+            "idle_timeout_s": self.record.idle_timeout_s if self.record else None,
             "start_saved_s": round(self.start_saved_s, 3),
             "own_replicas_beyond_the_pool": self.extra.pool.count if self.extra else 0,
             "replaced_when_found_dead": self.found_dead,
@@ -336,6 +350,21 @@ def register_pool(registry: Any, pool: ReplicaPool, idle_timeout_s: float) -> Po
     )
     ray.get(registry.put.remote(record))
     return record
+
+
+def start_registered(
+    pool: ReplicaPool, request: SourceRequest, registry: Any, idle_timeout_s: float
+) -> PoolRecord:
+    """Start a warm pool's engines and enter it in the registry. A pool that fails to start stops what it
+    started (`ReplicaPool.start`); one that started but could not be entered (or whose start was
+    interrupted at the last moment) is stopped here: its detached actors would otherwise outlive the
+    command, unlisted, holding their resources and names."""
+    start_logged(pool, request)
+    try:
+        return register_pool(registry, pool, idle_timeout_s)
+    except BaseException:
+        pool.shutdown()
+        raise
 
 
 @source(SourceKind.WARM)

@@ -10,7 +10,7 @@ import pytest
 from cluster.cli import main
 from cluster.config import ModelOptions, build_config, parse_duration
 from cluster.engines import engine_settings
-from cluster.engines.warm import PoolKey, default_pool_name
+from cluster.engines.warm import PoolKey, default_pool_name, free_name, model_files_fingerprint
 
 
 def settings(**options: object):
@@ -135,4 +135,32 @@ def test_pool_commands_refuse_what_they_cannot_do(capsys):
     assert main(["up", "--model", "openai:gpt-4.1", "--address", "auto"]) == 2
     assert "a warm pool holds engines of a model folder or hub id" in capsys.readouterr().err
     assert main(["up", "--idle-timeout", "later", "--address", "auto"]) == 2
-    assert "'later' is not a duration" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "'later' is not a duration" in err and "`rayeval up --help` describes every flag" in err
+    assert main(["down", "p1", "--all"]) == 2  # --all would stop every pool, not the one named
+    assert "give the pools to stop (p1) or --all, not both" in capsys.readouterr().err
+
+
+def test_a_model_folder_written_again_in_place_is_another_key(tmp_path):
+    folder = tmp_path / "final"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"weights of step 100")
+    on = lambda: engine_settings(ModelOptions(max_model_len=1024), str(folder), "cpu")  # noqa: E731
+    before = PoolKey.of(on())
+    assert before == PoolKey.of(on()) and model_files_fingerprint(str(folder))
+    (folder / "model.safetensors").write_bytes(b"weights of step 200")  # retrained to the same path
+    after = PoolKey.of(on())
+    assert after.digest != before.digest and default_pool_name(on()) != f"final-{before.digest}"
+    assert before.differences(after) == [
+        "the model folder's files changed since the pool started (sizes or times)"
+    ]
+    # where one side cannot see the folder (a hub id, a path on the cluster's nodes only), the key cannot tell
+    unseen = PoolKey(tuple((n, "" if n == "model_files" else v) for n, v in before.settings))
+    assert model_files_fingerprint(str(tmp_path / "absent")) == "" and unseen.differences(after) == []
+
+
+def test_a_pool_started_under_a_taken_name_gets_the_next_free_one():
+    assert free_name("smol-3f2a", set()) == "smol-3f2a"
+    assert free_name("smol-3f2a", {"smol-3f2a"}) == "smol-3f2a-2"
+    assert free_name("smol-3f2a", {"smol-3f2a", "smol-3f2a-2", "other"}) == "smol-3f2a-3"

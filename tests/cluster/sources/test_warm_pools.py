@@ -126,31 +126,76 @@ def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_he
     assert a_start < b_end and b_start < a_end  # their generation overlapped: neither waited for the other
 
 
+def test_a_registry_that_ray_restarts_still_knows_the_pools(pool: HeadNode, tmp_path):
+    """The registry's process killed: Ray restarts the actor, which reads its records back from the cluster,
+    so the pool is still listed and still serves (its engines were never lost)."""
+    head = pool
+    (registry,) = [
+        pid for pid in head.pids() if Path(f"/proc/{pid}/comm").read_text().startswith("ray::PoolRegist")
+    ]
+    os.kill(registry, signal.SIGKILL)
+    assert set(pools_listed(head)) == {POOL}
+    assert (
+        f"warm pool {POOL} would serve this run (1 replica)"
+        in run_on(head, tmp_path, "x", "--dry-run").stdout
+    )
+    assert registry not in head.pids()
+
+
+def test_a_pool_that_cannot_be_placed_in_time_leaves_nothing_behind(pool: HeadNode, tmp_path):
+    """Two replicas on a cluster with one CPU free: one placement group is placed, the other waits until the
+    placement timeout. The pool's groups are detached (they outlive the command): every one is removed, so
+    the CPU the first one took is free again, and no pool is listed. No engine starts."""
+    head = pool
+    config = tmp_path / "quick.yaml"
+    config.write_text("cluster:\n  placement_timeout_s: 3\n")
+    failed = rayeval("up", *POOL_FLAGS, "--max-model-len", "768", "--replicas", "2", "--name", "unplaced",
+                     "--config", str(config), "--address", head.gcs_address, env=head.client_env())  # fmt: skip
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert "2 replica(s) of" in failed.stderr and "could not be placed within 3 s" in failed.stderr
+    assert f"Warm pools hold replicas here: {POOL} (1 x " in failed.stderr  # what holds the CPU, and the fix
+    assert [g for g in head.placement_groups() if "unplaced" in g["name"]] == []
+    assert set(pools_listed(head)) == {POOL}
+
+
 def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: HeadNode, tmp_path):
     head = pool
     pool_engines = head.engine_actor_pids()
     dry = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "10s", "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert (
-        "no warm pool has these engine settings: the run starts its own (kept warm 10 s after it)"
-        in dry.stdout
+        "no warm pool has these engine settings: the run starts its own (kept warm 10 s after it as a pool of "
+        "their own)" in dry.stdout
     )
     assert f"warm pool {POOL} would not: max_model_len 1024 (wanted 768)" in dry.stdout
     same = run_on(head, tmp_path, "same", "--dry-run")
-    assert f"warm pool {POOL} would serve this run (1 replicas)" in same.stdout
+    assert f"warm pool {POOL} would serve this run (1 replica)" in same.stdout
+    more = run_on(head, tmp_path, "more", "--replicas", "2", "--dry-run")
+    assert (
+        f"warm pool {POOL} would serve this run (1 replica); the run starts 1 more beside it" in more.stdout
+    )
+    cold = run_on(head, tmp_path, "cold", "--no-warm-pools", "--keep-warm", "10s", "--dry-run")
+    assert (
+        "warm pools: not used (--no-warm-pools); the run starts its own engines (kept warm 10 s after it as a "
+        "pool of their own)" in cold.stdout
+    )
     # `--dtype auto` is the pool's float32 engine where the CPU has no native bfloat16, another engine elsewhere
     auto = run_on(head, tmp_path, "auto", "--dtype", "auto", "--dry-run")
     assert auto.returncode == 0, auto.stderr[-3000:]
     assert (
         f"warm pool {POOL} would not: dtype 'float32' (wanted 'auto'; auto is 'bfloat16' on its nodes)"
         if cpu_has_native_bf16()
-        else f"warm pool {POOL} would serve this run (1 replicas)"
+        else f"warm pool {POOL} would serve this run (1 replica)"
     ) in auto.stdout
 
     done = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "10s")
     assert done.returncode == 0, done.stderr[-3000:]
     source = summary_of(tmp_path, "other")["engines_source"]
     assert source["kind"] == "warm" and source["started_by_this_run"] and source["pool"] != POOL
+    assert (
+        f"engines: started by this run and left up as warm pool {source['pool']} for the runs that follow "
+        f"(stopped after 10 s unused; `rayeval down {source['pool']}` stops it now)" in done.stdout
+    )
     listed = pools_listed(head)
     assert set(listed) == {POOL, source["pool"]}  # the run's engines stay up as a pool of their own...
     deadline = time.time() + 120
