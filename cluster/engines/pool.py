@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINE_QUEUE_FACTOR = 2  # sequences in flight per replica, in units of the engine's max_num_seqs
+ABORT_CHECK_S = 0.5  # how often a start that waits looks whether it is to stop
+
+
+class StartAborted(ClusterError):
+    """A pool's start given up because the pool was told to stop (`ReplicaPool.abort`)."""
 
 
 def check_feasible(plan: ReplicaPlan, replicas: int) -> ReplicaLayout:
@@ -139,7 +144,7 @@ class ReplicaPool:
         self.placement_timeout_s = placement_timeout_s
         try:
             self._place_and_launch(placement_timeout_s)
-            self.infos = ray.get([a.start.remote(for_engines()) for a in self.actors])
+            self.infos = self._gathered([a.start.remote(for_engines()) for a in self.actors])
         except ClusterError:
             self.shutdown()
             raise
@@ -162,7 +167,7 @@ class ReplicaPool:
         ]
         self.groups = {name: self._placement_group(name) for name in names}
         try:
-            ray.get([g.ready() for g in self.groups.values()], timeout=placement_timeout_s)
+            self._gathered([g.ready() for g in self.groups.values()], placement_timeout_s)
             timeline.mark("placement groups ready")
         except GetTimeoutError:
             raise ClusterError(
@@ -183,6 +188,30 @@ class ReplicaPool:
                     return
                 self.actors.append(self._launch(name, group, slot))
         timeline.mark("engine actors launched", latest=True)  # the last launch of this start
+
+    def abort(self) -> None:
+        """Make a start or a replacement that another thread is waiting on give up at once (an interrupted
+        run); that thread then stops what it started."""
+        with self._lock:
+            self.closing = True
+
+    def _gathered(self, refs: list[ray.ObjectRef], timeout_s: float | None = None) -> list[Any]:
+        """`ray.get(refs, timeout=timeout_s)`, waited for in short steps that end in StartAborted once the
+        pool is closing (`abort`), instead of after every engine has started."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = list(refs)
+        while pending:
+            if self.closing:
+                raise StartAborted("the engines' start was stopped (the run was interrupted)")
+            step = (
+                ABORT_CHECK_S
+                if deadline is None
+                else max(0.0, min(ABORT_CHECK_S, deadline - time.monotonic()))
+            )
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=step)
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                raise GetTimeoutError()
+        return ray.get(refs)
 
     def load_checkpoint(self, path: str) -> list[EngineInfo]:
         """Move every replica's engine to the full checkpoint at `path` in its own actor (a sweep's next

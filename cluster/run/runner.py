@@ -289,6 +289,8 @@ class RequestRunner:
 
     def close(self) -> None:
         if self._starting is not None:
+            if not self._starting.done() and self._source is not None:
+                self._source.abort()  # an interrupted run: the start gives up and stops what it started
             wait([self._starting])  # a start still in flight must finish before its pool can be shut down
         if self._dispatcher is not None:
             self._dispatcher.cancel_replacements()

@@ -80,6 +80,10 @@ class GenerationSource(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    def abort(self) -> None:
+        """Stop a `start` in progress in another thread (an interrupted run): it gives up at once."""
+        ...
+
     def close(self, served: int) -> None: ...
 
 
@@ -126,6 +130,9 @@ class EndpointClients:
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind.value}
 
+    def abort(self) -> None:
+        return None  # the API clients start in a moment
+
     def close(self, served: int) -> None:
         if self.clients is not None:
             self.clients.shutdown()
@@ -154,6 +161,9 @@ class SweepReplicas:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind.value}
+
+    def abort(self) -> None:
+        return None  # the sweep moves them between its steps, not this run
 
     def close(self, served: int) -> None:
         return None  # the sweep closes them after its last step
@@ -193,6 +203,9 @@ class OwnReplicas:
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "restarts_used": self.pool.restarts_used}
 
+    def abort(self) -> None:
+        self.pool.abort()
+
     def close(self, served: int) -> None:
         self.pool.shutdown()
 
@@ -215,6 +228,7 @@ class WarmReplicas:
         self.start_saved_s = 0.0
         self.started_pool = record is None
         self.found_dead = 0  # the pool's replicas found dead when the run began, replaced then
+        self.starting: ReplicaPool | None = None  # the new pool while it starts (for `abort`)
 
     def start(self) -> Started:
         from cluster.engines.warm import Lease
@@ -256,8 +270,9 @@ class WarmReplicas:
 
         request = self.request
         name = ray.get(self.registry.claim_name.remote(default_pool_name(request.settings)))
-        pool = ReplicaPool(request.settings, request.plan, request.count, request.config.model.cpu_kv_cache_gib,
-                           request.verbose, core_slots=request.core_slots, warm=name)  # fmt: skip
+        pool = self.starting = ReplicaPool(request.settings, request.plan, request.count,
+                                           request.config.model.cpu_kv_cache_gib, request.verbose,
+                                           core_slots=request.core_slots, warm=name)  # fmt: skip
         record = start_registered(pool, request, self.registry, request.keep_warm_s or 0.0)
         return ray.get(self.registry.acquire.remote(record.key, request.run_id, name))
 
@@ -322,6 +337,11 @@ class WarmReplicas:
             "restarts_used": (self.pool.restarts_used - self.found_dead if self.pool else 0)
             + (self.extra.pool.restarts_used if self.extra else 0),
         }
+
+    def abort(self) -> None:
+        for pool in (self.starting, self.extra.pool if self.extra else None):
+            if pool is not None:
+                pool.abort()
 
     def close(self, served: int) -> None:
         if self.lease is not None:

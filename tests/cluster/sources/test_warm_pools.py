@@ -158,6 +158,31 @@ def test_a_pool_that_cannot_be_placed_in_time_leaves_nothing_behind(pool: HeadNo
     assert set(pools_listed(head)) == {POOL}
 
 
+def test_ctrl_c_while_a_runs_engines_start_stops_them_at_once_and_leaves_no_pool(pool: HeadNode, tmp_path):
+    """A run that starts its own engines, to keep warm as a pool, gets Ctrl-C while its engine actor imports
+    vLLM (seconds before the engine is ready): the start gives up instead of finishing first, and what it
+    started is gone: no engine actor, no placement group, no pool."""
+    head = pool
+    pool_engines = head.engine_actor_pids()
+    argv = ["run", *BASE_IFEVAL_ARGS, "--limit", "2", "--max-model-len", "768", "--keep-warm", "10m",
+            "--address", head.gcs_address, "--output-dir", str(tmp_path), "--run-id", "cut"]  # fmt: skip
+    proc = start_in_background(argv, env=head.client_env())
+    deadline = time.time() + 120
+    while time.time() < deadline and head.engine_actor_pids() == pool_engines:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "rayeval: interrupted" in err, err[-3000:]
+    assert "replica-0 ready" not in err and "Traceback" not in err
+    deadline = time.time() + 30
+    while time.time() < deadline and head.engine_actor_pids() != pool_engines:
+        time.sleep(0.5)
+    assert head.engine_actor_pids() == pool_engines
+    assert [g["name"] for g in head.placement_groups()] == [f"rayeval-pool-{POOL}-replica-0"]
+    assert set(pools_listed(head)) == {POOL}
+
+
 def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: HeadNode, tmp_path):
     head = pool
     pool_engines = head.engine_actor_pids()
