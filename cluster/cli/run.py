@@ -140,7 +140,13 @@ def report(result: RunResult) -> int:
     )
     source = result.engines_source
     if source.get("kind") == "warm" and not source.get("started_by_this_run"):
-        print(f"engines: warm (pool {source['pool']}; {source['start_saved_s']:.1f} s of engine start saved)")
+        started = source.get("replaced_when_found_dead", 0) + source.get("own_replicas_beyond_the_pool", 0)
+        saved = (
+            f"{source['start_saved_s']:.1f} s of engine start saved"
+            if not started
+            else f"the run started {started} engine(s) itself: replacements and replicas beyond the pool's"
+        )
+        print(f"engines: warm (pool {source['pool']}; {saved})")
     elif source.get("kind") == "warm":
         print(
             f"engines: started by this run and left up as warm pool {source['pool']} for the runs that follow "

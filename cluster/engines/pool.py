@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -10,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ENGINE_QUEUE_FACTOR = 2  # sequences in flight per replica, in units of the engine's max_num_seqs
 ABORT_CHECK_S = 0.5  # how often a start that waits looks whether it is to stop
+UNAVAILABLE_PAUSES_S = (1.0, 2.0, 4.0)  # before asking an unavailable actor again; then it counts as dead
 
 
 class StartAborted(ClusterError):
@@ -439,17 +441,30 @@ def replica_call(actor: ray.actor.ActorHandle, name: str, log: EngineLog | None 
     """The dispatcher's call for an actor with `generate(group)` (an engine or an API judge). A dead actor
     is killed for good and reported as `ReplicaDead` with its root error, so its work goes back on the
     queue: an engine that died inside a live actor has read its own log (EngineDead); for an actor process
-    that died, `log` (the engine's files on its node) is read by a task on that node."""
+    that died, `log` (the engine's files on its node) is read by a task on that node. An actor Ray calls
+    unavailable (its node out of reach for a moment; it may come back) is asked again, a few times with a
+    pause, before it counts as dead: a warm pool's replica serves other runs too."""
 
     async def generate(group: PromptGroup) -> list[Completion]:
-        try:
-            return await actor.generate.remote(group)
-        except EngineDead as exc:
-            ray.kill(actor, no_restart=True)
-            raise ReplicaDead(remote_message(exc)) from exc
-        except RayActorError as exc:
-            ray.kill(actor, no_restart=True)
-            raise ReplicaDead(await dead_actor_cause(remote_message(exc), log)) from exc
+        for pause_s in (*UNAVAILABLE_PAUSES_S, None):
+            try:
+                return await actor.generate.remote(group)
+            except EngineDead as exc:
+                ray.kill(actor, no_restart=True)
+                raise ReplicaDead(remote_message(exc)) from exc
+            except ActorUnavailableError as exc:
+                if pause_s is not None:
+                    logging.getLogger(__name__).warning(
+                        "%s is unavailable (%s); asking again in %g s", name, remote_message(exc), pause_s
+                    )
+                    await asyncio.sleep(pause_s)
+                    continue
+                ray.kill(actor, no_restart=True)
+                raise ReplicaDead(await dead_actor_cause(remote_message(exc), log)) from exc
+            except RayActorError as exc:
+                ray.kill(actor, no_restart=True)
+                raise ReplicaDead(await dead_actor_cause(remote_message(exc), log)) from exc
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     return generate
 

@@ -237,17 +237,12 @@ class WarmReplicas:
         self.record = record
         self.lease = Lease(self.registry, record.name, self.request.run_id)
         self.pool = ReplicaPool.adopt(record, self.request.verbose)
-        # each replica found dead may be replaced once, then the run's own restarts apply
-        self.pool.max_restarts = len(record.engines) + self.request.max_restarts
+        self.pool.max_restarts = len(record.engines)  # each replica found dead may be replaced once
         self.pool.placement_timeout_s = self.request.config.cluster.placement_timeout_s
         if not self.started_pool:
-            self._replace_the_dead()  # a replica started again now saved nothing
-            kept = [info for info in self.pool.infos if info.name in record.engines]
-            # what a cold run pays for each of these engines: its actor's vLLM import, then the engine's build
-            self.start_saved_s = max((info.import_s + info.start_s for info in kept), default=0.0)
-            log.info(
-                "generating on warm pool %s: %.1f s of engine start saved", record.name, self.start_saved_s
-            )
+            self._replace_the_dead()
+        # the run's own restarts from here on, whatever finding the dead took
+        self.pool.max_restarts = self.pool.restarts_used + self.request.max_restarts
         timeline.mark("engines ready")
         replicas, engines = self.pool.replicas(), list(self.pool.infos)
         beyond = self.request.count - len(replicas)
@@ -258,6 +253,13 @@ class WarmReplicas:
             self.extra = OwnReplicas(alongside, beyond, first_index=len(replicas))
             more = self.extra.start()
             replicas, engines = replicas + more.replicas, engines + more.engines
+        if not self.started_pool and not self.found_dead and self.extra is None:
+            # what a cold run pays for these engines: each actor's vLLM import, then the engine's build; a run
+            # that started an engine itself (a replacement, replicas beyond the pool's) waited for one anyway
+            self.start_saved_s = max((info.import_s + info.start_s for info in self.pool.infos), default=0.0)
+            log.info(
+                "generating on warm pool %s: %.1f s of engine start saved", record.name, self.start_saved_s
+            )
         return Started(replicas, engines)
 
     def _new_pool(self) -> PoolRecord:

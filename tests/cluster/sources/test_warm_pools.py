@@ -241,6 +241,9 @@ def test_a_dead_pool_replica_is_replaced_by_the_next_run(pool: HeadNode, tmp_pat
     done = run_on(head, tmp_path, "after-kill")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"pool {POOL}: replica-0 had died" in done.stderr and "replacing it" in done.stderr
+    # it waited for the replacement's start: no start saved is claimed
+    assert f"engines: warm (pool {POOL}; the run started 1 engine(s) itself" in done.stdout
+    assert summary_of(tmp_path, "after-kill")["engines_source"]["start_saved_s"] == 0
     rows = records(tmp_path / "after-kill" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]
     (replacement,) = head.engine_actor_pids()
