@@ -129,7 +129,8 @@ def cmd_pools(args: argparse.Namespace) -> int:
     if not rows:
         print("no warm pools on this cluster (`rayeval up` starts one)")
         return 0
-    print("\t".join(("POOL", "MODEL", "KEY", "REPLICAS", "NODES", "IDLE SINCE", "SERVED", "IN USE BY")))
+    print("\t".join(("POOL", "MODEL", "KEY", "REPLICAS", "NODES", "IDLE SINCE", "SERVED", "IN USE BY",
+                     "STOPS AFTER IDLE", "SETTINGS")))  # fmt: skip
     for row in rows:
         idle = (
             "-"
@@ -137,7 +138,8 @@ def cmd_pools(args: argparse.Namespace) -> int:
             else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.idle_since))
         )
         print("\t".join((row.name, row.model, row.key, str(row.replicas), ",".join(row.nodes), idle,
-                         str(row.requests_served), ",".join(row.in_use_by) or "-")))  # fmt: skip
+                         str(row.requests_served), ",".join(row.in_use_by) or "-", f"{row.idle_timeout_s:g} s",
+                         row.settings)))  # fmt: skip
     return 0
 
 

@@ -231,7 +231,8 @@ class SamplingOptions(Strict):
     max_tokens: int | None = Field(
         None,
         ge=1,
-        description="max new tokens (default: each task's own; 256 for the embedded demo model)",
+        description="max new tokens (default: each task's own; 256 in the embedded demo model's quick run, "
+        "where no --limit is set; a reply also ends where the context, --max-model-len, is full)",
         json_schema_extra=cli("--max-tokens", "N"),
     )
     seed: int = Field(

@@ -105,10 +105,10 @@ class PoolKey:
         return found
 
     def describe(self) -> str:
+        """The settings a user tells pools apart by: `dtype=float32, max_model_len=1024, ...`."""
         shown = dict(self.settings)
-        return ", ".join(
-            f"{name}={shown[name]}" for name in ("model", "dtype", "max_model_len", "max_num_seqs", "device")
-        )
+        named = ("dtype", "max_model_len", "max_num_seqs", "enforce_eager", "max_lora_rank", "device")
+        return ", ".join(f"{name}={shown[name]}" for name in named if name in shown)
 
 
 def default_pool_name(settings: EngineSettings) -> str:

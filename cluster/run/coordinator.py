@@ -134,7 +134,7 @@ def _run_in_folder(
             if judging is not None:
                 judging.close(completed)
             runner.close()
-            timeline.mark("engines stopped")
+            timeline.mark("engines released")  # stopped, or handed back to their warm pool
             writer.close()
             store.close()
         _note_reused_failures(runner)

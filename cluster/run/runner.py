@@ -207,13 +207,14 @@ class RequestRunner:
         if self.write_error is not None:
             raise self.write_error
         if dispatcher.stats.tail_s is not None:
+            several = len(dispatcher.stats.per_replica) > 1
+            spread = f"; replicas finished within {dispatcher.stats.finish_spread_s:.1f} s of each other"
             log.info(
-                "%s: %.1f s, of which %.1f s after the last request was handed out (the tail); replicas "
-                "finished within %.1f s of each other",
+                "%s: %.1f s, of which %.1f s after the last request was handed out (the tail)%s",
                 label,
                 time.perf_counter() - began,
                 dispatcher.stats.tail_s,
-                dispatcher.stats.finish_spread_s,
+                spread if several else "",
             )
 
     def start_in_background(self) -> None:

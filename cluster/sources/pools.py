@@ -40,6 +40,7 @@ class PoolRow:
     requests_served: int
     in_use_by: tuple[str, ...]
     idle_timeout_s: float
+    settings: str = ""  # the key's main settings, readable (`PoolKey.describe`)
     started: bool = False  # `up` started it now (else it was there already)
 
     @classmethod
@@ -55,6 +56,7 @@ class PoolRow:
             requests_served=record.requests_served,
             in_use_by=tuple(record.live_leases(now)),
             idle_timeout_s=record.idle_timeout_s,
+            settings=record.key.describe(),
             started=started,
         )
 

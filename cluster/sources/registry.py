@@ -426,8 +426,9 @@ def start_logged(pool: ReplicaPool, request: SourceRequest) -> list[EngineInfo]:
     log.info("starting %d engine replica(s) of %s", pool.count, request.plan.describe())
     engines = list(pool.start(request.config.cluster.placement_timeout_s))
     for info in engines:
-        log.info("%s ready on %s in %.1f s (vLLM %s, executor %s)", info.name, where(info), info.start_s,
-                 info.vllm_version, info.executor)  # fmt: skip
+        imported = f" after {info.import_s:.1f} s importing vLLM" if info.import_s else ""
+        log.info("%s ready on %s in %.1f s%s (vLLM %s, executor %s)", info.name, where(info), info.start_s,
+                 imported, info.vllm_version, info.executor)  # fmt: skip
     return engines
 
 

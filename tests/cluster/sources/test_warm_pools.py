@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,7 @@ def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
     assert head.engine_actor_pids() == before  # no engine started, none stopped
     (row,) = pools_listed(head).values()
     assert row[0] == POOL and row[3] == "1" and int(row[6]) == 2 * BASE_IFEVAL_LIMIT and row[7] == "-"
+    assert row[8] == "3600 s" and row[9].startswith("dtype=float32, max_model_len=1024, ")  # its settings
     # idle between runs, the engine core's process-group threads sleep (cluster.engines.idle_wakeups): gloo's
     # 10 ms wait alone would wake each about 100 times a second
     (core,) = head.engine_core_pids()
@@ -269,3 +271,38 @@ def test_down_stops_the_pool_and_its_engines(pool: HeadNode):
     while time.time() < deadline and head.engine_actor_pids():
         time.sleep(0.5)
     assert head.engine_actor_pids() == [] and pools_listed(head) == {}
+
+
+# A registry as an earlier rayeval started it: its `all` and `remove`, no `version` (a stand-in: an older
+# release cannot be installed here). It replaces the cluster's registry, by name, in the rayeval namespace.
+OLD_REGISTRY = """
+import sys
+import ray
+ray.init(address=sys.argv[1], namespace="rayeval", logging_level="ERROR")
+ray.kill(ray.get_actor("rayeval-pools"), no_restart=True)
+
+@ray.remote(num_cpus=0)
+class PoolRegistry:
+    def all(self):
+        return []
+
+    def remove(self, name):
+        return None
+
+old = PoolRegistry.options(name="rayeval-pools", lifetime="detached").remote()
+ray.get(old.all.remote())
+"""
+
+
+def test_a_registry_another_version_started_is_refused_and_down_all_stops_it(pool: HeadNode):
+    head = pool
+    swapped = subprocess.run([sys.executable, "-c", OLD_REGISTRY, head.gcs_address], capture_output=True, text=True,
+                             env={**head.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120, check=False)  # fmt: skip
+    assert swapped.returncode == 0, swapped.stderr[-3000:]
+    refused = rayeval("pools", "--address", head.gcs_address, env=head.client_env())
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "registry was started by another version of rayeval" in refused.stderr
+    assert "`rayeval down --all` (with this --address) stops its pools and it" in refused.stderr
+    stopped = rayeval("down", "--all", "--address", head.gcs_address, env=head.client_env())
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert pools_listed(head) == {}  # a registry of this version again
