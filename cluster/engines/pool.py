@@ -102,7 +102,8 @@ class ReplicaPool:
         self.kv_cache_gib = kv_cache_gib
         self.verbose = verbose
         self.groups: dict[str, PlacementGroup] = {}  # by replica name
-        self.actors: list[ray.actor.ActorHandle] = []
+        self.actors: list[ray.actor.ActorHandle] = []  # in step with `infos`: the replicas that serve
+        self.starting: dict[str, ray.actor.ActorHandle] = {}  # replacements whose engines are starting
         self.infos: list[EngineInfo] = []
         self.log_marks: list[EngineLog] = []
         # by replica name: (index, count) among the replicas sharing a host's cores
@@ -147,6 +148,9 @@ class ReplicaPool:
         try:
             self._place_and_launch(placement_timeout_s)
             self.infos = self._gathered([a.start.remote(for_engines()) for a in self.actors])
+        except StartAborted:
+            self.shutdown(graceful=False)
+            raise
         except ClusterError:
             self.shutdown()
             raise
@@ -156,8 +160,8 @@ class ReplicaPool:
                 f"The vLLM engine for '{self.settings.model}' failed to start: {remote_message(exc)}. Check that the "
                 "model path or HF id is right and reachable from every node, and that max_model_len fits."
             ) from None
-        except BaseException:
-            self.shutdown()
+        except BaseException:  # an interrupt: stop at once
+            self.shutdown(graceful=False)
             raise
         # where each engine's log stands now: a replica that dies later has its root error after this mark
         self.log_marks = [engine_log(info) for info in self.infos]
@@ -199,7 +203,8 @@ class ReplicaPool:
 
     def _gathered(self, refs: list[ray.ObjectRef], timeout_s: float | None = None) -> list[Any]:
         """`ray.get(refs, timeout=timeout_s)`, waited for in short steps that end in StartAborted once the
-        pool is closing (`abort`), instead of after every engine has started."""
+        pool is closing (`abort`), instead of after every engine has started; the first ref that fails
+        raises at once, as `ray.get` of the list would."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = list(refs)
         while pending:
@@ -210,8 +215,9 @@ class ReplicaPool:
                 if deadline is None
                 else max(0.0, min(ABORT_CHECK_S, deadline - time.monotonic()))
             )
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=step)
-            if pending and deadline is not None and time.monotonic() >= deadline:
+            done, pending = ray.wait(pending, num_returns=1, timeout=step)
+            ray.get(done)  # a failed start raises now, not once the slowest replica is up
+            if pending and not done and deadline is not None and time.monotonic() >= deadline:
                 raise GetTimeoutError()
         return ray.get(refs)
 
@@ -312,17 +318,33 @@ class ReplicaPool:
         with self._lock:  # launched under the lock, so a shutdown either sees the actor or stops the launch
             if self.closing:
                 return None
-            actor = self._launch(name, group, self.slots[name])
-            self.actors.append(actor)
+            actor = self.starting[name] = self._launch(name, group, self.slots[name])
         try:
             info = ray.get(actor.start.remote(for_engines()))
         except Exception as exc:  # noqa: BLE001 - a replacement that cannot start leaves the run as it was
             log.warning("the replacement of %s did not start: %s", dead, remote_message(exc))
-            self.drop(name, actor)
+            self.drop(name)
             return None
         with self._lock:
-            if self.closing:
-                return None
+            if self.closing or self.starting.pop(name, None) is None:
+                return None  # stopped meanwhile (`shutdown` killed it)
+            self.actors.append(actor)
+            self.infos.append(info)
+            self.log_marks.append(engine_log(info))
+            return self._replica(actor, info, self.log_marks[-1]), info
+
+    def adopt_replica(self, info: EngineInfo) -> tuple[Replica, EngineInfo] | None:
+        """A replica of this warm pool that another process started (its actor found by name), served from
+        now on; None where its actor is gone already."""
+        from cluster.engines.warm import NAMESPACE, actor_name
+
+        assert self.warm is not None
+        try:
+            actor = ray.get_actor(actor_name(self.warm, info.name), namespace=NAMESPACE)
+        except ValueError:
+            return None
+        with self._lock:
+            self.actors.append(actor)
             self.infos.append(info)
             self.log_marks.append(engine_log(info))
             return self._replica(actor, info, self.log_marks[-1]), info
@@ -334,18 +356,19 @@ class ReplicaPool:
         base = dead.split(".")[0]
         return f"{base}.{self.restarts_used}" if self.warm is None else f"{base}.{secrets.token_hex(3)}"
 
-    def drop(self, name: str, actor: ray.actor.ActorHandle | None = None) -> None:
-        """Remove the replica `name` (a replacement that failed, or one no pool holds any more): its actor
-        killed, its placement group removed."""
+    def drop(self, name: str) -> None:
+        """Remove the replica `name` (a replacement that failed, or one no pool holds any more), served or
+        still starting: its actor killed, its placement group removed."""
         with self._lock:
-            if actor is None and name in [i.name for i in self.infos]:
-                index = [i.name for i in self.infos].index(name)
-                actor = self.actors[index]
+            actor = self.starting.pop(name, None)
+            names = [info.name for info in self.infos]
+            if name in names:
+                index = names.index(name)
+                actor = self.actors.pop(index)
                 del self.infos[index], self.log_marks[index]
             group = self.groups.pop(name, None)
             self.group_ids.pop(name, None)
-            if actor is not None and actor in self.actors:
-                self.actors.remove(actor)
+            self.slots.pop(name, None)
         if actor is not None:
             ray.kill(actor, no_restart=True)
         if group is not None:
@@ -396,13 +419,16 @@ class ReplicaPool:
             batch_size=info.max_num_seqs,
         )
 
-    def shutdown(self) -> None:
+    def shutdown(self, graceful: bool = True) -> None:
+        """Stop every replica, and those still starting. `graceful`: each engine first stops its own
+        subprocesses (up to 30 s); an interrupted start skips that (an actor busy building its engine would
+        answer only once built) and kills at once: a killed actor's engine core stops itself."""
         with self._lock:
             self.closing = True
-        # Let every engine stop its own subprocesses, all at once; dead actors simply do not answer.
-        if self.actors:
+            starting, self.starting = list(self.starting.values()), {}
+        if graceful and self.actors:
             ray.wait([a.shutdown.remote() for a in self.actors], num_returns=len(self.actors), timeout=30)
-        for actor in self.actors:
+        for actor in [*self.actors, *starting]:
             ray.kill(actor)
         for group in self.groups.values():
             remove_placement_group(group)
@@ -410,8 +436,8 @@ class ReplicaPool:
 
 
 def held_by_pools() -> str:
-    """What the cluster's warm pools hold, for a placement that waited in vain: ` Warm pools hold
-    replicas here: p1 (1 replica of {1 CPU}); `rayeval down NAME` stops one.` ("" where there are none)."""
+    """What the cluster's warm pools hold, for a placement that waited in vain: ` Warm pools hold replicas
+    here: p1 (1 x {1 CPU} for 1 engine worker(s)); ...` ("" where there are none)."""
     from cluster.engines.warm import pools_here
 
     try:

@@ -14,11 +14,13 @@ removed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import logging
 import pickle
 import re
+import socket
 import stat
 import threading
 import time
@@ -46,9 +48,11 @@ MODEL_FILES = "model_files"  # the key's entry for what the model folder holds (
 
 
 def model_files_fingerprint(model: str) -> str:
-    """The names, sizes and modification times of the files in the model folder, hashed: a folder written
-    again in place (a checkpoint retrained to the same path) gets another. "" where this process does not
-    see the folder (a hub id, or a path on the cluster's nodes only): there the pool's key cannot tell."""
+    """`HOST:HASH`: the names, sizes and modification times of the files in the model folder, hashed, and
+    the machine that read them. A folder written again in place (a checkpoint retrained to the same path)
+    gets another hash; copies of it on other machines (each node's own download) have other times, so only
+    fingerprints read on one machine are compared (`same_model_files`). "" where this process does not see
+    the folder (a hub id, a path on the cluster's nodes only): there the key cannot tell."""
     folder = Path(model)
     if not folder.is_dir():
         return ""
@@ -58,7 +62,16 @@ def model_files_fingerprint(model: str) -> str:
             found = path.stat()
             if stat.S_ISREG(found.st_mode):
                 entries.append((path.name, found.st_size, found.st_mtime_ns))
-    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
+    return f"{socket.gethostname()}:{hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]}"
+
+
+def same_model_files(ours: Any, theirs: Any) -> bool:
+    """Whether two fingerprints could be of other files: only those read on one machine are compared."""
+    if not ours or not theirs:
+        return True
+    host, _, _ = str(ours).rpartition(":")
+    other_host, _, _ = str(theirs).rpartition(":")
+    return host != other_host or ours == theirs
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,8 @@ class PoolKey:
         """Each setting where this pool's key differs from the one `wanted`: `dtype 'float32' (wanted
         'bfloat16')`. `auto_dtype`: what `--dtype auto` becomes on the pool's nodes; where it is known, a
         dtype asked as `auto` on one side and by name on the other differs only if they name other dtypes
-        there (one engine either way). The model folder's files differ only where both sides saw them."""
+        there (one engine either way). The model folder's files differ only where both sides read them on
+        one machine."""
         theirs = dict(wanted.settings)
 
         def resolved(dtype: Any) -> Any:
@@ -93,7 +107,7 @@ class PoolKey:
         for name, value in self.settings:
             other = theirs.get(name)
             if name == MODEL_FILES:
-                if value and other and value != other:
+                if not same_model_files(value, other):
                     found.append("the model folder's files changed since the pool started (sizes or times)")
                 continue
             is_dtype = name == "dtype"
@@ -143,6 +157,7 @@ class PoolRecord:
     last_used: float = field(default_factory=time.time)
     requests_served: int = 0
     leases: dict[str, float] = field(default_factory=dict)  # run id -> when it last renewed
+    replaced_by: dict[str, str] = field(default_factory=dict)  # a dead replica's name -> its replacement's
 
     def live_leases(self, now: float) -> list[str]:
         return [run for run, renewed in self.leases.items() if now - renewed < LEASE_S]
@@ -212,7 +227,7 @@ class PoolRegistry:
         with self._lock:
             self.pools[record.name] = record
             self.claimed.discard(record.name)
-            self._save()
+            self._saved_or_logged()
 
     def claim_name(self, base: str) -> str:
         """A name for a pool that is starting (`free_name`), held for it until `put` enters the pool."""
@@ -221,13 +236,18 @@ class PoolRegistry:
             self.claimed.add(name)
             return name
 
-    def get(self, name: str) -> PoolRecord | None:
+    def release_name(self, name: str) -> None:
+        """A claimed name whose pool did not start: free for the next."""
         with self._lock:
-            return self.pools.get(name)
+            self.claimed.discard(name)
+
+    def get(self, name: str) -> PoolRecord | None:
+        with self._lock:  # a copy: Ray serializes the reply after the lock is let go
+            return copy.deepcopy(self.pools.get(name))
 
     def all(self) -> list[PoolRecord]:
         with self._lock:
-            return list(self.pools.values())
+            return copy.deepcopy(list(self.pools.values()))
 
     def acquire(self, wanted: PoolKey, run_id: str, name: str | None = None) -> PoolRecord | None:
         """A lease on the pool `name`, or on any pool that serves engines of the `wanted` key (the least busy
@@ -239,7 +259,7 @@ class PoolRegistry:
                 return None
             pool = min(found, key=lambda p: len(p.live_leases(now)))
             pool.leases[run_id] = now
-            return pool
+            return copy.deepcopy(pool)
 
     def renew(self, name: str, run_id: str) -> bool:
         with self._lock:
@@ -256,46 +276,64 @@ class PoolRegistry:
                 pool.leases.pop(run_id, None)
                 pool.requests_served += served
                 pool.last_used = time.time()
-                self._save()
+                self._saved_or_logged()
 
-    def replaced(self, name: str, dead: str, info: EngineInfo, group: str) -> bool:
-        """Enter `info` in the pool in place of `dead`; False where the pool is not here (stopped meanwhile):
-        the caller then stops the replacement."""
+    def replaced(self, name: str, dead: str, info: EngineInfo, group: str) -> EngineInfo | None:
+        """Enter `info` in the pool in place of `dead`, and return it. Where another run replaced `dead`
+        first, the pool keeps that one and it is returned instead (the caller stops its own and uses it);
+        None where the pool is not here any more (stopped meanwhile) or `dead` is not its replica."""
         with self._lock:
             pool = self.pools.get(name)
             if pool is None:
-                return False
-            pool.engines.pop(dead, None)
+                return None
+            if dead not in pool.engines:
+                return pool.engines.get(pool.replaced_by.get(dead, ""))
+            del pool.engines[dead]
             pool.groups.pop(dead, None)
             pool.engines[info.name] = info
             pool.groups[info.name] = group
             pool.slots[info.name] = pool.slots.pop(dead, (0, 1))
-            self._save()
-            return True
+            pool.replaced_by[dead] = info.name
+            self._saved_or_logged()
+            return info
 
     def remove(self, name: str) -> PoolRecord | None:
         """Take the pool out of the registry and stop it."""
         with self._lock:
             pool = self.pools.pop(name, None)
-            self._save()
         if pool is not None:
             stop_pool_actors(pool)
+        with self._lock:
+            self._saved_or_logged()
         return pool
+
+    def _saved_or_logged(self) -> None:
+        """`_save`, where a failure (the GCS restarting) is logged: the records in memory still hold, and
+        the next change saves them again. The caller holds `_lock`."""
+        try:
+            self._save()
+        except Exception as exc:  # noqa: BLE001 - the registry goes on from its memory
+            log.warning("could not save the warm-pool records to the GCS: %s", exc)
 
     def _reap_forever(self) -> None:
         while True:
             time.sleep(2.0)
-            with (
-                self._lock
-            ):  # taken out under the lock: a run acquiring it meanwhile sees it gone, not stopping
-                idle = [p for p in self.pools.values() if self._idle_out(p, time.time())]
-                for pool in idle:
-                    del self.pools[pool.name]
-                if idle:
-                    self._save()
+            try:
+                self._reap()
+            except Exception:  # a reaper that died would leave every pool up for good
+                log.exception("reaping idle warm pools failed; trying again")
+
+    def _reap(self) -> None:
+        with self._lock:  # taken out under the lock: a run acquiring it meanwhile sees it gone, not stopping
+            idle = [p for p in self.pools.values() if self._idle_out(p, time.time())]
             for pool in idle:
-                log.warning("warm pool %s unused for %g s: stopping it", pool.name, pool.idle_timeout_s)
-                stop_pool_actors(pool)
+                del self.pools[pool.name]
+        for pool in idle:
+            log.warning("warm pool %s unused for %g s: stopping it", pool.name, pool.idle_timeout_s)
+            stop_pool_actors(pool)
+        if idle:
+            with self._lock:
+                self._saved_or_logged()
 
     @staticmethod
     def _idle_out(pool: PoolRecord, now: float) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster import timeline
 from cluster.engines import EngineInfo, EngineSettings, ReplicaPlan, ReplicaPool
+from cluster.engines.pool import StartAborted
 from cluster.plan import RunPlan
 from sharding.dispatcher import Replica
 
@@ -229,6 +231,7 @@ class WarmReplicas:
         self.started_pool = record is None
         self.found_dead = 0  # the pool's replicas found dead when the run began, replaced then
         self.starting: ReplicaPool | None = None  # the new pool while it starts (for `abort`)
+        self.aborted = False
 
     def start(self) -> Started:
         from cluster.engines.warm import Lease
@@ -251,6 +254,8 @@ class WarmReplicas:
                      record.name, len(replicas), beyond)  # fmt: skip
             alongside = replace(self.request, settings=beside_pool(self.request.settings, record.settings))
             self.extra = OwnReplicas(alongside, beyond, first_index=len(replicas))
+            if self.aborted:
+                self.extra.abort()
             more = self.extra.start()
             replicas, engines = replicas + more.replicas, engines + more.engines
         if not self.started_pool and not self.found_dead and self.extra is None:
@@ -275,24 +280,27 @@ class WarmReplicas:
         pool = self.starting = ReplicaPool(request.settings, request.plan, request.count,
                                            request.config.model.cpu_kv_cache_gib, request.verbose,
                                            core_slots=request.core_slots, warm=name)  # fmt: skip
-        record = start_registered(pool, request, self.registry, request.keep_warm_s or 0.0)
+        if self.aborted:  # interrupted before the pool existed to be told
+            pool.abort()
+        try:
+            record = start_registered(pool, request, self.registry, request.keep_warm_s or 0.0)
+        except BaseException:
+            self.registry.release_name.remote(name)
+            raise
         return ray.get(self.registry.acquire.remote(record.key, request.run_id, name))
 
     def _replace_the_dead(self) -> None:
         """Replicas of the pool whose actor died since it was last used: replaced now, their cause said (the
         root error in the engine's log, read from the log's start: the driver cannot tell how far the log
         was when the pool was last used)."""
-        import ray
-
-        from cluster.engines.pool import dead_actor_cause, remote_message, whole_engine_log
+        from cluster.engines.pool import dead_actor_cause, whole_engine_log
 
         assert self.pool is not None and self.record is not None
         dead = {name: "its actor is gone" for name in self.pool.missing}
         for actor, info in zip(list(self.pool.actors), list(self.pool.infos), strict=True):
-            try:
-                ray.get(actor.alive.remote(), timeout=30)
-            except Exception as exc:  # noqa: BLE001 - any failure to answer means the replica is gone
-                dead[info.name] = remote_message(exc)
+            why = unanswered(actor)
+            if why is not None:
+                dead[info.name] = why
                 index = self.pool.infos.index(info)
                 del self.pool.actors[index], self.pool.infos[index], self.pool.log_marks[index]
         for name, message in dead.items():
@@ -304,8 +312,9 @@ class WarmReplicas:
     def _replace_registered(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         """Replace `dead` in the pool and enter the replacement in the registry, in one call (blocking): a run
         that ends meanwhile cancels only its wait for this, not the registration, so a replacement that
-        started is never left outside the pool. Where the pool was stopped meanwhile (`rayeval down`, its
-        idle timeout), the replacement is stopped too."""
+        started is never left outside the pool. Where another run replaced `dead` first, this one is
+        stopped and that one used; where the pool was stopped meanwhile (`rayeval down`, its idle timeout),
+        the replacement is stopped too."""
         import ray
 
         assert self.pool is not None and self.record is not None
@@ -314,13 +323,17 @@ class WarmReplicas:
             return None
         info = found[1]
         entered = self.registry.replaced.remote(self.record.name, dead, info, self.pool.group_ids[info.name])
-        if ray.get(entered):
+        current = ray.get(entered)
+        if current is not None and current.name == info.name:
             return found
-        log.warning(
-            "pool %s was stopped while %s replaced %s: stopping it too", self.record.name, info.name, dead
-        )
         self.pool.drop(info.name)
-        return None
+        if current is None:
+            log.warning("pool %s was stopped while %s replaced %s: stopping it too", self.record.name,
+                        info.name, dead)  # fmt: skip
+            return None
+        log.info("pool %s: another run replaced %s first (%s); using that one", self.record.name, dead,
+                 current.name)  # fmt: skip
+        return self.pool.adopt_replica(current)
 
     async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         if self.extra is not None and dead not in {i.name for i in (self.pool.infos if self.pool else [])}:
@@ -341,6 +354,7 @@ class WarmReplicas:
         }
 
     def abort(self) -> None:
+        self.aborted = True  # for a pool not made yet: `_new_pool` and the replicas beyond the pool's
         for pool in (self.starting, self.extra.pool if self.extra else None):
             if pool is not None:
                 pool.abort()
@@ -350,6 +364,27 @@ class WarmReplicas:
             self.lease.release(served)
         if self.extra is not None:
             self.extra.close(served)
+
+
+def unanswered(actor: Any) -> str | None:
+    """Why the replica does not answer its liveness check (None: it answers). Ray's "unavailable" (its node
+    out of reach for a moment) is asked again, as the dispatcher's calls are (`engines.replica_call`)."""
+    import ray
+    from ray.exceptions import ActorUnavailableError
+
+    from cluster.engines.pool import UNAVAILABLE_PAUSES_S, remote_message
+
+    for pause_s in (*UNAVAILABLE_PAUSES_S, None):
+        try:
+            ray.get(actor.alive.remote(), timeout=30)
+            return None
+        except ActorUnavailableError as exc:
+            if pause_s is None:
+                return remote_message(exc)
+            time.sleep(pause_s)
+        except Exception as exc:  # noqa: BLE001 - any other failure to answer means the replica is gone
+            return remote_message(exc)
+    return None
 
 
 def register_pool(registry: Any, pool: ReplicaPool, idle_timeout_s: float) -> PoolRecord:
@@ -383,9 +418,11 @@ def start_registered(
     command, unlisted, holding their resources and names."""
     start_logged(pool, request)
     try:
+        if pool.closing:  # told to stop as its last engine came up
+            raise StartAborted("the engines' start was stopped (the run was interrupted)")
         return register_pool(registry, pool, idle_timeout_s)
     except BaseException:
-        pool.shutdown()
+        pool.shutdown(graceful=False)
         raise
 
 
