@@ -53,7 +53,7 @@ def test_a_zero_adapter_reproduces_the_base_model_and_names_the_run(
     assert run["model"] == f"{MODEL_DIR}+zero" and run["adapter"]["path"] == str(zero_adapter.resolve())
     assert "generating: 3 requests, 0 reused from the store" in tuned.stderr
     # the tests' LoRA-capable warm pool (`rayeval up --lora-slots 4`) loaded the adapter live and served it
-    assert "engines: warm (pool tests-lora" in tuned.stderr or not warm_cluster_enabled()
+    assert "engines: warm (pool tests-lora" in tuned.stdout or not warm_cluster_enabled()
 
 
 def test_a_broken_adapter_is_refused_before_any_engine_starts(zero_adapter, tmp_path):

@@ -306,3 +306,39 @@ def test_a_registry_another_version_started_is_refused_and_down_all_stops_it(poo
     stopped = rayeval("down", "--all", "--address", head.gcs_address, env=head.client_env())
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert pools_listed(head) == {}  # a registry of this version again
+
+
+# Two runs that found one replica dead enter their replacements in the cluster's registry, one after the other
+# (synthetic records: which replica a run started is all the registry sees).
+TWO_REPLACEMENTS = """
+import sys
+import ray
+from cluster.engines import EngineInfo
+from cluster.engines.placement import ReplicaPlan
+from cluster.engines.warm import PoolKey, PoolRecord, registry
+from cluster.engines import engine_settings
+from cluster.config import ModelOptions
+
+ray.init(address=sys.argv[1], namespace="rayeval", logging_level="ERROR")
+found = registry()
+settings = engine_settings(ModelOptions(), "/models/twin", "cpu")
+def info(name):
+    return EngineInfo(name, "node", 1, 1.0, 64, 1024, "0.32.0")
+ray.get(found.put.remote(PoolRecord("twin", PoolKey.of(settings), settings, ReplicaPlan({"CPU": 1.0}, 1), 0.5,
+                                    3600.0, engines={"replica-0": info("replica-0")}, groups={"replica-0": "00"})))
+first = ray.get(found.replaced.remote("twin", "replica-0", info("replica-0.aaaaaa"), "01"))
+second = ray.get(found.replaced.remote("twin", "replica-0", info("replica-0.bbbbbb"), "02"))
+gone = ray.get(found.replaced.remote("no-such-pool", "replica-0", info("replica-0.cccccc"), "03"))
+print(first.name, second.name, gone, sorted(ray.get(found.get.remote("twin")).engines))
+ray.get(found.remove.remote("twin"))
+"""
+
+
+def test_two_runs_replacing_one_dead_replica_keep_the_first_replacement(pool: HeadNode):
+    head = pool
+    done = subprocess.run([sys.executable, "-c", TWO_REPLACEMENTS, head.gcs_address], capture_output=True, text=True,
+                          env={**head.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # the second run is handed the first's replacement (it stops its own); a pool stopped meanwhile: None
+    assert done.stdout.splitlines()[-1] == "replica-0.aaaaaa replica-0.aaaaaa None ['replica-0.aaaaaa']"
+    assert set(pools_listed(head)) <= {POOL}
