@@ -333,10 +333,13 @@ class ReplicaPool:
             self.log_marks.append(engine_log(info))
             return self._replica(actor, info, self.log_marks[-1]), info
 
-    def adopt_replica(self, info: EngineInfo) -> tuple[Replica, EngineInfo] | None:
-        """A replica of this warm pool that another process started (its actor found by name), served from
-        now on; None where its actor is gone already."""
-        from cluster.engines.warm import NAMESPACE, actor_name
+    def adopt_replica(
+        self, info: EngineInfo, group_id: str, slot: tuple[int, int]
+    ) -> tuple[Replica, EngineInfo] | None:
+        """A replica of this warm pool that another process started (its actor found by name, its placement
+        group by id, its cores' slot), served from now on and replaceable as the pool's own; None where its
+        actor is gone already."""
+        from cluster.engines.warm import NAMESPACE, actor_name, placement_group_of
 
         assert self.warm is not None
         try:
@@ -344,6 +347,9 @@ class ReplicaPool:
         except ValueError:
             return None
         with self._lock:
+            self.group_ids[info.name] = group_id
+            self.groups[info.name] = placement_group_of(group_id)
+            self.slots[info.name] = slot
             self.actors.append(actor)
             self.infos.append(info)
             self.log_marks.append(engine_log(info))

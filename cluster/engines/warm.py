@@ -183,7 +183,7 @@ class PoolRecord:
 # engines running unlisted, never stopped.
 RECORDS_KEY = b"rayeval-pools"
 # Raised when the registry's methods or its records change: a registry another version started is not used.
-REGISTRY_VERSION = 2
+REGISTRY_VERSION = 3
 
 
 def saved_records() -> dict[str, PoolRecord]:
@@ -286,8 +286,13 @@ class PoolRegistry:
             pool = self.pools.get(name)
             if pool is None:
                 return None
-            if dead not in pool.engines:
-                return pool.engines.get(pool.replaced_by.get(dead, ""))
+            if dead not in pool.engines:  # replaced already: the replica now in its place, however many times
+                current = dead
+                for _ in range(len(pool.replaced_by)):
+                    current = pool.replaced_by.get(current, "")
+                    if current in pool.engines or not current:
+                        break
+                return pool.engines.get(current)
             del pool.engines[dead]
             pool.groups.pop(dead, None)
             pool.engines[info.name] = info
@@ -330,7 +335,12 @@ class PoolRegistry:
                 del self.pools[pool.name]
         for pool in idle:
             log.warning("warm pool %s unused for %g s: stopping it", pool.name, pool.idle_timeout_s)
-            stop_pool_actors(pool)
+            try:
+                stop_pool_actors(pool)
+            except Exception:  # kept, to be stopped on a later round, rather than lost unlisted
+                log.exception("stopping warm pool %s failed; trying again later", pool.name)
+                with self._lock:
+                    self.pools.setdefault(pool.name, pool)
         if idle:
             with self._lock:
                 self._saved_or_logged()

@@ -333,7 +333,12 @@ class WarmReplicas:
             return None
         log.info("pool %s: another run replaced %s first (%s); using that one", self.record.name, dead,
                  current.name)  # fmt: skip
-        return self.pool.adopt_replica(current)
+        record = ray.get(self.registry.get.remote(self.record.name))
+        if record is None or current.name not in record.groups:
+            return None
+        return self.pool.adopt_replica(
+            current, record.groups[current.name], record.slots.get(current.name, (0, 1))
+        )
 
     async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         if self.extra is not None and dead not in {i.name for i in (self.pool.infos if self.pool else [])}:

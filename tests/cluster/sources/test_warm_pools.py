@@ -329,7 +329,10 @@ ray.get(found.put.remote(PoolRecord("twin", PoolKey.of(settings), settings, Repl
 first = ray.get(found.replaced.remote("twin", "replica-0", info("replica-0.aaaaaa"), "01"))
 second = ray.get(found.replaced.remote("twin", "replica-0", info("replica-0.bbbbbb"), "02"))
 gone = ray.get(found.replaced.remote("no-such-pool", "replica-0", info("replica-0.cccccc"), "03"))
-print(first.name, second.name, gone, sorted(ray.get(found.get.remote("twin")).engines))
+# the first replacement died in turn and a third run replaced it: a late run is handed that one
+third = ray.get(found.replaced.remote("twin", "replica-0.aaaaaa", info("replica-0.dddddd"), "04"))
+late = ray.get(found.replaced.remote("twin", "replica-0", info("replica-0.eeeeee"), "05"))
+print(first.name, second.name, gone, third.name, late.name, sorted(ray.get(found.get.remote("twin")).engines))
 ray.get(found.remove.remote("twin"))
 """
 
@@ -340,5 +343,7 @@ def test_two_runs_replacing_one_dead_replica_keep_the_first_replacement(pool: He
                           env={**head.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     # the second run is handed the first's replacement (it stops its own); a pool stopped meanwhile: None
-    assert done.stdout.splitlines()[-1] == "replica-0.aaaaaa replica-0.aaaaaa None ['replica-0.aaaaaa']"
+    assert done.stdout.splitlines()[-1] == (
+        "replica-0.aaaaaa replica-0.aaaaaa None replica-0.dddddd replica-0.dddddd ['replica-0.dddddd']"
+    )
     assert set(pools_listed(head)) <= {POOL}
