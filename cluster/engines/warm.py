@@ -307,7 +307,12 @@ class PoolRegistry:
         with self._lock:
             pool = self.pools.pop(name, None)
         if pool is not None:
-            stop_pool_actors(pool)
+            try:
+                stop_pool_actors(pool)
+            except Exception:  # kept listed, so `down` can be asked again, rather than lost unlisted
+                with self._lock:
+                    self.pools.setdefault(pool.name, pool)
+                raise
         with self._lock:
             self._saved_or_logged()
         return pool
