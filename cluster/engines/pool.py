@@ -39,6 +39,9 @@ UNAVAILABLE_PAUSES_S = (1.0, 2.0, 4.0)  # before asking an unavailable actor aga
 class StartAborted(ClusterError):
     """A pool's start given up because the pool was told to stop (`ReplicaPool.abort`)."""
 
+    def __init__(self) -> None:
+        super().__init__("the engines' start was stopped (the run was interrupted)")
+
 
 def check_feasible(plan: ReplicaPlan, replicas: int) -> ReplicaLayout:
     """The replicas' layout on this cluster; fails at once, with the numbers, when no node (or, for a GPU
@@ -209,7 +212,7 @@ class ReplicaPool:
         pending = list(refs)
         while pending:
             if self.closing:
-                raise StartAborted("the engines' start was stopped (the run was interrupted)")
+                raise StartAborted()
             step = (
                 ABORT_CHECK_S
                 if deadline is None
@@ -381,13 +384,13 @@ class ReplicaPool:
             remove_placement_group(group)
 
     def _placed(self, group: PlacementGroup) -> bool:
-        """Wait for the group in short steps, so a pool shutting down is not held up by the wait."""
-        deadline = time.monotonic() + self.placement_timeout_s
-        while time.monotonic() < deadline and not self.closing:
-            ready, _ = ray.wait([group.ready()], timeout=1.0)
-            if ready:
-                return True
-        return False
+        """Whether the group was placed within placement_timeout_s; waited for in short steps, so a pool
+        shutting down is not held up by the wait."""
+        try:
+            self._gathered([group.ready()], self.placement_timeout_s)
+            return True
+        except (GetTimeoutError, StartAborted):
+            return False
 
     def _host_of(self, group: PlacementGroup, host_of_node: dict[str, str]) -> str:
         """The address of the machine the group's bundle is on. Replicas share a machine's cores by host, not
@@ -469,11 +472,13 @@ def whole_engine_log(info: EngineInfo) -> EngineLog:
     return EngineLog(tuple(LogPlace(path) for path in info.log_files), info.node_id, info.node_ip)
 
 
-def replica_call(actor: ray.actor.ActorHandle, name: str, log: EngineLog | None = None) -> ReplicaCall:
+def replica_call(
+    actor: ray.actor.ActorHandle, name: str, engine_logs: EngineLog | None = None
+) -> ReplicaCall:
     """The dispatcher's call for an actor with `generate(group)` (an engine or an API judge). A dead actor
     is killed for good and reported as `ReplicaDead` with its root error, so its work goes back on the
     queue: an engine that died inside a live actor has read its own log (EngineDead); for an actor process
-    that died, `log` (the engine's files on its node) is read by a task on that node. An actor Ray calls
+    that died, `engine_logs` (the engine's files on its node) are read by a task on that node. An actor Ray calls
     unavailable (its node out of reach for a moment; it may come back) is asked again, a few times with a
     pause, before it counts as dead: a warm pool's replica serves other runs too."""
 
@@ -484,18 +489,15 @@ def replica_call(actor: ray.actor.ActorHandle, name: str, log: EngineLog | None 
             except EngineDead as exc:
                 ray.kill(actor, no_restart=True)
                 raise ReplicaDead(remote_message(exc)) from exc
-            except ActorUnavailableError as exc:
-                if pause_s is not None:
-                    logging.getLogger(__name__).warning(
+            except RayActorError as exc:
+                if isinstance(exc, ActorUnavailableError) and pause_s is not None:
+                    log.warning(
                         "%s is unavailable (%s); asking again in %g s", name, remote_message(exc), pause_s
                     )
                     await asyncio.sleep(pause_s)
                     continue
                 ray.kill(actor, no_restart=True)
-                raise ReplicaDead(await dead_actor_cause(remote_message(exc), log)) from exc
-            except RayActorError as exc:
-                ray.kill(actor, no_restart=True)
-                raise ReplicaDead(await dead_actor_cause(remote_message(exc), log)) from exc
+                raise ReplicaDead(await dead_actor_cause(remote_message(exc), engine_logs)) from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     return generate

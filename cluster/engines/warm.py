@@ -217,12 +217,6 @@ class PoolRegistry:
     def version(self) -> int:
         return REGISTRY_VERSION
 
-    def _save(self) -> None:
-        """Write the records to the GCS; the caller holds `_lock`."""
-        from ray.experimental.internal_kv import _internal_kv_put
-
-        _internal_kv_put(RECORDS_KEY, pickle.dumps(self.pools), overwrite=True, namespace=NAMESPACE.encode())
-
     def put(self, record: PoolRecord) -> None:
         with self._lock:
             self.pools[record.name] = record
@@ -307,23 +301,32 @@ class PoolRegistry:
         with self._lock:
             pool = self.pools.pop(name, None)
         if pool is not None:
-            try:
-                stop_pool_actors(pool)
-            except Exception:  # kept listed, so `down` can be asked again, rather than lost unlisted
-                with self._lock:
-                    self.pools.setdefault(pool.name, pool)
-                raise
+            self._stopped_or_kept(pool)
         with self._lock:
             self._saved_or_logged()
         return pool
 
     def _saved_or_logged(self) -> None:
-        """`_save`, where a failure (the GCS restarting) is logged: the records in memory still hold, and
-        the next change saves them again. The caller holds `_lock`."""
+        """Write the records to the GCS; a failure (the GCS restarting) is logged: the records in memory
+        still hold, and the next change saves them again. The caller holds `_lock`."""
+        from ray.experimental.internal_kv import _internal_kv_put
+
         try:
-            self._save()
+            _internal_kv_put(
+                RECORDS_KEY, pickle.dumps(self.pools), overwrite=True, namespace=NAMESPACE.encode()
+            )
         except Exception as exc:  # noqa: BLE001 - the registry goes on from its memory
             log.warning("could not save the warm-pool records to the GCS: %s", exc)
+
+    def _stopped_or_kept(self, pool: PoolRecord) -> None:
+        """Stop a pool taken out of the registry; where that fails it goes back in (to be stopped again, by
+        the reaper or `rayeval down`) rather than be lost with its engines up, and the error is raised."""
+        try:
+            stop_pool_actors(pool)
+        except Exception:
+            with self._lock:
+                self.pools.setdefault(pool.name, pool)
+            raise
 
     def _reap_forever(self) -> None:
         while True:
@@ -341,11 +344,9 @@ class PoolRegistry:
         for pool in idle:
             log.warning("warm pool %s unused for %g s: stopping it", pool.name, pool.idle_timeout_s)
             try:
-                stop_pool_actors(pool)
-            except Exception:  # kept, to be stopped on a later round, rather than lost unlisted
+                self._stopped_or_kept(pool)
+            except Exception:  # noqa: BLE001 - kept: stopped on a later round
                 log.exception("stopping warm pool %s failed; trying again later", pool.name)
-                with self._lock:
-                    self.pools.setdefault(pool.name, pool)
         if idle:
             with self._lock:
                 self._saved_or_logged()

@@ -103,14 +103,15 @@ def list_pools(address: str | None, verbose: bool = False) -> list[PoolRow]:
 def down(address: str | None, names: list[str], every: bool, verbose: bool = False) -> list[str]:
     """Stop the named pools (or every pool); returns the names stopped. An unknown name is an error."""
     with joined_session(address or DEFAULT_ADDRESS, verbose):
-        known = {record.name for record in pools_here(same_version=not every)}
+        # --all also stops a registry another version started (refused elsewhere), so it reads any
+        found = registry(create=False, same_version=not every)
+        known = set() if found is None else {record.name for record in ray.get(found.all.remote())}
         wanted = sorted(known) if every else names
         unknown = [name for name in wanted if name not in known]
         if unknown:
             raise ClusterError(
                 f"No warm pool named {', '.join(unknown)} on this cluster (its pools: {', '.join(sorted(known)) or 'none'})."
             )
-        found = registry(create=False, same_version=False)
         for name in wanted:
             ray.get(found.remove.remote(name))
         if every and found is not None and registry_version(found) != REGISTRY_VERSION:

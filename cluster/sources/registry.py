@@ -424,7 +424,7 @@ def start_registered(
     start_logged(pool, request)
     try:
         if pool.closing:  # told to stop as its last engine came up
-            raise StartAborted("the engines' start was stopped (the run was interrupted)")
+            raise StartAborted()
         return register_pool(registry, pool, idle_timeout_s)
     except BaseException:
         pool.shutdown(graceful=False)
