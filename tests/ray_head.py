@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cluster.cli.front_paths import SOCKET_DIR_ENV
 from cluster.head_env import CLIENT_SERVER_HEAD_ENV
+from tests.ports import free_ports
 from tests.runs import ray_cli
 
 
@@ -36,12 +37,6 @@ def is_engine_actor(pid: int) -> bool:
         )
     except psutil.Error:
         return False
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -155,7 +150,7 @@ def start_head(
     temp_dir = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's socket paths are length-limited
     token_path = temp_dir / "auth_token"
     token_path.write_text(secrets.token_hex(32))
-    gcs, dashboard, client = free_port(), free_port(), free_port()
+    gcs, dashboard, client, agent = free_ports(4)
     bin_dir = str(
         Path(sys.executable).parent
     )  # the job's `rayeval` is this environment's, as on a cluster node
@@ -174,7 +169,7 @@ def start_head(
         f"--temp-dir={temp_dir}", "--disable-usage-stats", "--include-dashboard=true",
         # the dashboard agent's HTTP port (Ray's default 52365 is fixed): the job server needs that agent, and
         # the test run's shared cluster (tests/warm_cluster.py) holds the default while other heads start
-        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-listen-port={agent}",
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True, text=True)  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cluster.models import default_model_dir
-from tests.ray_head import free_port
+from tests.ports import free_port
 from tests.runs import (
     ENGINE_IN_ONE_PROCESS,
     MODEL_DIR,

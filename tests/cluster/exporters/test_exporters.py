@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.mlflow_server import free_port
 from tests.mlflow_server import mlflow_server as tracking_server
+from tests.ports import free_port
 from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, BASE_IFEVAL_SAMPLES, rayeval
 
 

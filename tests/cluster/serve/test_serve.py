@@ -36,7 +36,8 @@ from cluster.serve.adapters import adapter_digest
 from tests.cluster.run.test_lora import make_adapter
 from tests.judge_local_data import write_judge_data
 from tests.object_store import BUCKET
-from tests.ray_head import HeadNode, free_port, start_head
+from tests.ports import free_port
+from tests.ray_head import HeadNode, start_head
 from tests.runs import BASE_IFEVAL_ARGS, MODEL_DIR, rayeval, records, start_in_background, wait_for_records
 from tests.warm_cluster import warm_cluster
 

@@ -5,7 +5,6 @@ bad --output-dir ending in exit 2 with one message before anything starts."""
 from __future__ import annotations
 
 import shlex
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from cluster.cli import main
 from cluster.storage import FolderMirror, RemoteFolder, StorageError, probe_writable, readable_folder
 from tests.object_store import BUCKET, READER, ObjectStore
+from tests.ports import free_port
 
 JOURNAL = "cache/completions.jsonl"
 
@@ -103,12 +103,6 @@ def test_the_probe_leaves_nothing_and_explains_a_store_that_refuses(s3: ObjectSt
         readable_folder(s3.uri("nothing-here"))
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 BAD_OUTPUT_DIRS = [
     ("missing-bucket", "s3://no-such-bucket/runs", {}, ["bucket 'no-such-bucket' does not exist", "aws s3 mb"]),
     ("read-only-key", f"s3://{BUCKET}/runs", {"AWS_ACCESS_KEY_ID": READER[0], "AWS_SECRET_ACCESS_KEY": READER[1]},
@@ -128,7 +122,7 @@ def test_a_bad_output_uri_exits_2_before_anything_starts(
 ):
     _, uri, env, fragments = case
     for name, value in {**s3.env(), **env}.items():
-        monkeypatch.setenv(name, value.format(closed=_closed_port()))
+        monkeypatch.setenv(name, value.format(closed=free_port()))
     monkeypatch.setenv("RAYEVAL_CACHE", str(tmp_path))
     try:
         code = main(shlex.split(f"run --dry-run --limit 2 --output-dir '{uri}'"))
