@@ -6,6 +6,7 @@ and this machine only (cores, memory, the output folder), so a `--dry-run` makes
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from pathlib import Path
@@ -21,10 +22,13 @@ from evaluators.lm_eval_tasks import LOGLIKELIHOOD_OUTPUT_TYPES
 
 GIB = 1 << 30
 
+log = logging.getLogger(__name__)
+
 
 def preflight(plan: RunPlan) -> None:
     """Every check of this module; the cluster address last, since it touches the network."""
     check_context_length(plan.model, plan.config.model.max_model_len)
+    warn_replies_end_at_the_context(plan)
     check_endpoint(plan)
     check_lora_loglikelihoods(plan)
     check_adaptive(plan)
@@ -35,6 +39,18 @@ def preflight(plan: RunPlan) -> None:
     check_kv_cache_fits(plan)
     check_trackers(plan.config.log_to)
     check_address_reachable(plan.config.cluster.address)
+
+
+def warn_replies_end_at_the_context(plan: RunPlan) -> None:
+    """A warning, not an error: vLLM ends a reply where prompt and reply fill --max-model-len, so a --max-tokens
+    of at least that is never what stops a reply (the run is valid, its limit is not the one asked)."""
+    max_tokens, context = plan.config.sampling.max_tokens, plan.config.model.max_model_len
+    if max_tokens is not None and max_tokens >= context and not plan.model.endpoint:
+        log.warning(
+            "--max-tokens %d is not below --max-model-len %d: each reply ends where its prompt and it fill the "
+            "%d-token context, before %d tokens. Raise --max-model-len or lower --max-tokens to set the limit.",
+            max_tokens, context, context, max_tokens,
+        )  # fmt: skip
 
 
 def check_trackers(log_to: list[str]) -> None:

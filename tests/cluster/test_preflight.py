@@ -72,3 +72,13 @@ def test_a_cpu_step_smaller_than_the_context_is_refused():
     err = refused("--max-num-batched-tokens", "128", "--output-dir", "/tmp/rayeval-preflight")
     assert "--max-num-batched-tokens 128 is below --max-model-len 2048" in err
     assert "Raise --max-num-batched-tokens to at least 2048" in err
+
+
+def test_a_dry_run_warns_that_max_tokens_past_the_context_is_not_the_limit():
+    done = rayeval("run", "--limit", "2", "--max-tokens", "4096", "--max-model-len", "1024", "--dry-run",
+                   timeout=120, local=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]  # valid: vLLM ends each reply where the context is full
+    assert "--max-tokens 4096 is not below --max-model-len 1024" in done.stderr
+    assert "Raise --max-model-len or lower --max-tokens" in done.stderr
+    quiet = rayeval("run", "--limit", "2", "--max-tokens", "64", "--dry-run", timeout=120, local=True)
+    assert quiet.returncode == 0 and "is not below --max-model-len" not in quiet.stderr
