@@ -151,14 +151,11 @@ class ReplicaPool:
         try:
             self._place_and_launch(placement_timeout_s)
             self.infos = self._gathered([a.start.remote(for_engines()) for a in self.actors])
-        except StartAborted:
+        except (StartAborted, ClusterError):  # the others may still be building: nothing to drain, kill
             self.shutdown(graceful=False)
             raise
-        except ClusterError:
-            self.shutdown()
-            raise
         except Exception as exc:
-            self.shutdown()
+            self.shutdown(graceful=False)
             raise ClusterError(
                 f"The vLLM engine for '{self.settings.model}' failed to start: {remote_message(exc)}. Check that the "
                 "model path or HF id is right and reachable from every node, and that max_model_len fits."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -94,6 +95,8 @@ class RequestRunner:
         self.run_id = run_id or "run"
         self._dispatcher: Dispatcher | None = None
         self._starting: Future[Dispatcher] | None = None
+        self._abort_lock = threading.Lock()
+        self._aborting = False  # `close` came while the start was in flight: a source chosen now gives up
         self._seen: set[str] = set()
         self.write_error: StoreWriteError | None = None  # the store could not be written: the run stops
         self._loop = asyncio.new_event_loop()  # one loop for every batch: the dispatcher's state lives in it
@@ -233,8 +236,12 @@ class RequestRunner:
     def _start_pool(self) -> Dispatcher:
         """The run's replicas from its generation source (`run.sources`): its own, a warm pool, a sweep's,
         or an endpoint's clients."""
-        self._source = choose(self.source_request())
-        started = self._source.start()
+        source = choose(self.source_request())
+        with self._abort_lock:  # `close` aborts the source once there is one, or tells `start` here
+            self._source = source
+            if self._aborting:
+                source.abort()
+        started = source.start()
         self.stats.engines = started.engines
         if self._source.kind is not SourceKind.ENDPOINT:  # an endpoint's "replicas" are its API clients
             self.stats.replicas = len(started.replicas)
@@ -290,8 +297,10 @@ class RequestRunner:
 
     def close(self) -> None:
         if self._starting is not None:
-            if not self._starting.done() and self._source is not None:
-                self._source.abort()  # an interrupted run: the start gives up and stops what it started
+            with self._abort_lock:  # an interrupted run: the start gives up and stops what it started
+                self._aborting = not self._starting.done()
+                if self._aborting and self._source is not None:
+                    self._source.abort()
             wait([self._starting])  # a start still in flight must finish before its pool can be shut down
         if self._dispatcher is not None:
             self._dispatcher.cancel_replacements()
@@ -299,7 +308,8 @@ class RequestRunner:
             self.replica_restarts  # noqa: B018 - records the restarts used before the pool goes
             self.endpoint_stats()
             self.stats.source = self._source.describe()
-            self._source.close(self.stats.generated)
+            per_replica = self._dispatcher.stats.per_replica if self._dispatcher is not None else {}
+            self._source.close({name: replica.sequences for name, replica in per_replica.items()})
             self._source = None
         # a replacement still starting in a worker thread ends once the pool is shut down
         self._loop.run_until_complete(self._loop.shutdown_default_executor())

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -65,6 +66,13 @@ class SourceRequest:
     shared: SharedEngines | None = None  # a sweep's replicas
     warm_pools: bool = True  # whether a matching warm pool may serve
     keep_warm_s: float | None = None  # start the engines as a warm pool kept this long when idle
+    # whose lease a pool holds: the run id and a random part, so that concurrent requests with one run id (the
+    # judges of runs without --run-id, sweeps) hold leases of their own, and one's release leaves the other's
+    lease_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.lease_id:
+            object.__setattr__(self, "lease_id", f"{self.run_id}-{secrets.token_hex(4)}")
 
 
 @dataclass
@@ -86,7 +94,9 @@ class GenerationSource(Protocol):
         """Stop a `start` in progress in another thread (an interrupted run): it gives up at once."""
         ...
 
-    def close(self, served: int) -> None: ...
+    def close(self, served: Mapping[str, int]) -> None:
+        """Release the engines; `served` holds the requests each replica answered for the run, by name."""
+        ...
 
 
 Builder = Callable[[SourceRequest], GenerationSource | None]
@@ -135,7 +145,7 @@ class EndpointClients:
     def abort(self) -> None:
         return None  # the API clients start in a moment
 
-    def close(self, served: int) -> None:
+    def close(self, served: Mapping[str, int]) -> None:
         if self.clients is not None:
             self.clients.shutdown()
 
@@ -167,7 +177,7 @@ class SweepReplicas:
     def abort(self) -> None:
         return None  # the sweep moves them between its steps, not this run
 
-    def close(self, served: int) -> None:
+    def close(self, served: Mapping[str, int]) -> None:
         return None  # the sweep closes them after its last step
 
 
@@ -208,7 +218,7 @@ class OwnReplicas:
     def abort(self) -> None:
         self.pool.abort()
 
-    def close(self, served: int) -> None:
+    def close(self, served: Mapping[str, int]) -> None:
         self.pool.shutdown()
 
 
@@ -232,13 +242,14 @@ class WarmReplicas:
         self.found_dead = 0  # the pool's replicas found dead when the run began, replaced then
         self.starting: ReplicaPool | None = None  # the new pool while it starts (for `abort`)
         self.aborted = False
+        self.beside: set[str] = set()  # the replicas this run started beside the pool, replacements included
 
     def start(self) -> Started:
         from cluster.engines.warm import Lease
 
         record = self.record or self._new_pool()
         self.record = record
-        self.lease = Lease(self.registry, record.name, self.request.run_id)
+        self.lease = Lease(self.registry, record.name, self.request.lease_id)
         self.pool = ReplicaPool.adopt(record, self.request.verbose)
         self.pool.max_restarts = len(record.engines)  # each replica found dead may be replaced once
         self.pool.placement_timeout_s = self.request.config.cluster.placement_timeout_s
@@ -257,6 +268,7 @@ class WarmReplicas:
             if self.aborted:
                 self.extra.abort()
             more = self.extra.start()
+            self.beside.update(info.name for info in more.engines)
             replicas, engines = replicas + more.replicas, engines + more.engines
         if not self.started_pool and not self.found_dead and self.extra is None:
             # what a cold run pays for these engines: each actor's vLLM import, then the engine's build; a run
@@ -287,7 +299,7 @@ class WarmReplicas:
         except BaseException:
             self.registry.release_name.remote(name)
             raise
-        return ray.get(self.registry.acquire.remote(record.key, request.run_id, name))
+        return ray.get(self.registry.acquire.remote(record.key, request.lease_id, name))
 
     def _replace_the_dead(self) -> None:
         """Replicas of the pool whose actor died since it was last used: replaced now, their cause said (the
@@ -342,7 +354,10 @@ class WarmReplicas:
 
     async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         if self.extra is not None and dead not in {i.name for i in (self.pool.infos if self.pool else [])}:
-            return await self.extra.replace(dead)
+            found = await self.extra.replace(dead)
+            if found is not None:
+                self.beside.add(found[1].name)
+            return found
         return await asyncio.to_thread(self._replace_registered, dead)
 
     def describe(self) -> dict[str, Any]:
@@ -364,9 +379,9 @@ class WarmReplicas:
             if pool is not None:
                 pool.abort()
 
-    def close(self, served: int) -> None:
-        if self.lease is not None:
-            self.lease.release(served)
+    def close(self, served: Mapping[str, int]) -> None:
+        if self.lease is not None:  # the pool's count leaves out the replicas started beside it
+            self.lease.release(sum(count for name, count in served.items() if name not in self.beside))
         if self.extra is not None:
             self.extra.close(served)
 
@@ -445,7 +460,7 @@ def _warm(request: SourceRequest) -> GenerationSource | None:
         return None
     record = None
     if request.warm_pools:
-        record = ray.get(found.acquire.remote(PoolKey.of(request.settings), request.run_id))
+        record = ray.get(found.acquire.remote(PoolKey.of(request.settings), request.lease_id))
     if record is None and request.keep_warm_s is None:
         return None
     return WarmReplicas(request, found, record)

@@ -169,3 +169,18 @@ def test_a_pool_started_under_a_taken_name_gets_the_next_free_one():
     assert free_name("smol-3f2a", set()) == "smol-3f2a"
     assert free_name("smol-3f2a", {"smol-3f2a"}) == "smol-3f2a-2"
     assert free_name("smol-3f2a", {"smol-3f2a", "smol-3f2a-2", "other"}) == "smol-3f2a-3"
+
+
+def test_requests_with_one_run_id_hold_leases_of_their_own():
+    from cluster.engines.placement import ReplicaPlan
+    from cluster.sources import SourceRequest
+
+    def request() -> SourceRequest:  # a judge of a run without --run-id, twice at once
+        return SourceRequest(
+            build_config({}, {}, "t"), settings(), ReplicaPlan({"CPU": 1.0}, 1), 1, "run-judge"
+        )
+
+    first, second = request(), request()
+    assert first.lease_id.startswith("run-judge-") and second.lease_id.startswith("run-judge-")
+    assert first.lease_id != second.lease_id  # one's release leaves the other's lease on the pool
+    assert replace(first, count=2).lease_id == first.lease_id  # the same request's replicas beside a pool

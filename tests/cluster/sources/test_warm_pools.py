@@ -1,10 +1,12 @@
 """Warm pools on a real `ray start --head` cluster (token auth on, 2 CPUs) with real engines of the embedded
 model: `rayeval up` starts one, runs with its engine settings generate on it without starting an engine and
 answer as a cold run does (float32 greedy, against the shared base run), two runs at once share it (and a
-third, killed mid-way, leaves it healthy), a run with other settings is not served by it (and a dry run says
-why), a pool replica killed between runs is replaced by the next run, `--keep-warm` leaves a run's engines up
-for their idle time, and `down` stops a pool; idle, the pool's engine core wakes rarely. The pool's replica
-starts once for the whole module; the kept-warm run and the replacement start one engine each."""
+third, killed mid-way, leaves it healthy), a run asking more replicas starts the rest beside it, a run with
+other settings is not served by it (and a dry run says why), a pool replica killed between runs is replaced by
+the next run, `--keep-warm` leaves a run's engines up for their idle time, and `down` stops a pool; idle, the
+pool's engine core wakes rarely. The pool's replica
+starts once for the whole module; the run with more replicas, the kept-warm run and the replacement start one
+engine each."""
 
 from __future__ import annotations
 
@@ -126,6 +128,32 @@ def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_he
         assert summary_of(tmp_path, run_id)["engines_source"]["pool"] == POOL
     (a_start, a_end), (b_start, b_end) = (summary_of(tmp_path, r)["generation_window"] for r in runs)
     assert a_start < b_end and b_start < a_end  # their generation overlapped: neither waited for the other
+
+
+def test_a_run_asking_more_replicas_than_the_pool_has_starts_the_rest_beside_it(
+    pool: HeadNode, tmp_path, base_ifeval_records
+):
+    """Two replicas asked of the one-replica pool: the run starts one beside it for itself (stopped at its end),
+    answers as a cold run, and the pool counts only the requests its own replica served."""
+    head = pool
+    before, served = head.engine_actor_pids(), int(pools_listed(head)[POOL][6])
+    done = run_on(head, tmp_path, "beside", "--replicas", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = summary_of(tmp_path, "beside")
+    source = run["engines_source"]
+    assert (
+        source["pool"] == POOL
+        and source["own_replicas_beyond_the_pool"] == 1
+        and source["start_saved_s"] == 0
+    )
+    assert run["replicas"] == 2 and len(run["engines"]) == 2
+    rows = records(tmp_path / "beside" / "samples" / MODEL_DIR / "ifeval.jsonl")
+    assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]  # float32 greedy
+    pools_replica, its_own = (engine["name"] for engine in run["engines"])  # the pool's first
+    by_replica = {name: r["sequences"] for name, r in run["dispatch"]["per_replica"].items()}
+    assert set(by_replica) == {pools_replica, its_own} and sum(by_replica.values()) == BASE_IFEVAL_LIMIT
+    assert int(pools_listed(head)[POOL][6]) - served == by_replica[pools_replica]
+    assert head.engine_actor_pids() == before  # the replica started beside the pool is gone with the run
 
 
 def test_a_registry_that_ray_restarts_still_knows_the_pools(pool: HeadNode, tmp_path):
