@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from cluster.cli.front_paths import WARM_CLI_ENV
+from cluster.engines.idle_wakeups import GROUP_THREAD_SLACK_NS
 from cluster.engines.settings import cpu_has_native_bf16
 from tests.ray_head import HeadNode, start_head
 from tests.runs import (
@@ -33,7 +34,7 @@ from tests.runs import (
     start_in_background,
     wait_for_records,
 )
-from tests.wakeups import wakeups_per_second
+from tests.wakeups import timer_slack_ns, wakeups_per_second
 
 pytestmark = pytest.mark.slow
 
@@ -95,8 +96,12 @@ def test_runs_on_a_warm_pool_start_no_engine_and_answer_as_a_cold_run(
     # idle between runs, the engine core's process-group threads sleep (cluster.engines.idle_wakeups): gloo's
     # 10 ms wait alone would wake each about 100 times a second
     (core,) = head.engine_core_pids()
+    slack = timer_slack_ns(core, "gloo_tcp_loop")
+    assert slack and set(slack.values()) == {GROUP_THREAD_SLACK_NS}, slack
+    # about 10 a second on an idle machine; the kernel folds a slack timeout into other wake-ups, which a busy
+    # machine (the rest of the suite) has more of, so the bound is half the 100 of gloo's bare wait
     rates = wakeups_per_second(core, "gloo_tcp_loop")
-    assert rates and max(rates.values()) < 20, rates
+    assert rates and max(rates.values()) < 50, rates
 
 
 def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_healthy(
