@@ -29,13 +29,16 @@ def wakeups_per_second(pid: int, thread_name: str, seconds: float = 2.0) -> dict
     return {int(tid): (after[tid] - before[tid]) / seconds for tid in before if tid in after}
 
 
-def timer_slack_ns(pid: int, thread_name: str) -> dict[int, int]:
-    """Each thread named `thread_name` in process `pid`, by thread id: its timer slack as the kernel holds it."""
+def timer_slack_ns(pid: int, thread_name: str) -> dict[int, int] | None:
+    """Each thread named `thread_name` in process `pid`, by thread id: its timer slack as the kernel holds it;
+    None where the kernel refuses to say (another thread's slack is read only with CAP_SYS_NICE)."""
     slack = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             if (task / "comm").read_text().strip() == thread_name:
                 slack[int(task.name)] = int(Path(f"/proc/{task.name}/timerslack_ns").read_text())
+        except PermissionError:
+            return None
         except OSError:  # the thread ended meanwhile
             continue
     return slack

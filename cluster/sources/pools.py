@@ -22,7 +22,7 @@ from cluster.engines.warm import (
 from cluster.errors import ClusterError
 from cluster.plan import RunPlan, build_model_plan, resolve_device
 from cluster.session import joined_session
-from cluster.sources.registry import SourceRequest, run_engine_settings, start_registered
+from cluster.sources.registry import SourceRequest, lease_holder, run_engine_settings, start_registered
 
 DEFAULT_ADDRESS = "auto"  # a warm pool lives on a running cluster: this machine's `ray start` one by default
 
@@ -54,7 +54,7 @@ class PoolRow:
             nodes=tuple(record.nodes()),
             idle_since=record.idle_since(now),
             requests_served=record.requests_served,
-            in_use_by=tuple(record.live_leases(now)),
+            in_use_by=tuple(sorted({lease_holder(lease) for lease in record.live_leases(now)})),
             idle_timeout_s=record.idle_timeout_s,
             settings=record.key.describe(),
             started=started,

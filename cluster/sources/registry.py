@@ -72,7 +72,16 @@ class SourceRequest:
 
     def __post_init__(self) -> None:
         if not self.lease_id:
-            object.__setattr__(self, "lease_id", f"{self.run_id}-{secrets.token_hex(4)}")
+            object.__setattr__(self, "lease_id", f"{self.run_id}-{secrets.token_hex(LEASE_SUFFIX_BYTES)}")
+
+
+LEASE_SUFFIX_BYTES = 4
+
+
+def lease_holder(lease_id: str) -> str:
+    """The run id of a lease id (`SourceRequest.lease_id`), for people."""
+    run_id, _, suffix = lease_id.rpartition("-")
+    return run_id if run_id and len(suffix) == 2 * LEASE_SUFFIX_BYTES else lease_id
 
 
 @dataclass
@@ -251,10 +260,14 @@ class WarmReplicas:
         self.record = record
         self.lease = Lease(self.registry, record.name, self.request.lease_id)
         self.pool = ReplicaPool.adopt(record, self.request.verbose)
+        if self.aborted:  # `abort` came before there was a pool to tell (it tells this one from now on)
+            raise StartAborted()
         self.pool.max_restarts = len(record.engines)  # each replica found dead may be replaced once
         self.pool.placement_timeout_s = self.request.config.cluster.placement_timeout_s
         if not self.started_pool:
             self._replace_the_dead()
+            if self.aborted:  # a replacement gave up (or was not begun): the run is stopping
+                raise StartAborted()
         # the run's own restarts from here on, whatever finding the dead took
         self.pool.max_restarts = self.pool.restarts_used + self.request.max_restarts
         timeline.mark("engines ready")
@@ -374,8 +387,8 @@ class WarmReplicas:
         }
 
     def abort(self) -> None:
-        self.aborted = True  # for a pool not made yet: `_new_pool` and the replicas beyond the pool's
-        for pool in (self.starting, self.extra.pool if self.extra else None):
+        self.aborted = True  # for what is not made yet: the new pool, the adopted one, the replicas beside
+        for pool in (self.starting, self.pool, self.extra.pool if self.extra else None):
             if pool is not None:
                 pool.abort()
 

@@ -39,8 +39,11 @@ GROUPS_SCRIPT = textwrap.dedent(
     total = torch.ones(3)
     dist.all_reduce(total, group=group)
     rates = wakeups_per_second(os.getpid(), "gloo_tcp_loop", seconds=2.0)
-    def slack(tids):  # the kernel's own record of each thread's timer slack
-        return [int(open(f"/proc/{t}/timerslack_ns").read()) for t in loops(tids)]
+    def slack(tids):  # the kernel's own record of each thread's timer slack (None without CAP_SYS_NICE)
+        try:
+            return [int(open(f"/proc/{t}/timerslack_ns").read()) for t in loops(tids)]
+        except PermissionError:
+            return None
 
     print(json.dumps({"plain": [rates[int(t)] for t in loops(plain)],
                       "quiet": [rates[int(t)] for t in loops(quiet)], "sum": total.tolist(),
@@ -67,7 +70,11 @@ def test_a_group_created_quietly_has_the_slack_wakes_less_often_and_still_reduce
     rates = json.loads(done.stdout.strip().splitlines()[-1])
     assert rates["sum"] == [1.0, 1.0, 1.0]  # one rank: the all-reduce of ones is ones
     assert len(rates["plain"]) == 1 and len(rates["quiet"]) == 1
-    assert rates["quiet_slack"] == [GROUP_THREAD_SLACK_NS] and rates["plain_slack"][0] < GROUP_THREAD_SLACK_NS
+    if rates["quiet_slack"] is not None:  # another thread's slack is read only with CAP_SYS_NICE
+        assert (
+            rates["quiet_slack"] == [GROUP_THREAD_SLACK_NS]
+            and rates["plain_slack"][0] < GROUP_THREAD_SLACK_NS
+        )
     # gloo waits 10 ms at a time: about 100 wake-ups a second. With 100 ms of slack the kernel may fold a
     # timeout into any other wake-up of that core within 100 ms: about 10 a second on an idle machine, 25 to 30
     # seen on this 2-core VM with a test run's Ray cluster beside it, so the bound is loose

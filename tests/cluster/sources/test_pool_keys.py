@@ -174,6 +174,7 @@ def test_a_pool_started_under_a_taken_name_gets_the_next_free_one():
 def test_requests_with_one_run_id_hold_leases_of_their_own():
     from cluster.engines.placement import ReplicaPlan
     from cluster.sources import SourceRequest
+    from cluster.sources.registry import lease_holder
 
     def request() -> SourceRequest:  # a judge of a run without --run-id, twice at once
         return SourceRequest(
@@ -184,3 +185,4 @@ def test_requests_with_one_run_id_hold_leases_of_their_own():
     assert first.lease_id.startswith("run-judge-") and second.lease_id.startswith("run-judge-")
     assert first.lease_id != second.lease_id  # one's release leaves the other's lease on the pool
     assert replace(first, count=2).lease_id == first.lease_id  # the same request's replicas beside a pool
+    assert lease_holder(first.lease_id) == "run-judge"  # what `rayeval pools` shows as IN USE BY
