@@ -151,7 +151,7 @@ class ReplicaPool:
         try:
             self._place_and_launch(placement_timeout_s)
             self.infos = self._gathered([a.start.remote(for_engines()) for a in self.actors])
-        except (StartAborted, ClusterError):  # the others may still be building: nothing to drain, kill
+        except ClusterError:  # StartAborted too; the others may still be building: nothing to drain, kill
             self.shutdown(graceful=False)
             raise
         except Exception as exc:

@@ -243,12 +243,12 @@ class RequestRunner:
                 source.abort()
         started = source.start()
         self.stats.engines = started.engines
-        if self._source.kind is not SourceKind.ENDPOINT:  # an endpoint's "replicas" are its API clients
+        if source.kind is not SourceKind.ENDPOINT:  # an endpoint's "replicas" are its API clients
             self.stats.replicas = len(started.replicas)
-        self.stats.source = self._source.describe()
-        if self._source.kind is SourceKind.OWN:
+        self.stats.source = source.describe()
+        if source.kind is SourceKind.OWN:
             timeline.mark("engines ready")
-        replacer = self._replace if self._source.kind in (SourceKind.OWN, SourceKind.WARM) else None
+        replacer = self._replace if source.kind in (SourceKind.OWN, SourceKind.WARM) else None
         return Dispatcher(started.replicas, replacer=replacer)
 
     def source_request(self) -> SourceRequest:

@@ -66,13 +66,14 @@ class SourceRequest:
     shared: SharedEngines | None = None  # a sweep's replicas
     warm_pools: bool = True  # whether a matching warm pool may serve
     keep_warm_s: float | None = None  # start the engines as a warm pool kept this long when idle
-    # whose lease a pool holds: the run id and a random part, so that concurrent requests with one run id (the
-    # judges of runs without --run-id, sweeps) hold leases of their own, and one's release leaves the other's
-    lease_id: str = ""
+    lease_suffix: str = field(default_factory=lambda: secrets.token_hex(LEASE_SUFFIX_BYTES))
 
-    def __post_init__(self) -> None:
-        if not self.lease_id:
-            object.__setattr__(self, "lease_id", f"{self.run_id}-{secrets.token_hex(LEASE_SUFFIX_BYTES)}")
+    @property
+    def lease_id(self) -> str:
+        """Whose lease a pool holds: the run id and a random part, so that concurrent requests with one run id
+        (the judges of runs without --run-id, sweeps) hold leases of their own, and one's release leaves the
+        other's."""
+        return f"{self.run_id}-{self.lease_suffix}"
 
 
 LEASE_SUFFIX_BYTES = 4
@@ -366,7 +367,7 @@ class WarmReplicas:
         )
 
     async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
-        if self.extra is not None and dead not in {i.name for i in (self.pool.infos if self.pool else [])}:
+        if self.extra is not None and dead in self.beside:
             found = await self.extra.replace(dead)
             if found is not None:
                 self.beside.add(found[1].name)

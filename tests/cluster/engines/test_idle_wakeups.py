@@ -1,7 +1,7 @@
 """cluster.engines.idle_wakeups on real torch.distributed gloo groups, in a fresh process: a group created
 after `quiet_process_groups()` starts its gloo thread with the group slack (read back from /proc), wakes less
-often while idle than one created before it, and still carries collectives. The pool engine's own groups are checked in
-tests/cluster/sources/test_warm_pools.py."""
+often while idle than one created before it, and still carries collectives. The pool engine's own groups are
+checked in tests/cluster/sources/test_warm_pools.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ GROUPS_SCRIPT = textwrap.dedent(
     import json, os, time, torch, torch.distributed as dist
     from cluster.engines.idle_wakeups import quiet_process_groups
     from tests.ports import free_port
-    from tests.wakeups import wakeups_per_second
+    from tests.wakeups import timer_slack_ns, wakeups_per_second
 
     def threads():
         return set(os.listdir("/proc/self/task"))
@@ -39,11 +39,10 @@ GROUPS_SCRIPT = textwrap.dedent(
     total = torch.ones(3)
     dist.all_reduce(total, group=group)
     rates = wakeups_per_second(os.getpid(), "gloo_tcp_loop", seconds=2.0)
-    def slack(tids):  # the kernel's own record of each thread's timer slack (None without CAP_SYS_NICE)
-        try:
-            return [int(open(f"/proc/{t}/timerslack_ns").read()) for t in loops(tids)]
-        except PermissionError:
-            return None
+    held = timer_slack_ns(os.getpid(), "gloo_tcp_loop")  # the kernel's record (None without CAP_SYS_NICE)
+
+    def slack(tids):
+        return None if held is None else [held[int(t)] for t in loops(tids)]
 
     print(json.dumps({"plain": [rates[int(t)] for t in loops(plain)],
                       "quiet": [rates[int(t)] for t in loops(quiet)], "sum": total.tolist(),
