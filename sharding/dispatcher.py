@@ -11,6 +11,10 @@ without a round trip), but only while the queue could still fill every replica t
 replica holds at most its running batch, so the last groups go to whichever replica frees a slot first
 instead of waiting inside an engine that is still busy while another one idles.
 
+An engine that several runs use at once (a warm pool) has its window divided among them: each run's
+dispatcher reads how many share it (`Replica.shared_by`) and holds its part, so the engine's queue stays the
+size one run would keep and each run has an equal part of it.
+
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from sharding.requests import Completion, PromptGroup
 log = logging.getLogger(__name__)
 
 ReplicaCall = Callable[[PromptGroup], Awaitable[list[Completion]]]
+# How many runs feed a replica's engine now, this one included (read at each handout).
+SharedBy = Callable[[], int]
 GroupDone = Callable[[PromptGroup, list[Completion]], None]
 # Given the name of a replica that died, start one to take its place; None when there is none to be had.
 Replacer = Callable[[str], Awaitable["Replica | None"]]
@@ -45,12 +51,15 @@ class Replica:
     `max_in_flight` counts sequences (samples), and should be at least the engine's max_num_seqs so that
     continuous batching always has a full batch to pick from. `batch_size`, when given, is what the engine
     runs at once (max_num_seqs): the window shrinks to it once the queue runs low (the end game).
+    `shared_by`, when given, says how many runs use the engine at once: this run's window is that part of
+    the whole (rounded up), so runs sharing an engine hold equal parts of its queue.
     """
 
     name: str
     generate: ReplicaCall
     max_in_flight: int
     batch_size: int | None = None
+    shared_by: SharedBy | None = None
 
 
 @dataclass
@@ -59,6 +68,7 @@ class ReplicaStats:
     sequences: int = 0
     requeued: int = 0
     peak_in_flight: int = 0
+    peak_runs_sharing: int = 1  # the most runs seen using the replica's engine at once (`Replica.shared_by`)
     last_finish_at: float | None = None  # wall clock of this replica's last finished group
     dead: bool = False
     death_cause: str | None = None
@@ -255,12 +265,14 @@ class Dispatcher:
 
     def _window(self, state: _ReplicaState) -> int:
         """The full window while the queue holds a running batch for every live replica, else (the end game)
-        only the running batch: work not yet started stays in the shared queue for the first free slot."""
+        only the running batch: work not yet started stays in the shared queue for the first free slot. Of
+        an engine that other runs use too, this run's part of that (rounded up)."""
         replica = state.replica
-        if replica.batch_size is None:
-            return replica.max_in_flight
-        batches = sum(s.replica.batch_size or s.replica.max_in_flight for s in self._live())
-        return replica.max_in_flight if self._queued_sequences >= batches else replica.batch_size
+        window = replica.max_in_flight
+        if replica.batch_size is not None:
+            batches = sum(s.replica.batch_size or s.replica.max_in_flight for s in self._live())
+            window = replica.max_in_flight if self._queued_sequences >= batches else replica.batch_size
+        return -(-window // _runs_sharing(replica))
 
     def _has_room(self, state: _ReplicaState) -> bool:
         if not self._heap:
@@ -311,6 +323,8 @@ class Dispatcher:
                 self.stats.first_handout_at = self.stats.first_handout_at or now
                 self.stats.last_handout_at = now
                 state.stats.peak_in_flight = max(state.stats.peak_in_flight, state.in_flight)
+                sharing = _runs_sharing(state.replica)
+                state.stats.peak_runs_sharing = max(state.stats.peak_runs_sharing, sharing)
             task = asyncio.create_task(self._run_group(state, group))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -396,3 +410,7 @@ class Dispatcher:
 def _failed(group: PromptGroup, replica: str, reason: str) -> list[Completion]:
     """Failures of the machinery, not of the requests: retryable, so they are not cached as results."""
     return [Completion(r.request_id, replica=replica, error=reason, retryable=True) for r in group.requests]
+
+
+def _runs_sharing(replica: Replica) -> int:
+    return 1 if replica.shared_by is None else max(1, replica.shared_by())

@@ -6,7 +6,9 @@ placement group, plus its record in the one `PoolRegistry` actor of the cluster 
 keyed by its `PoolKey`: the model and every engine setting that changes outputs; a run uses a pool only when
 the keys are equal (a dtype asked as `auto` equals the one it becomes on the pool's nodes), and
 `PoolRecord.differences` says why another pool does not serve it. A run holds a lease
-on the pool while it uses it (renewed every few seconds, so the lease of a run that was killed lapses); a
+on the pool while it uses it (renewed every few seconds, so the lease of a run that was killed lapses); each
+renewal says how many runs hold the pool, and each run's dispatcher takes that part of the engines' in-flight
+windows, so runs that share a pool share its queue equally and it never grows with their number. A
 pool nobody holds for its idle timeout is stopped by the registry: its actors killed, its placement groups
 removed.
 """
@@ -255,13 +257,15 @@ class PoolRegistry:
             pool.leases[run_id] = now
             return copy.deepcopy(pool)
 
-    def renew(self, name: str, run_id: str) -> bool:
+    def renew(self, name: str, run_id: str) -> int:
+        """Renew `run_id`'s lease; how many runs hold the pool now (it included), 0 where there is no pool."""
         with self._lock:
             pool = self.pools.get(name)
             if pool is None:
-                return False
-            pool.leases[run_id] = time.time()
-            return True
+                return 0
+            now = time.time()
+            pool.leases[run_id] = now
+            return len(pool.live_leases(now))
 
     def release(self, name: str, run_id: str, served: int) -> None:
         with self._lock:
@@ -420,22 +424,35 @@ def pools_here(same_version: bool = True) -> list[PoolRecord]:
 
 
 class Lease:
-    """A run's hold on a pool: renewed in the background until `release`."""
+    """A run's hold on a pool: renewed in the background until `release`, at once and then every RENEW_S.
+    Each renewal learns how many runs hold the pool (`runs_sharing`: 1 until the first answer comes)."""
 
     def __init__(self, registry_actor: Any, pool: str, run_id: str) -> None:
         self.registry = registry_actor
         self.pool = pool
         self.run_id = run_id
+        self._runs_sharing = 1
+        self.most_runs_sharing = 1  # the most runs seen holding the pool at once while this lease was held
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="rayeval-lease", daemon=True)
         self._thread.start()
 
+    def runs_sharing(self) -> int:
+        """How many runs held the pool at the last renewal, this one included (`Replica.shared_by`)."""
+        return self._runs_sharing
+
     def _renew(self) -> None:
-        while not self._stop.wait(RENEW_S):
+        while not self._stop.is_set():
             try:
-                self.registry.renew.remote(self.pool, self.run_id)
+                held = ray.get(self.registry.renew.remote(self.pool, self.run_id), timeout=RENEW_S)
+            except ray.exceptions.GetTimeoutError:
+                held = 0  # a busy registry: the last count stands
             except Exception:  # noqa: BLE001 - a Ray session going away ends the run anyway
                 return
+            if held:
+                self._runs_sharing = held
+                self.most_runs_sharing = max(self.most_runs_sharing, held)
+            self._stop.wait(RENEW_S)
 
     def release(self, served: int) -> None:
         self._stop.set()

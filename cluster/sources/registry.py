@@ -272,7 +272,7 @@ class WarmReplicas:
         # the run's own restarts from here on, whatever finding the dead took
         self.pool.max_restarts = self.pool.restarts_used + self.request.max_restarts
         timeline.mark("engines ready")
-        replicas, engines = self.pool.replicas(), list(self.pool.infos)
+        replicas, engines = [self._shared(r) for r in self.pool.replicas()], list(self.pool.infos)
         beyond = self.request.count - len(replicas)
         if beyond > 0:
             log.info("the run asks %d replicas, pool %s has %d: starting %d more", self.request.count,
@@ -351,7 +351,7 @@ class WarmReplicas:
         entered = self.registry.replaced.remote(self.record.name, dead, info, self.pool.group_ids[info.name])
         current = ray.get(entered)
         if current is not None and current.name == info.name:
-            return found
+            return self._shared(found[0]), info
         self.pool.drop(info.name)
         if current is None:
             log.warning("pool %s was stopped while %s replaced %s: stopping it too", self.record.name,
@@ -362,9 +362,15 @@ class WarmReplicas:
         record = ray.get(self.registry.get.remote(self.record.name))
         if record is None or current.name not in record.groups:
             return None
-        return self.pool.adopt_replica(
+        adopted = self.pool.adopt_replica(
             current, record.groups[current.name], record.slots.get(current.name, (0, 1))
         )
+        return None if adopted is None else (self._shared(adopted[0]), adopted[1])
+
+    def _shared(self, replica: Replica) -> Replica:
+        """A pool replica's handle whose window is the run's part among the runs holding the pool."""
+        assert self.lease is not None
+        return replace(replica, shared_by=self.lease.runs_sharing)
 
     async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         if self.extra is not None and dead in self.beside:
@@ -383,6 +389,8 @@ class WarmReplicas:
             "start_saved_s": round(self.start_saved_s, 3),
             "own_replicas_beyond_the_pool": self.extra.pool.count if self.extra else 0,
             "replaced_when_found_dead": self.found_dead,
+            # runs that held the pool at once, at the lease's renewals: the engines' windows were divided so
+            "runs_sharing_at_most": self.lease.most_runs_sharing if self.lease else 1,
             "restarts_used": (self.pool.restarts_used - self.found_dead if self.pool else 0)
             + (self.extra.pool.restarts_used if self.extra else 0),
         }

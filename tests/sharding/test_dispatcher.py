@@ -32,11 +32,13 @@ class FakeReplica:
         self.fail_prompts = fail_prompts or set()
         self.seen: list[PromptGroup] = []
         self.in_flight = 0
+        self.in_flight_seen: list[int] = []  # the sequences held as each group arrived
         self.peak = 0
 
     async def __call__(self, group: PromptGroup) -> list[Completion]:
         self.seen.append(group)
         self.in_flight += group.size
+        self.in_flight_seen.append(self.in_flight)
         self.peak = max(self.peak, self.in_flight)
         try:
             await asyncio.sleep(self.delay)
@@ -98,6 +100,42 @@ def test_in_flight_window_is_filled_but_never_exceeded():
     assert fake.peak == 8
     assert stats.per_replica["r0"].peak_in_flight == 8
     assert stats.groups_done == 20
+
+
+def test_runs_sharing_an_engine_hold_equal_parts_of_its_window():
+    """Two runs' dispatchers feed one engine that says it has two users: each holds half the window, so the
+    engine's queue is one run's size, and both finish every group."""
+    engine = FakeReplica("r0", delay=0.01)
+
+    async def both() -> list:
+        dispatchers = [Dispatcher([Replica("r0", engine, 8, shared_by=lambda: 2)]) for _ in range(2)]
+        groups = [[make_group(f"{run}-p{i}", n=2) for i in range(12)] for run in ("a", "b")]
+        return await asyncio.gather(*(d.run(g) for d, g in zip(dispatchers, groups, strict=True)))
+
+    for stats in asyncio.run(both()):
+        assert stats.groups_done == 12
+        assert stats.per_replica["r0"].peak_in_flight == 4
+        assert stats.per_replica["r0"].peak_runs_sharing == 2
+    assert engine.peak == 8
+
+
+def test_a_runs_part_of_a_shared_window_grows_when_the_other_runs_leave():
+    """Three users at first (a part of 3 of the 8 sequences, rounded up), one after the first groups finish:
+    the window grows to the whole without a group lost or run twice."""
+    engine = FakeReplica("r0", delay=0.01)
+    users = [3]
+
+    def finished(group: PromptGroup, completions: list[Completion]) -> None:
+        done.append(group.prompt)
+        if len(done) == 4:
+            users[0] = 1
+
+    done: list[str] = []
+    dispatcher = Dispatcher([Replica("r0", engine, 8, shared_by=lambda: users[0])], on_group_done=finished)
+    stats = run(dispatcher, [make_group(f"p{i}") for i in range(30)])
+    assert sorted(done) == sorted(f"p{i}" for i in range(30))
+    assert max(engine.in_flight_seen[:3]) <= 3 and engine.peak == 8
+    assert stats.per_replica["r0"].peak_runs_sharing == 3
 
 
 def test_group_larger_than_window_still_runs_alone():

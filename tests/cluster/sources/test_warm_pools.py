@@ -133,6 +133,9 @@ def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_he
         assert summary_of(tmp_path, run_id)["engines_source"]["pool"] == POOL
     (a_start, a_end), (b_start, b_end) = (summary_of(tmp_path, r)["generation_window"] for r in runs)
     assert a_start < b_end and b_start < a_end  # their generation overlapped: neither waited for the other
+    # each learned from its lease's renewals that others held the pool, and so took its part of the window
+    sharing = [summary_of(tmp_path, r)["engines_source"]["runs_sharing_at_most"] for r in runs]
+    assert max(sharing) >= 2 and max(sharing) <= 3, sharing
 
 
 def test_a_run_asking_more_replicas_than_the_pool_has_starts_the_rest_beside_it(
