@@ -7,9 +7,9 @@ keyed by its `PoolKey`: the model and every engine setting that changes outputs;
 the keys are equal (a dtype asked as `auto` equals the one it becomes on the pool's nodes), and
 `PoolRecord.differences` says why another pool does not serve it. A run holds a lease
 on the pool while it uses it (renewed every few seconds, so the lease of a run that was killed lapses); each
-renewal says how many runs hold the pool, and each run's dispatcher takes that part of the engines' in-flight
-windows, so runs that share a pool share its queue equally and it never grows with their number. A
-pool nobody holds for its idle timeout is stopped by the registry: its actors killed, its placement groups
+renewal says whether the run has requests in flight on the pool and learns how many runs have, and each
+run's dispatcher takes that part of the engines' in-flight windows, so runs that share a pool share its queue
+equally and it does not grow with their number. A pool nobody holds for its idle timeout is stopped by the registry: its actors killed, its placement groups
 removed.
 """
 
@@ -26,6 +26,7 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,7 @@ class PoolRecord:
     last_used: float = field(default_factory=time.time)
     requests_served: int = 0
     leases: dict[str, float] = field(default_factory=dict)  # run id -> when it last renewed
+    quiet: set[str] = field(default_factory=set)  # leases whose last renewal had no request in flight
     replaced_by: dict[str, str] = field(default_factory=dict)  # a dead replica's name -> its replacement's
 
     def live_leases(self, now: float) -> list[str]:
@@ -185,7 +187,7 @@ class PoolRecord:
 # engines running unlisted, never stopped.
 RECORDS_KEY = b"rayeval-pools"
 # Raised when the registry's methods or its records change: a registry another version started is not used.
-REGISTRY_VERSION = 3
+REGISTRY_VERSION = 4
 
 
 def saved_records() -> dict[str, PoolRecord]:
@@ -255,23 +257,31 @@ class PoolRegistry:
                 return None
             pool = min(found, key=lambda p: len(p.live_leases(now)))
             pool.leases[run_id] = now
+            pool.quiet.discard(run_id)
             return copy.deepcopy(pool)
 
-    def renew(self, name: str, run_id: str) -> int:
-        """Renew `run_id`'s lease; how many runs hold the pool now (it included), 0 where there is no pool."""
+    def renew(self, name: str, run_id: str, sending: bool = True) -> int:
+        """Renew `run_id`'s lease, noting whether it has requests in flight on the pool (`sending`). Returns
+        how many live leases do, this one counted as if it did (at least 1); 0 where there is no pool."""
         with self._lock:
             pool = self.pools.get(name)
             if pool is None:
                 return 0
             now = time.time()
             pool.leases[run_id] = now
-            return len(pool.live_leases(now))
+            if sending:
+                pool.quiet.discard(run_id)
+            else:
+                pool.quiet.add(run_id)
+            others = [lease for lease in pool.live_leases(now) if lease != run_id and lease not in pool.quiet]
+            return 1 + len(others)
 
     def release(self, name: str, run_id: str, served: int) -> None:
         with self._lock:
             pool = self.pools.get(name)
             if pool is not None:
                 pool.leases.pop(run_id, None)
+                pool.quiet.discard(run_id)
                 pool.requests_served += served
                 pool.last_used = time.time()
                 self._saved_or_logged()
@@ -425,37 +435,52 @@ def pools_here(same_version: bool = True) -> list[PoolRecord]:
 
 class Lease:
     """A run's hold on a pool: renewed in the background until `release`, at once and then every RENEW_S.
-    Each renewal learns how many runs hold the pool (`runs_sharing`: 1 until the first answer comes)."""
+    Each renewal says whether the run has calls in flight on the pool's replicas (`calls_in_flight`, kept by
+    the run's replica handles) and learns how many runs sending work share it (`runs_sharing`: 1 until the
+    first answer comes). A run that is not sending (judging after its generation, say) is not counted."""
 
     def __init__(self, registry_actor: Any, pool: str, run_id: str) -> None:
         self.registry = registry_actor
         self.pool = pool
         self.run_id = run_id
+        self.calls_in_flight = 0  # changed on the run's event loop only (`count_call`); this thread reads it
+        self.calls_done = 0
         self._runs_sharing = 1
-        self.most_runs_sharing = 1  # the most runs seen holding the pool at once while this lease was held
+        self.most_runs_sharing = 1  # the most runs seen sending to the pool at once while this lease was held
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="rayeval-lease", daemon=True)
         self._thread.start()
 
+    @contextlib.contextmanager
+    def count_call(self) -> Iterator[None]:
+        """Around each of the run's calls to the pool's replicas: what tells the registry it is sending."""
+        self.calls_in_flight += 1
+        try:
+            yield
+        finally:
+            self.calls_in_flight -= 1
+            self.calls_done += 1
+
     def runs_sharing(self) -> int:
-        """How many runs held the pool at the last renewal, this one included (`Replica.shared_by`)."""
+        """How many runs were sending to the pool at the last renewal, this one included (`Replica.shared_by`)."""
         return self._runs_sharing
 
     def _renew(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and ray.is_initialized():
+            sending = self.calls_in_flight > 0 or self.calls_done == 0  # a run not begun is about to send
             try:
-                held = ray.get(self.registry.renew.remote(self.pool, self.run_id), timeout=RENEW_S)
-            except ray.exceptions.GetTimeoutError:
-                held = 0  # a busy registry: the last count stands
-            except Exception:  # noqa: BLE001 - a Ray session going away ends the run anyway
-                return
-            if held:
+                ref = self.registry.renew.remote(self.pool, self.run_id, sending)
+                held = ray.get(ref, timeout=RENEW_S)
+            except Exception:  # noqa: BLE001 - a busy or restarting registry (Ray restarts it): the count stands
+                held = 0
+            if held and not self._stop.is_set():
                 self._runs_sharing = held
                 self.most_runs_sharing = max(self.most_runs_sharing, held)
             self._stop.wait(RENEW_S)
 
     def release(self, served: int) -> None:
         self._stop.set()
+        self._thread.join(timeout=RENEW_S + 1)  # a renewal in flight lands before the release, not after it
         try:
             ray.get(self.registry.release.remote(self.pool, self.run_id, served), timeout=30)
         except Exception as exc:  # noqa: BLE001 - the lease lapses by itself; the run's results are written

@@ -26,6 +26,7 @@ from cluster.engines import EngineInfo, EngineSettings, ReplicaPlan, ReplicaPool
 from cluster.engines.pool import StartAborted
 from cluster.plan import RunPlan
 from sharding.dispatcher import Replica
+from sharding.requests import Completion, PromptGroup
 
 if TYPE_CHECKING:
     from cluster.config import RunConfig
@@ -368,9 +369,16 @@ class WarmReplicas:
         return None if adopted is None else (self._shared(adopted[0]), adopted[1])
 
     def _shared(self, replica: Replica) -> Replica:
-        """A pool replica's handle whose window is the run's part among the runs holding the pool."""
-        assert self.lease is not None
-        return replace(replica, shared_by=self.lease.runs_sharing)
+        """A pool replica's handle whose window is the run's part among the runs sending to the pool, and
+        whose calls tell the lease that this run is one of them."""
+        lease, generate = self.lease, replica.generate
+        assert lease is not None
+
+        async def counted(group: PromptGroup) -> list[Completion]:
+            with lease.count_call():
+                return await generate(group)
+
+        return replace(replica, generate=counted, shared_by=lease.runs_sharing)
 
     async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         if self.extra is not None and dead in self.beside:
