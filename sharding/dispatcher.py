@@ -269,10 +269,12 @@ class Dispatcher:
         an engine that other runs use too, this run's part of that (rounded up)."""
         replica = state.replica
         window = replica.max_in_flight
-        if replica.batch_size is not None:
-            batches = sum(s.replica.batch_size or s.replica.max_in_flight for s in self._live())
+        if replica.batch_size is not None:  # this run's part of a running batch on every live replica
+            batches = sum(
+                _part(s.replica.batch_size or s.replica.max_in_flight, s.replica) for s in self._live()
+            )
             window = replica.max_in_flight if self._queued_sequences >= batches else replica.batch_size
-        return -(-window // _runs_sharing(replica))
+        return _part(window, replica)
 
     def _has_room(self, state: _ReplicaState) -> bool:
         if not self._heap:
@@ -414,3 +416,8 @@ def _failed(group: PromptGroup, replica: str, reason: str) -> list[Completion]:
 
 def _runs_sharing(replica: Replica) -> int:
     return 1 if replica.shared_by is None else max(1, replica.shared_by())
+
+
+def _part(sequences: int, replica: Replica) -> int:
+    """This run's part of `sequences` of the replica's engine, rounded up."""
+    return -(-sequences // _runs_sharing(replica))

@@ -27,7 +27,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +159,44 @@ class PoolRecord:
     created_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     requests_served: int = 0
-    leases: dict[str, float] = field(default_factory=dict)  # run id -> when it last renewed
+    leases: dict[str, float] = field(default_factory=dict)  # lease id -> when it last renewed
     quiet: set[str] = field(default_factory=set)  # leases whose last renewal had no request in flight
+    released: dict[str, float] = field(default_factory=dict)  # lease id -> when it was released (LEASE_S)
     replaced_by: dict[str, str] = field(default_factory=dict)  # a dead replica's name -> its replacement's
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A record pickled by an earlier version lacks the fields added since: they get their defaults."""
+        for spec in fields(self):
+            if spec.name not in state and spec.default_factory is not MISSING:
+                state[spec.name] = spec.default_factory()
+            elif spec.name not in state and spec.default is not MISSING:
+                state[spec.name] = spec.default
+        self.__dict__.update(state)
 
     def live_leases(self, now: float) -> list[str]:
         return [run for run, renewed in self.leases.items() if now - renewed < LEASE_S]
+
+    def hold(self, lease: str, now: float, sending: bool) -> int:
+        """Renew `lease`, noting whether it has requests in flight on the pool. Returns how many live leases
+        send work, this one counted as if it did (at least 1). A lease released already stays released (a
+        renewal that arrives after its release)."""
+        self._forget_lapsed(now)
+        if lease not in self.released:
+            self.leases[lease] = now
+            (self.quiet.discard if sending else self.quiet.add)(lease)
+        return 1 + sum(1 for other in self.live_leases(now) if other != lease and other not in self.quiet)
+
+    def let_go(self, lease: str, now: float) -> None:
+        self.leases.pop(lease, None)
+        self.quiet.discard(lease)
+        self.released[lease] = now
+
+    def _forget_lapsed(self, now: float) -> None:
+        """Leases not renewed for LEASE_S (their runs are gone) and releases that old (no renewal comes so
+        late): what a long-lived pool would otherwise gather."""
+        self.leases = {lease: at for lease, at in self.leases.items() if now - at < LEASE_S}
+        self.quiet &= set(self.leases)
+        self.released = {lease: at for lease, at in self.released.items() if now - at < LEASE_S}
 
     def idle_since(self, now: float) -> float | None:
         """When it was last used, or None while a run holds it."""
@@ -256,32 +288,21 @@ class PoolRegistry:
             if not found:
                 return None
             pool = min(found, key=lambda p: len(p.live_leases(now)))
-            pool.leases[run_id] = now
-            pool.quiet.discard(run_id)
+            pool.hold(run_id, now, sending=True)
             return copy.deepcopy(pool)
 
     def renew(self, name: str, run_id: str, sending: bool = True) -> int:
-        """Renew `run_id`'s lease, noting whether it has requests in flight on the pool (`sending`). Returns
-        how many live leases do, this one counted as if it did (at least 1); 0 where there is no pool."""
+        """Renew `run_id`'s lease (`PoolRecord.hold`): how many leases send work to the pool, 0 where there is
+        no pool."""
         with self._lock:
             pool = self.pools.get(name)
-            if pool is None:
-                return 0
-            now = time.time()
-            pool.leases[run_id] = now
-            if sending:
-                pool.quiet.discard(run_id)
-            else:
-                pool.quiet.add(run_id)
-            others = [lease for lease in pool.live_leases(now) if lease != run_id and lease not in pool.quiet]
-            return 1 + len(others)
+            return 0 if pool is None else pool.hold(run_id, time.time(), sending)
 
     def release(self, name: str, run_id: str, served: int) -> None:
         with self._lock:
             pool = self.pools.get(name)
             if pool is not None:
-                pool.leases.pop(run_id, None)
-                pool.quiet.discard(run_id)
+                pool.let_go(run_id, time.time())
                 pool.requests_served += served
                 pool.last_used = time.time()
                 self._saved_or_logged()
@@ -466,8 +487,12 @@ class Lease:
         return self._runs_sharing
 
     def _renew(self) -> None:
+        first = True
         while not self._stop.is_set() and ray.is_initialized():
-            sending = self.calls_in_flight > 0 or self.calls_done == 0  # a run not begun is about to send
+            # at its first renewal a lease that has sent nothing yet is about to (a run's generation); a judge
+            # waiting for outputs to judge is quiet from the next one
+            sending = self.calls_in_flight > 0 or first and self.calls_done == 0
+            first = False
             try:
                 ref = self.registry.renew.remote(self.pool, self.run_id, sending)
                 held = ray.get(ref, timeout=RENEW_S)

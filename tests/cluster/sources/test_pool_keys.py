@@ -10,7 +10,14 @@ import pytest
 from cluster.cli import main
 from cluster.config import ModelOptions, build_config, parse_duration
 from cluster.engines import engine_settings
-from cluster.engines.warm import PoolKey, default_pool_name, free_name, model_files_fingerprint
+from cluster.engines.warm import (
+    LEASE_S,
+    PoolKey,
+    PoolRecord,
+    default_pool_name,
+    free_name,
+    model_files_fingerprint,
+)
 
 
 def settings(**options: object):
@@ -186,3 +193,37 @@ def test_requests_with_one_run_id_hold_leases_of_their_own():
     assert first.lease_id != second.lease_id  # one's release leaves the other's lease on the pool
     assert replace(first, count=2).lease_id == first.lease_id  # the same request's replicas beside a pool
     assert lease_holder(first.lease_id) == "run-judge"  # what `rayeval pools` shows as IN USE BY
+
+
+def a_record() -> PoolRecord:
+    from cluster.engines.placement import ReplicaPlan
+
+    on_cpu = settings(dtype="float32")
+    return PoolRecord("p", PoolKey.of(on_cpu), on_cpu, ReplicaPlan({"CPU": 1.0}, 1), 0.5, 60.0)
+
+
+def test_a_pool_counts_the_leases_sending_to_it_and_forgets_the_lapsed_and_released():
+    record, now = a_record(), 1000.0
+    assert record.hold("a", now, sending=True) == 1
+    assert record.hold("b", now + 1, sending=True) == 2  # a still sends
+    assert record.hold("judge", now + 2, sending=False) == 3  # counted as if it sent, beside a and b
+    assert record.hold("a", now + 3, sending=False) == 2  # a has finished generating: b and itself
+    assert record.hold("b", now + 4, sending=True) == 1  # neither a nor the judge sends now
+    record.let_go("b", now + 5)
+    assert record.hold("b", now + 6, sending=True) == 1  # a renewal that lands after the release
+    assert "b" not in record.leases and record.live_leases(now + 6) == ["a", "judge"]
+    # a killed run's lease lapses (LEASE_S) and is forgotten, as is a release that old
+    assert record.hold("c", now + 6 + LEASE_S, sending=True) == 1
+    assert set(record.leases) == {"c"} and record.quiet == set() and set(record.released) == set()
+
+
+def test_a_pool_record_pickled_before_the_lease_fields_reads_back_with_their_defaults():
+    import pickle
+
+    record = a_record()
+    old = pickle.loads(pickle.dumps(record))
+    for added in ("quiet", "released"):  # as an earlier version's registry saved it
+        del old.__dict__[added]
+    again = pickle.loads(pickle.dumps(old))
+    assert again.quiet == set() and again.released == {} and again.hold("a", 1.0, sending=True) == 1
+    assert again.name == "p" and again.idle_timeout_s == 60.0
