@@ -42,22 +42,22 @@ def run_argv(cluster: Cluster, work: Path, run_id: str, limit: int, seed: int, m
             *ENGINE, "--no-progress", "--profile-startup", "--output-dir", str(work), "--run-id", run_id]  # fmt: skip
 
 
-def outcome(work: Path, run_id: str, process: subprocess.Popen[bytes], began: float) -> dict:
+def outcome(work: Path, run_id: str, process: subprocess.Popen[bytes]) -> dict:
+    """What a run left; its wall and first result are its own (`summary.json`), not when this loop saw it end."""
     process.wait(timeout=900)
-    ended = time.perf_counter() - began
     if process.returncode != 0:
         return {"failed": (work / f"{run_id}.log").read_text()[-2000:]}
     run = json.loads((work / run_id / "summary.json").read_text())["run"]
     per_replica = run["dispatch"]["per_replica"]
-    return {"wall_s": round(ended, 2), "first_result_s": run["timeline"].get("first result"),
+    return {"wall_s": run["wall_s"], "first_result_s": run["timeline"].get("first result"),
             "generation_s": run["generation_s"], "requests": run["requests"],
             "peak_in_flight": max(r["peak_in_flight"] for r in per_replica.values()),
             "runs_sharing_at_most": run["engines_source"].get("runs_sharing_at_most")}  # fmt: skip
 
 
-def start(argv: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], float]:
+def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("w") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env), time.perf_counter()
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def side(checkout: Path, args: argparse.Namespace, turn: int) -> dict:
@@ -82,7 +82,7 @@ def side(checkout: Path, args: argparse.Namespace, turn: int) -> dict:
         time.sleep(args.join_after)
         runs["c"] = start(run_argv(cluster, work, "c", JOINING_PROMPTS, 3, args.max_tokens), cluster.env,
                           work / "c.log")  # fmt: skip
-        return {name: outcome(work, name, process, began) for name, (process, began) in runs.items()}
+        return {name: outcome(work, name, process) for name, process in runs.items()}
     finally:
         cluster.stop()
 
