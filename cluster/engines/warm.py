@@ -179,10 +179,12 @@ class PoolRecord:
     def hold(self, lease: str, now: float, sending: bool) -> int:
         """Renew `lease`, noting whether it has requests in flight on the pool. Returns how many live leases
         send work, this one counted as if it did (at least 1). A lease released already stays released (a
-        renewal that arrives after its release)."""
+        renewal that arrives after its release). A pool held is in use: its idle time starts at the last
+        renewal, so a killed run's pool is idle from when its lease stopped being renewed."""
         self._forget_lapsed(now)
         if lease not in self.released:
             self.leases[lease] = now
+            self.last_used = max(self.last_used, now)
             (self.quiet.discard if sending else self.quiet.add)(lease)
         return 1 + sum(1 for other in self.live_leases(now) if other != lease and other not in self.quiet)
 
@@ -219,7 +221,7 @@ class PoolRecord:
 # engines running unlisted, never stopped.
 RECORDS_KEY = b"rayeval-pools"
 # Raised when the registry's methods or its records change: a registry another version started is not used.
-REGISTRY_VERSION = 4
+REGISTRY_VERSION = 5
 
 
 def saved_records() -> dict[str, PoolRecord]:
@@ -288,6 +290,7 @@ class PoolRegistry:
             if not found:
                 return None
             pool = min(found, key=lambda p: len(p.live_leases(now)))
+            pool.released.pop(run_id, None)  # a lease id taken again is held again
             pool.hold(run_id, now, sending=True)
             return copy.deepcopy(pool)
 
@@ -456,9 +459,10 @@ def pools_here(same_version: bool = True) -> list[PoolRecord]:
 
 class Lease:
     """A run's hold on a pool: renewed in the background until `release`, at once and then every RENEW_S.
-    Each renewal says whether the run has calls in flight on the pool's replicas (`calls_in_flight`, kept by
-    the run's replica handles) and learns how many runs sending work share it (`runs_sharing`: 1 until the
-    first answer comes). A run that is not sending (judging after its generation, say) is not counted."""
+    Each renewal says whether the run has called the pool's replicas since the renewal before or has calls in
+    flight (`count_call`, around each call of the run's replica handles) and learns how many leases sending
+    work share it (`runs_sharing`: 1 until the first answer comes). A run that is not sending (judging after
+    its generation, say) is not counted."""
 
     def __init__(self, registry_actor: Any, pool: str, run_id: str) -> None:
         self.registry = registry_actor
@@ -487,12 +491,14 @@ class Lease:
         return self._runs_sharing
 
     def _renew(self) -> None:
-        first = True
+        first, done_before = True, 0
         while not self._stop.is_set() and ray.is_initialized():
-            # at its first renewal a lease that has sent nothing yet is about to (a run's generation); a judge
+            # sending: a call in flight now or ended since the last renewal (a judge asks in bursts); at its
+            # first renewal a lease that has sent nothing yet is about to (a run's generation), and a judge
             # waiting for outputs to judge is quiet from the next one
-            sending = self.calls_in_flight > 0 or first and self.calls_done == 0
-            first = False
+            done_now = self.calls_done
+            sending = self.calls_in_flight > 0 or done_now != done_before or first and done_now == 0
+            first, done_before = False, done_now
             try:
                 ref = self.registry.renew.remote(self.pool, self.run_id, sending)
                 held = ray.get(ref, timeout=RENEW_S)

@@ -204,6 +204,7 @@ def a_record() -> PoolRecord:
 
 def test_a_pool_counts_the_leases_sending_to_it_and_forgets_the_lapsed_and_released():
     record, now = a_record(), 1000.0
+    record.last_used = 0.0
     assert record.hold("a", now, sending=True) == 1
     assert record.hold("b", now + 1, sending=True) == 2  # a still sends
     assert record.hold("judge", now + 2, sending=False) == 3  # counted as if it sent, beside a and b
@@ -212,6 +213,7 @@ def test_a_pool_counts_the_leases_sending_to_it_and_forgets_the_lapsed_and_relea
     record.let_go("b", now + 5)
     assert record.hold("b", now + 6, sending=True) == 1  # a renewal that lands after the release
     assert "b" not in record.leases and record.live_leases(now + 6) == ["a", "judge"]
+    assert record.last_used == now + 4  # the last renewal: a killed run's pool is idle from its last one
     # a killed run's lease lapses (LEASE_S) and is forgotten, as is a release that old
     assert record.hold("c", now + 6 + LEASE_S, sending=True) == 1
     assert set(record.leases) == {"c"} and record.quiet == set() and set(record.released) == set()
