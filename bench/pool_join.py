@@ -76,7 +76,7 @@ def side(checkout: Path, args: argparse.Namespace, turn: int) -> dict:
                 run_argv(cluster, work, name, args.limit, seed, args.max_tokens),
                 cluster.env,
                 work / f"{name}.log",
-            )  # fmt: skip
+            )
             for name, seed in (("a", 1), ("b", 2))
         }
         time.sleep(args.join_after)

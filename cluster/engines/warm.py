@@ -7,10 +7,10 @@ keyed by its `PoolKey`: the model and every engine setting that changes outputs;
 the keys are equal (a dtype asked as `auto` equals the one it becomes on the pool's nodes), and
 `PoolRecord.differences` says why another pool does not serve it. A run holds a lease
 on the pool while it uses it (renewed every few seconds, so the lease of a run that was killed lapses); each
-renewal says whether the run has requests in flight on the pool and learns how many runs have, and each
-run's dispatcher takes that part of the engines' in-flight windows, so runs that share a pool share its queue
-equally and it does not grow with their number. A pool nobody holds for its idle timeout is stopped by the registry: its actors killed, its placement groups
-removed.
+renewal says whether the run has sent work to the pool since the renewal before and learns how many leases
+have, and each run's dispatcher takes that part of the engines' in-flight windows, so runs that share a pool
+share its queue equally and it does not grow with their number. A pool nobody holds for its idle timeout is
+stopped by the registry: its actors killed, its placement groups removed.
 """
 
 from __future__ import annotations
@@ -177,8 +177,8 @@ class PoolRecord:
         return [run for run, renewed in self.leases.items() if now - renewed < LEASE_S]
 
     def hold(self, lease: str, now: float, sending: bool) -> int:
-        """Renew `lease`, noting whether it has requests in flight on the pool. Returns how many live leases
-        send work, this one counted as if it did (at least 1). A lease released already stays released (a
+        """Renew `lease`, noting whether it sent work to the pool since its renewal before. Returns how many live
+        leases send work, this one counted as if it did (at least 1). A lease released already stays released (a
         renewal that arrives after its release). A pool held is in use: its idle time starts at the last
         renewal, so a killed run's pool is idle from when its lease stopped being renewed."""
         self._forget_lapsed(now)
@@ -294,7 +294,7 @@ class PoolRegistry:
             pool.hold(run_id, now, sending=True)
             return copy.deepcopy(pool)
 
-    def renew(self, name: str, run_id: str, sending: bool = True) -> int:
+    def renew(self, name: str, run_id: str, sending: bool) -> int:
         """Renew `run_id`'s lease (`PoolRecord.hold`): how many leases send work to the pool, 0 where there is
         no pool."""
         with self._lock:

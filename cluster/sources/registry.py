@@ -397,7 +397,7 @@ class WarmReplicas:
             "start_saved_s": round(self.start_saved_s, 3),
             "own_replicas_beyond_the_pool": self.extra.pool.count if self.extra else 0,
             "replaced_when_found_dead": self.found_dead,
-            # runs that held the pool at once, at the lease's renewals: the engines' windows were divided so
+            # the most leases sending to the pool at once, at this run's renewals: its windows were divided so
             "runs_sharing_at_most": self.lease.most_runs_sharing if self.lease else 1,
             "restarts_used": (self.pool.restarts_used - self.found_dead if self.pool else 0)
             + (self.extra.pool.restarts_used if self.extra else 0),
