@@ -15,6 +15,9 @@ An engine that several runs use at once (a warm pool) has its window divided amo
 dispatcher reads how many share it (`Replica.shared_by`) and holds its part, so the engine's queue stays the
 size one run would keep and each run has an equal part of it.
 
+A run may also cap what it keeps in flight on each replica (`max_in_flight`): a setting of the run, not of
+the engine, so a warm pool with the engine's own batch size serves a run that asks for fewer at a time.
+
 """
 
 from __future__ import annotations
@@ -126,9 +129,15 @@ class Dispatcher:
         on_group_done: GroupDone | None = None,
         max_attempts: int = 3,
         replacer: Replacer | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
+        """`max_in_flight`: at most this many sequences in flight on each replica (None: each replica's
+        window)."""
         if not replicas:
             raise ValueError("the dispatcher needs at least one replica")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self._cap = max_in_flight
         self._states = [_ReplicaState(r, ReplicaStats()) for r in replicas]
         self._on_group_done = on_group_done
         self._max_attempts = max_attempts
@@ -266,15 +275,20 @@ class Dispatcher:
     def _window(self, state: _ReplicaState) -> int:
         """The full window while the queue holds a running batch for every live replica, else (the end game)
         only the running batch: work not yet started stays in the shared queue for the first free slot. Of
-        an engine that other runs use too, this run's part of that (rounded up)."""
+        an engine that other runs use too, this run's part of that (rounded up); at most the run's cap."""
         replica = state.replica
         window = replica.max_in_flight
         if replica.batch_size is not None:  # this run's part of a running batch on every live replica
             batches = sum(
-                _part(s.replica.batch_size or s.replica.max_in_flight, s.replica) for s in self._live()
+                self._room(s.replica.batch_size or s.replica.max_in_flight, s.replica) for s in self._live()
             )
             window = replica.max_in_flight if self._queued_sequences >= batches else replica.batch_size
-        return _part(window, replica)
+        return self._room(window, replica)
+
+    def _room(self, sequences: int, replica: Replica) -> int:
+        """This run's part of `sequences` of the replica's engine, at most the run's cap."""
+        part = _part(sequences, replica)
+        return part if self._cap is None else min(part, self._cap)
 
     def _has_room(self, state: _ReplicaState) -> bool:
         if not self._heap:

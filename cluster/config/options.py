@@ -290,6 +290,14 @@ class ClusterOptions(Strict):
         "crash); each waits up to placement_timeout_s for room (0: carry on with the replicas left)",
         json_schema_extra=cli("--replica-restarts", "N"),
     )
+    max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        description="sequences this run keeps in flight on each replica (default: twice the engine's "
+        "--max-num-seqs, a batch running and one waiting); fewer share a warm pool more lightly, and unlike "
+        "--max-num-seqs this is the run's setting, not the engine's, so a warm pool still serves the run",
+        json_schema_extra=cli("--max-in-flight", "N"),
+    )
     coordinator_node: str | None = Field(
         None,
         min_length=1,

@@ -249,7 +249,9 @@ class RequestRunner:
         if source.kind is SourceKind.OWN:
             timeline.mark("engines ready")
         replacer = self._replace if source.kind in (SourceKind.OWN, SourceKind.WARM) else None
-        return Dispatcher(started.replicas, replacer=replacer)
+        return Dispatcher(
+            started.replicas, replacer=replacer, max_in_flight=self.plan.config.cluster.max_in_flight
+        )
 
     def source_request(self) -> SourceRequest:
         plan, config = self.plan, self.plan.config

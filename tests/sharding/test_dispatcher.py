@@ -141,6 +141,24 @@ def test_a_runs_part_of_a_shared_window_grows_when_the_other_runs_leave():
     assert stats.per_replica["r0"].peak_runs_sharing == 3
 
 
+def test_a_runs_cap_holds_each_replica_below_its_window_and_a_shared_part():
+    """A run that asks for at most 3 in flight keeps each replica at 3, whatever its window (16) or its part of
+    a shared engine's (8 of 16 with two users); a part below the cap (16 of 8 users: 2) holds; nothing is
+    lost or run twice."""
+    for users, peak in ((1, 3), (2, 3), (8, 2)):
+        engines = [FakeReplica("r0", delay=0.002), FakeReplica("r1", delay=0.002)]
+        replicas = [Replica(e.name, e, 16, batch_size=8, shared_by=lambda u=users: u) for e in engines]
+        results, done = collect()
+        stats = run(
+            Dispatcher(replicas, on_group_done=done, max_in_flight=3),
+            [make_group(f"p{i}") for i in range(40)],
+        )
+        assert len(results) == 40 and stats.groups_done == 40
+        assert max(e.peak for e in engines) == peak, users
+    with pytest.raises(ValueError, match="max_in_flight must be at least 1"):
+        Dispatcher([Replica("r0", FakeReplica("r0"), 4)], max_in_flight=0)
+
+
 def test_group_larger_than_window_still_runs_alone():
     fake = FakeReplica("r0")
     dispatcher = Dispatcher([Replica("r0", fake, max_in_flight=2)])

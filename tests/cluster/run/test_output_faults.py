@@ -2,10 +2,11 @@
 
 The full disk is a small tmpfs mounted for the test (root is needed to mount); the unwritable folder is made
 immutable with `chattr +i`, which stops even root from making files in it. Generation is real: the test run's
-shared Ray cluster (tests/warm_cluster.py) and vLLM CPU engines, the faulted run on an engine of its own that
-batches two sequences so that the fault lands mid-run, the resume on the shared pool. The test asserts one
-clear error with no traceback, a store whose every line is a whole record, and that the same command resumes
-and generates only what is missing.
+shared Ray cluster (tests/warm_cluster.py) and its warm pool's vLLM CPU engine, the run keeping two sequences
+in flight (`--max-in-flight 2`, a setting of the run, so the pool serves it) so that the fault lands mid-run.
+The test asserts one clear error with no traceback, a store whose every line is a whole record, that the
+pool stays healthy (the resume generates on it), and that the same command resumes and generates only what
+is missing, two sequences at a time.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from tests.runs import (
     records,
     start_in_background,
     wait_for_records,
-    without_max_num_seqs,
 )
 from tests.warm_cluster import warm_cluster
 
@@ -49,7 +49,7 @@ def small_disk(tmp_path) -> Iterator[Path]:
 
 def run_argv(output_dir: Path) -> list[str]:
     return ["run", "--tasks", "ifeval", "--limit", str(LIMIT), "--output-dir", str(output_dir), "--run-id",
-            "r", "--max-num-seqs", "2", *ENGINE_FLAGS]  # fmt: skip
+            "r", "--max-in-flight", "2", *ENGINE_FLAGS]  # fmt: skip
 
 
 def fill(disk: Path) -> Path:
@@ -93,9 +93,15 @@ def test_a_full_disk_mid_run_stops_cleanly_and_the_same_command_resumes(small_di
     kept = whole_records(store)
     assert 3 <= len(kept) < LIMIT and all(r["error"] is None for r in kept)
     filled[0].unlink()
-    resumed = rayeval(*without_max_num_seqs(argv))
+    resumed = rayeval(*argv)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{LIMIT} requests, {len(kept)} reused" in resumed.stderr
+    run = json.loads((small_disk / "runs" / "r" / "summary.json").read_text())["run"]
+    assert run["engines_source"]["kind"] == "warm"  # the pool served the faulted run's resume: still healthy
+    (replica,) = run["dispatch"]["per_replica"].values()
+    assert replica["sequences"] == LIMIT - len(kept) and replica["peak_in_flight"] == min(
+        2, LIMIT - len(kept)
+    )
     rows = records(small_disk / "runs" / "r" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert sorted(r["doc_id"] for r in rows) == list(range(LIMIT)) and all(r["error"] is None for r in rows)
 
@@ -137,7 +143,7 @@ def test_an_output_folder_made_unwritable_mid_run_stops_cleanly_and_the_same_com
     assert len(records(samples / "ifeval.jsonl")) == LIMIT  # the live records, readable
     for folder in immutable:
         subprocess.run(["chattr", "-i", str(folder)], check=True)
-    resumed = rayeval(*without_max_num_seqs(argv))
+    resumed = rayeval(*argv)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{LIMIT} requests, {LIMIT} reused" in resumed.stderr
     assert (run_dir / "summary.json").is_file() and (samples / "ifeval.parquet").is_file()
