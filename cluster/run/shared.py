@@ -50,6 +50,18 @@ class SharedReplicas:
                 infos = list(self.pool.infos)
             return self.pool.replicas(), infos
 
+    def warm_pool(self, model_path: str) -> str | None:
+        """The warm pool of the cluster that would serve these engines on `model_path` with at least the
+        replicas asked (a LoRA sweep's steps then run on it as runs of their own, each under its lease), or
+        None: the sweep starts its own. Never where the run's config says --no-warm-pools."""
+        if not self.plan.config.cluster.warm_pools:
+            return None
+        from cluster.engines.warm import PoolKey, pools_here
+
+        wanted = PoolKey.of(self._request(model_path).settings)
+        asked = self.plan.config.cluster.replicas
+        return next((r.name for r in pools_here() if len(r.engines) >= asked and r.serves(wanted)), None)
+
     def _request(self, model_path: str) -> SourceRequest:
         """The engines of the sweep's model options on `model_path`, LoRA layers where its steps carry adapters."""
         config = self.plan.config

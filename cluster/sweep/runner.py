@@ -1,7 +1,8 @@
 """Run a sweep: every step's evaluation on one set of warm replicas, then the curves.
 
 LoRA steps run at once through the base model's engines (each request carries its step's adapter, vLLM
-serves them side by side); full checkpoints run one after another, every replica's engine moving to the
+serves them side by side): a warm pool's, where one of the cluster serves them, else the sweep's own; full
+checkpoints run one after another, every replica's engine moving to the
 next checkpoint in its own actor. Each step is an ordinary run folder, so a step that finished is read back
 from its store when the same command runs again: only a new step (or an unfinished one) is generated, and
 the engines start only if one is.
@@ -82,11 +83,19 @@ class SweepEngines:
         self._by_kind: dict[CheckpointKind, SharedReplicas] = {}
         self.starts = 0  # replica pools started (one per checkpoint kind that had work)
 
-    def for_kind(self, kind: CheckpointKind, first: RunPlan, plan: SweepPlan) -> SharedReplicas:
+    def for_kind(self, kind: CheckpointKind, first: RunPlan, plan: SweepPlan) -> SharedReplicas | None:
+        """The engines `kind`'s steps share, or None where a warm pool of the cluster serves LoRA steps (asked
+        again for each batch, until the sweep has started engines of its own): each step then runs on the
+        pool as a run of its own. Full checkpoints always get the sweep's own, which move between them."""
         shared = self._by_kind.get(kind)
-        if shared is None:
-            shared = SharedReplicas(first, verbose=self.verbose, max_loras=self.max_loras or plan.max_loras)
-            self._by_kind[kind] = shared
+        if shared is not None:
+            return shared
+        shared = SharedReplicas(first, verbose=self.verbose, max_loras=self.max_loras or plan.max_loras)
+        pool = shared.warm_pool(first.model.path) if kind is CheckpointKind.LORA else None
+        if pool is not None:
+            log.info("the LoRA steps run on warm pool %s (no engine of the sweep's own)", pool)
+            return None
+        self._by_kind[kind] = shared
         return shared
 
     @property
@@ -233,7 +242,7 @@ def _merged(step: SweepStep) -> SweepStep:
 
 def _run_steps(
     steps: list[SweepStep],
-    shared: SharedReplicas,
+    shared: SharedReplicas | None,
     kind: CheckpointKind,
     retry_failed: bool,
     advance: Callable[[], None],
@@ -249,7 +258,7 @@ def _run_steps(
     return outcomes
 
 
-def _run_step(step: SweepStep, shared: SharedReplicas, retry_failed: bool) -> StepOutcome:
+def _run_step(step: SweepStep, shared: SharedReplicas | None, retry_failed: bool) -> StepOutcome:
     outcome = StepOutcome(step.step, step.kind.value, str(step.checkpoint.path), StepStatus.DONE)
     began = time.perf_counter()
     log.info("step %d (%s): %s", step.step, step.kind, step.checkpoint.path)

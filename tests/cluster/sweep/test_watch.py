@@ -2,7 +2,9 @@
 with peft for the embedded model) into the run's folder one after another, one of them slowly, in pieces.
 Every complete checkpoint is evaluated once, the one being written only once it is whole, and a watch
 killed after its first step and started again evaluates only the steps it had not finished. Both watches
-run on the test run's shared cluster; each starts one LoRA engine and keeps it for all its steps."""
+run on the test run's shared cluster, whose warm LoRA pool serves their engine settings: every step runs on
+that pool, and neither watch starts an engine (tests/cluster/sweep/test_lora_sweep.py's sweep, asking more
+replicas than the pool has, starts its own)."""
 
 from __future__ import annotations
 
@@ -66,10 +68,12 @@ def test_watch_evaluates_each_checkpoint_once_as_it_completes_and_resumes_after_
     assert [line.split()[1] for line in lines] == ["2", "3"], again.stdout  # not step 1 again, each once
     assert all(" done " in line and "2 of 2 requests generated" in line for line in lines), lines
     assert "watch ended: 2 step(s) evaluated" in again.stdout
+    assert "the LoRA steps run on warm pool tests-lora" in again.stderr
     for step in (1, 2, 3):  # every step's run finished, on the whole adapter
         summary = json.loads((out / "w" / f"step_{step}" / "summary.json").read_text())
         metrics = summary["tasks"]["ifeval"]["metrics"]
         assert metrics and all(m["questions"] == 2 for m in metrics.values())
+        assert summary["run"]["engines_source"]["pool"] == "tests-lora"
     curve = (out / "w" / "sweep_summary.csv").read_text().splitlines()
     assert {row.split(",")[1] for row in curve[1:]} == {"1", "2", "3"}  # the curve holds every step so far
     assert (out / "w" / "ifeval.png").stat().st_size > 0
