@@ -100,14 +100,16 @@ def wait_for_records(proc: subprocess.Popen[str], store: Path, count: int) -> No
 
 
 def engine_actor_pids() -> list[int]:
-    """The engine actors running on this machine, less those of the test run's shared cluster."""
+    """The engine actors of this test process's own Ray clusters (its in-process ones, and the local ones the
+    commands it runs start): its descendants, less the test run's shared cluster. Another xdist worker's
+    engines, on the same machine at the same time, are not this process's."""
     import psutil
 
     from tests.ray_head import is_engine_actor
     from tests.warm_cluster import shared_pids
 
-    shared = shared_pids()
-    return [pid for pid in psutil.pids() if pid not in shared and is_engine_actor(pid)]
+    mine = {child.pid for child in psutil.Process().children(recursive=True)}
+    return sorted(pid for pid in mine - shared_pids() if is_engine_actor(pid))
 
 
 def every_core_binding() -> dict[str, str]:

@@ -27,7 +27,7 @@ from tests.runs import (
     wait_for_records,
     without_max_num_seqs,
 )
-from tests.warm_cluster import auto_pool, shared_pids, warm_cluster
+from tests.warm_cluster import auto_pool, warm_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -212,6 +212,14 @@ def test_verbose_shows_each_engines_vllm_stats_and_the_dispatch_timeline(tensor_
     assert run["engines"][0]["max_num_batched_tokens"] > 0
 
 
+def ended(process: psutil.Process) -> bool:
+    """Gone, or a zombie (ended, not yet reaped)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_losing_every_replica_fails_clearly_and_loses_nothing(tmp_path):
     """The only replica is killed mid-run and no replacement is allowed: exit 1 naming the cause; a rerun
     generates only what was missing."""
@@ -221,18 +229,14 @@ def test_losing_every_replica_fails_clearly_and_loses_nothing(tmp_path):
     proc = start_in_background(argv)
     wait_for_records(proc, store, 2)
     (actor,) = engine_actor_pids()
+    # its engine core: forked from the actor's forkserver (the actor's child), so the actor's grandchild
+    cores = [p for p in psutil.Process(actor).children(recursive=True) if p.name().startswith("VLLM::Engine")]
+    assert len(cores) == 1, cores
     os.kill(actor, signal.SIGKILL)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
     assert "Every engine replica died (replica-0:" in err and "Traceback" not in err
-    # its engine core (forked from the actor's forkserver, so not the actor's child) ended with it
-    shared = shared_pids()  # the shared test cluster's pools keep their engine cores
-    cores = [
-        p
-        for p in psutil.process_iter(["name", "status"])
-        if (p.info["name"] or "").startswith("VLLM::Engine") and p.pid not in shared
-    ]
-    assert all(p.info["status"] == psutil.STATUS_ZOMBIE for p in cores), cores  # a zombie has ended
+    assert all(map(ended, cores)), cores  # it ended with the actor
     kept = records(store)
     assert kept and all(r["error"] is None for r in kept)  # deaths are not cached as results
     resumed = rayeval(*without_max_num_seqs(argv))  # on the tests' warm pool, where the cluster is shared
