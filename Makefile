@@ -48,7 +48,7 @@ TEST_WORKERS ?= 2
 test: setup  ## ruff, then every test (the slow ones start real Ray clusters and vLLM engines)
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
-	$(VPY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(VPY) -m pytest -n $(TEST_WORKERS)
 
 lint: setup
 	$(VPY) -m ruff check . && $(VPY) -m ruff format --check .

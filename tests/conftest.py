@@ -78,23 +78,26 @@ def xdist_controller(config: pytest.Config) -> bool:
     return not xdist_worker(config) and bool(getattr(config.option, "numprocesses", None))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """In a run of the whole suite, the tests outside tests/cluster (plain Python: no cluster, no engine) go
     first, in their own order, while the shared cluster and its pools start beside them (below). Spread over
-    xdist's workers, each module is one unit of work and the modules that start engines of their own form two
-    groups, which go first (tests/workers.py)."""
-    if xdist_worker(config):
-        from tests.workers import group_of, order
+    xdist's workers, the two groups of modules that start engines of their own go first (tests/workers.py)."""
+    if whole_suite(config) and xdist_worker(config):
+        from tests.workers import order
 
-        if whole_suite(config):
-            items.sort(key=lambda item: order(item.nodeid))
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid)))
+        items.sort(key=lambda item: order(item.nodeid))
     elif whole_suite(config):
         items.sort(key=needs_cluster)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's types
+    """Each module one unit of work, the engine-starting modules two units (tests/workers.py)."""
+    from tests.workers import UnitScheduling
+
+    return UnitScheduling(config, log)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

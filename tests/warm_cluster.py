@@ -65,7 +65,7 @@ _cluster: WarmCluster | None = None
 _lock = threading.Lock()
 _handoff: Path | None = None  # the xdist controller writes the started cluster here, its workers read it
 _attached = False  # this process uses the controller's cluster (an xdist worker)
-HANDOFF_WAIT_S = 900  # three pools' engine starts on a busy 2-core machine take a few minutes at most
+HANDOFF_WAIT_S = 1500  # more than the controller's own limits: its head's start, then 600 s per `rayeval up`
 # The environment of the test run as it began, which every `rayeval` of the shared cluster starts from (its
 # `rayeval up` and the tests' runs, as one user's shell): the test process's own imports of Ray, vLLM and torch
 # later set variables in os.environ (KMP_*, TORCHINDUCTOR_*, HF_HUB_OFFLINE, ...) that a user's shell would not

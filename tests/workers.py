@@ -1,4 +1,5 @@
-"""How the suite spreads over pytest-xdist's workers (`make test` runs `pytest -n 2 --dist loadgroup`).
+"""How the suite spreads over pytest-xdist's workers (`make test` runs `pytest -n 2`; tests/conftest.py's
+`pytest_xdist_make_scheduler` returns `UnitScheduling`).
 
 Each test module is one unit of work (its module fixtures, often a run or a cluster, are made once, in one
 worker), except two groups of modules that each run in one worker, one module after another:
@@ -14,6 +15,8 @@ tests outside tests/cluster next, while the pools start, then the other modules 
 """
 
 from __future__ import annotations
+
+from xdist.scheduler import LoadScopeScheduling
 
 MANY_ENGINES = (
     "tests/cluster/run/test_multi_node.py",  # a cluster of its own: useful work while the pools start
@@ -57,3 +60,16 @@ def order(nodeid: str) -> tuple[int, int]:
     if module in _GROUP_OF:
         return (list(GROUPS).index(_GROUP_OF[module]), _PLACE[module])
     return (len(GROUPS) + int(module.startswith("tests/cluster/")), 0)
+
+
+class UnitScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling over this module's units (`group_of`), handed out in the collection's order
+    (tests/conftest.py sorts it by `order`) rather than the largest unit first. A worker is given the next
+    unit when it has two tests left, so a group is never split and no unit waits long behind one."""
+
+    def __init__(self, config, log=None) -> None:  # noqa: ANN001 - xdist's pytest.Config and Producer
+        config.option.loadscopereorder = False  # read by LoadScopeScheduling.schedule
+        super().__init__(config, log)
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)

@@ -177,7 +177,9 @@ class Server:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED_ACROSS_FORK)
         self.served += 1
         self.children[pid] = conn
-        _log(f"command {self.served}: pid {pid} runs `rayeval {request['argv'][0]}`")
+        _log(
+            f"command {self.served}: pid {pid} runs `rayeval {request['argv'][0]}` in {request.get('cwd', '?')}"
+        )
         _send(conn, {"pid": pid})
 
     def reap(self) -> bool:

@@ -41,6 +41,7 @@ NOT_SERVE_SETTINGS = frozenset(
         "cluster.forward_env",
         "cluster.warm_pools",
         "cluster.keep_warm_s",
+        "cluster.max_in_flight",
     }
 )
 SERVE_GROUPS = {

@@ -8,12 +8,17 @@ another, and each asks for its own checkpoint: every replica's engine moves to i
 
 from __future__ import annotations
 
+import secrets
 import threading
+from typing import TYPE_CHECKING
 
 from cluster.engines import EngineInfo, ReplicaPool, engine_settings
 from cluster.plan import RunPlan
 from cluster.sources import SourceRequest, start_logged, with_lora_slots
 from sharding.dispatcher import Replica
+
+if TYPE_CHECKING:
+    from cluster.engines.warm import Lease
 
 
 class SharedReplicas:
@@ -50,17 +55,28 @@ class SharedReplicas:
                 infos = list(self.pool.infos)
             return self.pool.replicas(), infos
 
-    def warm_pool(self, model_path: str) -> str | None:
-        """The warm pool of the cluster that would serve these engines on `model_path` with at least the
-        replicas asked (a LoRA sweep's steps then run on it as runs of their own, each under its lease), or
-        None: the sweep starts its own. Never where the run's config says --no-warm-pools."""
+    def hold_warm_pool(self, model_path: str) -> Lease | None:
+        """A lease on a warm pool of the cluster that serves these engines on `model_path` with at least the
+        replicas asked (a LoRA sweep's steps then run on it as runs of their own, each under its own lease
+        too; this one keeps the pool from idling out between them), or None: the sweep starts its own. Never
+        where the run's config says --no-warm-pools."""
         if not self.plan.config.cluster.warm_pools:
             return None
-        from cluster.engines.warm import PoolKey, pools_here
+        import ray
 
+        from cluster.engines.warm import Lease, PoolKey, registry
+
+        found = registry(create=False)
+        if found is None:
+            return None
+        lease_id = f"sweep-{secrets.token_hex(4)}"
         wanted = PoolKey.of(self._request(model_path).settings)
-        asked = self.plan.config.cluster.replicas
-        return next((r.name for r in pools_here() if len(r.engines) >= asked and r.serves(wanted)), None)
+        for record in ray.get(found.all.remote()):
+            if len(record.engines) < self.plan.config.cluster.replicas or not record.serves(wanted):
+                continue
+            if ray.get(found.acquire.remote(wanted, lease_id, record.name)) is not None:
+                return Lease(found, record.name, lease_id)
+        return None
 
     def _request(self, model_path: str) -> SourceRequest:
         """The engines of the sweep's model options on `model_path`, LoRA layers where its steps carry adapters."""

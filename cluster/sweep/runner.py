@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cluster.errors import ClusterError
 from cluster.models import CheckpointKind
@@ -29,6 +30,9 @@ from cluster.session import ray_session
 from cluster.sweep.plan import SweepPlan, SweepStep
 from evaluators.curves import ErrorBar, plot_curves, points_from_run, write_tables
 from evaluators.errors import EvalInputError
+
+if TYPE_CHECKING:
+    from cluster.engines.warm import Lease
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +85,24 @@ class SweepEngines:
         self.verbose = verbose
         self.max_loras = max_loras  # LoRA slots; None: as many as the first batch's adapters
         self._by_kind: dict[CheckpointKind, SharedReplicas] = {}
+        self._pool_leases: dict[CheckpointKind, Lease] = {}  # the warm pools the LoRA steps run on, held
         self.starts = 0  # replica pools started (one per checkpoint kind that had work)
 
     def for_kind(self, kind: CheckpointKind, first: RunPlan, plan: SweepPlan) -> SharedReplicas | None:
-        """The engines `kind`'s steps share, or None where a warm pool of the cluster serves LoRA steps (asked
-        again for each batch, until the sweep has started engines of its own): each step then runs on the
-        pool as a run of its own. Full checkpoints always get the sweep's own, which move between them."""
+        """The engines `kind`'s steps share, or None where a warm pool of the cluster serves LoRA steps: each
+        step then runs on the pool as a run of its own, and the sweep holds a lease on it until it closes (a
+        watch keeps it between batches). Full checkpoints always get the sweep's own, which move between
+        them."""
+        if kind in self._pool_leases:
+            return None
         shared = self._by_kind.get(kind)
         if shared is not None:
             return shared
         shared = SharedReplicas(first, verbose=self.verbose, max_loras=self.max_loras or plan.max_loras)
-        pool = shared.warm_pool(first.model.path) if kind is CheckpointKind.LORA else None
-        if pool is not None:
-            log.info("the LoRA steps run on warm pool %s (no engine of the sweep's own)", pool)
+        lease = shared.hold_warm_pool(first.model.path) if kind is CheckpointKind.LORA else None
+        if lease is not None:
+            log.info("the LoRA steps run on warm pool %s (no engine of the sweep's own)", lease.pool)
+            self._pool_leases[kind] = lease
             return None
         self._by_kind[kind] = shared
         return shared
@@ -107,6 +116,9 @@ class SweepEngines:
             self.starts += int(shared.pool is not None)
             shared.close()
         self._by_kind.clear()
+        for lease in self._pool_leases.values():
+            lease.release(served=0)  # the steps' own leases counted what the pool served them
+        self._pool_leases.clear()
 
 
 def run_sweep(

@@ -25,7 +25,7 @@ from cluster.cli.front_state import CodeState
 from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, MODEL_DIR, rayeval, records, start_in_background
 from tests.warm_cluster import warm_cluster
 
-SERVED = re.compile(r"command \d+: pid (\d+) runs `rayeval run`")
+SERVED = re.compile(r"command \d+: pid (\d+) runs `rayeval run` in (.*)")
 
 
 def state(tmp_path: Path) -> CodeState:
@@ -94,8 +94,11 @@ def test_a_client_unlike_the_server_is_refused_by_what_differs_never_by_a_value(
     assert view["path"] == ["/ray/thirdparty", "/client-first", str(tmp_path / "site")]
 
 
-def served(log: Path) -> list[int]:
-    return [int(pid) for pid in SERVED.findall(log.read_text())] if log.exists() else []
+def served(log: Path, cwd: Path | None = None) -> list[int]:
+    """The processes the server forked for `rayeval run` commands, in order; those run in `cwd` where given
+    (a server that other tests' commands reach too: the shared cluster's, beside another xdist worker)."""
+    found = SERVED.findall(log.read_text()) if log.exists() else []
+    return [int(pid) for pid, where in found if cwd is None or where == str(cwd)]
 
 
 def log_of(env: dict[str, str]) -> Path:
@@ -171,14 +174,14 @@ def test_a_warm_run_through_the_server_answers_as_one_run_here_and_ends_as_its_c
     log = log_of(shared.env())
     (tmp_path / "work").mkdir()
     common = [*BASE_IFEVAL_ARGS, "--output-dir", "out"]  # relative: the client's working directory's
-    first = len(served(log))
+    first = len(served(log, tmp_path / "work"))
     through = rayeval(
         "run", *common, "--limit", str(BASE_IFEVAL_LIMIT), "--run-id", "through", cwd=tmp_path / "work"
     )
     alone = rayeval("run", *common, "--limit", str(BASE_IFEVAL_LIMIT), "--run-id", "alone",
                     env={WARM_CLI_ENV: "0"}, cwd=tmp_path / "work")  # fmt: skip
     assert through.returncode == 0 and alone.returncode == 0, through.stderr[-3000:] + alone.stderr[-3000:]
-    assert len(served(log)) == first + 1, log.read_text()[-2000:]  # the first only
+    assert len(served(log, tmp_path / "work")) == first + 1, log.read_text()[-2000:]  # the first only
     for run_id in ("through", "alone"):
         rows = records(tmp_path / "work" / "out" / run_id / "samples" / MODEL_DIR / "ifeval.jsonl")
         assert [r["output"] for r in rows] == [r["output"] for r in base_ifeval_records]  # float32 greedy
@@ -191,10 +194,10 @@ def _interrupts(shared, tmp_path: Path, log: Path) -> None:  # noqa: ANN001 - te
     env, common = shared.env(), [*BASE_IFEVAL_ARGS, "--output-dir", str(tmp_path), "--limit", "40"]
 
     def start(run_id: str, ignore: tuple[int, ...] = ()) -> tuple[subprocess.Popen[str], int]:
-        count = len(served(log))
+        count = len(served(log, tmp_path))
         argv = ["run", *common, "--run-id", run_id, *shared.run_args()]
-        proc = start_in_background(argv, env=env, ignore=ignore)
-        return proc, _command_pid(log, count + 1)
+        proc = start_in_background(argv, env=env, ignore=ignore, cwd=tmp_path)
+        return proc, _command_pid(log, tmp_path, count + 1)
 
     proc, pid = start("cut")
     time.sleep(1.5)
@@ -224,11 +227,11 @@ def _interrupts(shared, tmp_path: Path, log: Path) -> None:  # noqa: ANN001 - te
     assert proc.returncode == 0, err[-3000:]  # as under `nohup`: the ignored SIGHUP stays ignored
 
 
-def _command_pid(log: Path, count: int, timeout_s: float = 60) -> int:
-    """The process the server forked for its `count`-th command, once it has."""
+def _command_pid(log: Path, cwd: Path, count: int, timeout_s: float = 60) -> int:
+    """The process the server forked for its `count`-th command run in `cwd`, once it has."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        pids = served(log)
+        pids = served(log, cwd)
         if len(pids) >= count:
             return pids[count - 1]
         time.sleep(0.05)
