@@ -41,14 +41,10 @@ $(INSTALLED): pyproject.toml | $(VPY)
 demo: setup  ## the main job on the embedded default: IFEval, offline, on a local CPU Ray cluster
 	$(VENV)/bin/rayeval run
 
-# pytest-xdist workers for `make test`: the modules that start engines of their own form two groups, one per
-# worker, beside the rest (tests/workers.py says why two); TEST_WORKERS=0 runs the suite in this one process.
-TEST_WORKERS ?= 2
-
 test: setup  ## ruff, then every test (the slow ones start real Ray clusters and vLLM engines)
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
-	$(VPY) -m pytest -n $(TEST_WORKERS)
+	$(VPY) -m pytest
 
 lint: setup
 	$(VPY) -m ruff check . && $(VPY) -m ruff format --check .

@@ -6,8 +6,7 @@ Reads the first line of /proc/stat (every core's time by state) before and after
 teardown; the busy fraction is one minus the share of idle and iowait time. It is system-wide: it counts the
 test run's own clusters, engines and servers, which run in other processes. Rows are appended to the file
 SUITE_CPU_BUSY names (default suite-cpu-busy.jsonl in the working directory): test, began (Unix time),
-seconds, busy, and the pytest-xdist worker that ran it (gw0, gw1; empty in a run without workers), whose
-rows the workers append to the same file.
+seconds, busy.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "began": round(began, 3),
         "seconds": round(time.time() - began, 3),
         "busy": round(busy, 3),
-        "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
     }
     with open(os.environ.get("SUITE_CPU_BUSY", "suite-cpu-busy.jsonl"), "a", encoding="utf-8") as out:
         out.write(json.dumps(row) + "\n")

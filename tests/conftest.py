@@ -69,112 +69,33 @@ def needs_cluster(item: pytest.Item) -> bool:
     return item.nodeid.startswith("tests/cluster/")
 
 
-def xdist_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
-
-
-def xdist_controller(config: pytest.Config) -> bool:
-    """This process hands the tests to pytest-xdist's workers (`-n N`, N > 0) and runs none itself."""
-    return not xdist_worker(config) and bool(getattr(config.option, "numprocesses", None))
-
-
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """In a run of the whole suite, the tests outside tests/cluster (plain Python: no cluster, no engine) go
-    first, in their own order, while the shared cluster and its pools start beside them (below). Spread over
-    xdist's workers, the two groups of modules that start engines of their own go first (tests/workers.py)."""
-    if whole_suite(config) and xdist_worker(config):
-        from tests.workers import order
-
-        items.sort(key=lambda item: order(item.nodeid))
-    elif whole_suite(config):
+    first, in their own order, while the shared cluster and its pools start beside them (below)."""
+    if whole_suite(config):
         items.sort(key=needs_cluster)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's types
-    """Each module one unit of work, the engine-starting modules two units (tests/workers.py)."""
-    from tests.workers import UnitScheduling
-
-    return UnitScheduling(config, log)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """In a run of the whole suite that has tests of tests/cluster selected, start the shared cluster now, in
-    the background (tests/warm_cluster.py): its pools' engines start on the cores the plain tests leave idle.
-    xdist's workers use the one their controller starts (`pytest_sessionstart`)."""
+    the background (tests/warm_cluster.py): its pools' engines start on the cores the plain tests leave idle."""
     config = session.config
-    if xdist_worker(config):
-        return
     if whole_suite(config) and not config.option.collectonly and any(map(needs_cluster, session.items)):
         from tests.warm_cluster import start_in_background
 
         start_in_background()
 
 
-HANDOFF = (
-    "rayeval_warm_cluster"  # the key of xdist's worker input that names the shared cluster's hand-off file
-)
-HANDOFF_PATH = pytest.StashKey[Path]()
-
-
-def may_need_cluster(config: pytest.Config) -> bool:
-    """Whether the paths pytest was given hold tests of tests/cluster (it collects none in xdist's controller,
-    so the paths are what it can tell by)."""
-    cluster = REPO / "tests" / "cluster"
-    for arg in config.args:
-        path = Path(config.invocation_params.dir, arg.split("::", 1)[0]).resolve()
-        if path == cluster or cluster in path.parents or path in cluster.parents:
-            return True
-    return False
-
-
-def hand_off_the_shared_cluster(config: pytest.Config) -> None:
-    """xdist's controller, where its tests may need the shared cluster: it will start that for its workers
-    and write it to a hand-off file. Chosen at configure time, before xdist configures its workers
-    (`pytest_configure_node`)."""
-    from tests.warm_cluster import enabled, hand_off_to
-
-    if xdist_controller(config) and may_need_cluster(config) and not config.option.collectonly and enabled():
-        import tempfile
-
-        handoff = Path(tempfile.mkdtemp(prefix="rayeval-tests-")) / "warm-cluster.json"
-        config.stash[HANDOFF_PATH] = handoff
-        hand_off_to(handoff)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """xdist's controller starts the shared cluster in the background as the session starts."""
-    if HANDOFF_PATH in session.config.stash:
-        from tests.warm_cluster import start_in_background
-
-        start_in_background()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node) -> None:
-    """xdist's controller tells each worker where the shared cluster it starts is written."""
-    handoff = node.config.stash.get(HANDOFF_PATH, None)
-    if handoff is not None:
-        node.workerinput[HANDOFF] = str(handoff)
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """A SIGTERM (`timeout`, a CI runner cancelling the job, `kill`) stops the test run as Ctrl-C does: pytest
     then still runs `pytest_sessionfinish`, which stops the shared cluster and the servers session fixtures
     started. Killed outright, the test process would leave them running (a `ray start` head with three warm
-    pools, a SeaweedFS server) to fail the next run for memory. A second SIGTERM ends the process at once.
-    Spread over xdist's workers, the controller starts the shared cluster and each worker uses it (above)."""
+    pools, a SeaweedFS server) to fail the next run for memory. A second SIGTERM ends the process at once."""
     import os
     import signal
 
-    if xdist_worker(config) and HANDOFF in config.workerinput:
-        from tests.warm_cluster import attach_to
-
-        attach_to(Path(config.workerinput[HANDOFF]))
-    hand_off_the_shared_cluster(config)
     main_process = os.getpid()
 
     def interrupt(signum: int, frame: object) -> None:
@@ -195,10 +116,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from tests.warm_cluster import stop_warm_cluster
 
     stop_warm_cluster()
-    if HANDOFF_PATH in session.config.stash:  # xdist's controller: its hand-off file's folder
-        import shutil
-
-        shutil.rmtree(session.config.stash[HANDOFF_PATH].parent, ignore_errors=True)
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         sys.modules["ray"].shutdown()
     session.config.stash[EXIT_STATUS] = int(exitstatus)
@@ -216,7 +133,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     import sys
 
     status = config.stash.get(EXIT_STATUS, None)
-    if status is None or xdist_worker(config):  # no session ran (--help, a usage error), or xdist ends it
+    if status is None:  # no session ran (--help, --version, a usage error): the normal exit
         return
     sys.stdout.flush()
     sys.stderr.flush()

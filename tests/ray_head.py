@@ -39,16 +39,9 @@ def is_engine_actor(pid: int) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class _OtherProcess:
-    """The head's `ray start` process, as seen from a process that did not start it: its pid alone."""
-
-    pid: int
-
-
 @dataclass
 class HeadNode:
-    process: subprocess.Popen[str] | _OtherProcess
+    process: subprocess.Popen[str]
     temp_dir: Path
     token_path: Path
     gcs_port: int
@@ -83,21 +76,6 @@ class HeadNode:
             "RAY_AUTH_TOKEN_PATH": str(self.token_path),
             SOCKET_DIR_ENV: str(self.temp_dir / "cli"),
         }
-
-    def described(self) -> dict:
-        """What another process needs to use this cluster (`attached`): its ports, paths, head process and the
-        environment its clients start from."""
-        return {"pid": self.process.pid, "temp_dir": str(self.temp_dir), "token_path": str(self.token_path),
-                "gcs_port": self.gcs_port, "dashboard_port": self.dashboard_port,
-                "client_port": self.client_port, "base_env": self.base_env}  # fmt: skip
-
-    @classmethod
-    def attached(cls, described: dict) -> HeadNode:
-        """A head that another process of the test run started and stops (`described`): this process uses
-        it, reads its processes (`pids`), and never stops it."""
-        return cls(_OtherProcess(described["pid"]), Path(described["temp_dir"]), Path(described["token_path"]),
-                   described["gcs_port"], described["dashboard_port"], described["client_port"],
-                   described["base_env"])  # fmt: skip
 
     def pids(self) -> set[int]:
         """Every live process of this cluster: the head's descendants (raylet, workers, engines and their
@@ -147,8 +125,6 @@ class HeadNode:
 
     def stop(self) -> None:
         """`ray start --block` stops what it started on SIGTERM; the process group catches any straggler."""
-        if isinstance(self.process, _OtherProcess):
-            raise RuntimeError("this head is another process's: the process that started it stops it")
         self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(timeout=60)

@@ -101,8 +101,8 @@ def wait_for_records(proc: subprocess.Popen[str], store: Path, count: int) -> No
 
 def engine_actor_pids() -> list[int]:
     """The engine actors of this test process's own Ray clusters (its in-process ones, and the local ones the
-    commands it runs start): its descendants, less the test run's shared cluster. Another xdist worker's
-    engines, on the same machine at the same time, are not this process's."""
+    commands it runs start): its descendants, less the test run's shared cluster. Engines another process
+    started on the machine (another test run's) are not counted."""
     import psutil
 
     from tests.ray_head import is_engine_actor

@@ -32,8 +32,7 @@ def test_every_pip_call_of_the_set_up_is_the_project_environments_own():
 def test_the_environment_is_made_by_the_interpreter_asked_for_and_the_commands_run_in_it():
     lines = recipe_lines("demo", "test", "PY=/usr/bin/python3")
     assert any(line.startswith("/usr/bin/python3 -m venv .venv") for line in lines)
-    assert ".venv/bin/rayeval run" in lines
-    assert ".venv/bin/python -m pytest -n 2" in lines  # two xdist workers (tests/workers.py)
+    assert ".venv/bin/rayeval run" in lines and ".venv/bin/python -m pytest" in lines
 
 
 def test_a_second_make_finds_everything_installed():

@@ -11,24 +11,15 @@ no cluster run first) and stops when the test run ends (`pytest_sessionfinish` i
 subject is an engine's start or death, or the local cluster a command starts itself, opt out with
 `rayeval(..., local=True)` (or start their own cluster); `RAYEVAL_TESTS_LOCAL=1` turns the shared cluster off
 for a whole test run.
-
-Where the test run is spread over pytest-xdist workers (`make test`: tests/conftest.py), the controller process
-starts the one cluster as the session starts and writes what it is (ports, paths, its clients' environment) to
-a hand-off file; each worker attaches to it on first use (`HeadNode.attached`) and the controller stops it at
-the end. A start that failed is written there too, and every test that asks for the cluster reports it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import threading
-import time
-import traceback
 from dataclasses import dataclass
-from pathlib import Path
 
 from tests.ray_head import HeadNode, start_head
 
@@ -63,9 +54,6 @@ class WarmCluster:
 
 _cluster: WarmCluster | None = None
 _lock = threading.Lock()
-_handoff: Path | None = None  # the xdist controller writes the started cluster here, its workers read it
-_attached = False  # this process uses the controller's cluster (an xdist worker)
-HANDOFF_WAIT_S = 1500  # more than the controller's own limits: its head's start, then 600 s per `rayeval up`
 # The environment of the test run as it began, which every `rayeval` of the shared cluster starts from (its
 # `rayeval up` and the tests' runs, as one user's shell): the test process's own imports of Ray, vLLM and torch
 # later set variables in os.environ (KMP_*, TORCHINDUCTOR_*, HF_HUB_OFFLINE, ...) that a user's shell would not
@@ -84,44 +72,9 @@ def warm_cluster() -> WarmCluster:
         return _started()
 
 
-def hand_off_to(path: Path) -> None:
-    """In the xdist controller: write the cluster `start_in_background` starts (or why it failed) to `path`."""
-    global _handoff
-    _handoff = path
-
-
-def attach_to(path: Path) -> None:
-    """In an xdist worker: use the cluster the controller writes to `path` instead of starting one."""
-    global _handoff, _attached
-    _handoff, _attached = path, True
-
-
-def _attached_cluster() -> WarmCluster:
-    """The controller's cluster, once its hand-off file is written; the caller holds `_lock`."""
-    assert _handoff is not None
-    deadline = time.monotonic() + HANDOFF_WAIT_S
-    while not _handoff.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the test run's shared cluster was not started within {HANDOFF_WAIT_S} s")
-        time.sleep(0.5)
-    described = json.loads(_handoff.read_text())
-    if "error" in described:
-        raise RuntimeError(f"the test run's shared cluster failed to start:\n{described['error']}")
-    return WarmCluster(HeadNode.attached(described))
-
-
-def _write_handoff(content: dict) -> None:
-    assert _handoff is not None
-    partial = _handoff.with_suffix(".partial")
-    partial.write_text(json.dumps(content))
-    partial.replace(_handoff)
-
-
 def _started() -> WarmCluster:
     """The shared cluster, started now if it is not yet; the caller holds `_lock`."""
     global _cluster
-    if _cluster is None and _attached:
-        _cluster = _attached_cluster()
     if _cluster is None:
         head = start_head(num_cpus=CPUS, base_env=_SESSION_ENV)
         try:
@@ -150,13 +103,9 @@ def start_in_background() -> None:
         with _lock:
             holding.set()
             try:
-                started = _started()
+                _started()
             except BaseException:  # noqa: BLE001 - the first test that asks starts it again and reports why
-                if _handoff is not None:  # ...or, in xdist's workers, reads why
-                    _write_handoff({"error": traceback.format_exc()[-5000:]})
-            else:
-                if _handoff is not None:
-                    _write_handoff(started.head.described())
+                pass
 
     threading.Thread(target=start, name="warm-cluster-start", daemon=True).start()
     holding.wait()
@@ -206,6 +155,6 @@ def shared_pids() -> set[int]:
 def stop_warm_cluster() -> None:
     global _cluster
     with _lock:
-        if _cluster is not None and not _attached:  # an xdist worker's is the controller's to stop
+        if _cluster is not None:
             _cluster.head.stop()
-        _cluster = None
+            _cluster = None
