@@ -464,10 +464,13 @@ class Lease:
     work share it (`runs_sharing`: 1 until the first answer comes). A run that is not sending (judging after
     its generation, say) is not counted."""
 
-    def __init__(self, registry_actor: Any, pool: str, run_id: str) -> None:
+    def __init__(self, registry_actor: Any, pool: str, run_id: str, sends: bool = True) -> None:
+        """`sends`: whether the holder sends work to the pool (a run); a sweep that holds the pool for its
+        steps' runs sends none itself, and is never counted among those sharing it."""
         self.registry = registry_actor
         self.pool = pool
         self.run_id = run_id
+        self.sends = sends
         self.calls_in_flight = 0  # changed on the run's event loop only (`count_call`); this thread reads it
         self.calls_done = 0
         self._runs_sharing = 1
@@ -497,7 +500,9 @@ class Lease:
             # first renewal a lease that has sent nothing yet is about to (a run's generation), and a judge
             # waiting for outputs to judge is quiet from the next one
             done_now = self.calls_done
-            sending = self.calls_in_flight > 0 or done_now != done_before or first and done_now == 0
+            sending = self.sends and (
+                self.calls_in_flight > 0 or done_now != done_before or first and done_now == 0
+            )
             first, done_before = False, done_now
             try:
                 ref = self.registry.renew.remote(self.pool, self.run_id, sending)

@@ -58,9 +58,11 @@ def run_evaluation(
     progress: bool = True,
     retry_failed: bool = False,
     shared: SharedReplicas | None = None,
+    warm_pool: str | None = None,
 ) -> RunResult:
     """Run the plan on the connected Ray cluster and write every output file; returns the summaries.
-    `shared`: a sweep's warm replicas to run on instead of starting the run's own."""
+    `shared`: a sweep's warm replicas to run on instead of starting the run's own; `warm_pool`: the warm pool
+    a sweep holds for its steps, the one this run must use."""
     started = time.perf_counter()
     paths = RunPaths.new(plan.config.output_dir, plan.config.run_id, plan.model_label)
     sync = _open_sync(plan, paths)  # a folder on a store: what it holds comes here first (a resume)
@@ -71,7 +73,9 @@ def run_evaluation(
         sync.start(lambda: len(store.added_ids))
     complete = False
     try:
-        result, runner = _run_in_folder(plan, paths, store, started, verbose, progress, retry_failed, shared)
+        result, runner = _run_in_folder(
+            plan, paths, store, started, verbose, progress, retry_failed, shared, warm_pool
+        )
         complete = True
     finally:
         if sync is not None:
@@ -98,6 +102,7 @@ def _run_in_folder(
     progress: bool,
     retry_failed: bool,
     shared: SharedReplicas | None,
+    warm_pool: str | None,
 ) -> tuple[RunResult, RequestRunner]:
     runner = RequestRunner(
         plan,
@@ -108,6 +113,7 @@ def _run_in_folder(
         generate_missing=plan.config.mode is not RunMode.JUDGE_ONLY,
         core_slots=core_slots(plan, judge=False),
         shared=shared,
+        warm_pool=warm_pool,
         run_id=paths.run_id,
     )
     try:

@@ -77,13 +77,16 @@ class RequestRunner:
         generate_missing: bool = True,
         core_slots: tuple[int, int] | None = None,
         shared: SharedReplicas | None = None,
+        warm_pool: str | None = None,
         run_id: str | None = None,
     ) -> None:
         """`generate_missing=False` (--judge-only) answers requests the store lacks with a NotGenerated failure
         instead of starting engines. `shared`: replicas that outlive this runner (a sweep's), asked for this
-        plan's model instead of a pool of its own."""
+        plan's model instead of a pool of its own. `warm_pool`: the warm pool to run on (a sweep's, which it
+        holds for its steps)."""
         self.plan = plan
         self.shared = shared
+        self.warm_pool = warm_pool
         self.generate_missing = generate_missing
         self.core_slots = core_slots
         self.store = store
@@ -267,6 +270,7 @@ class RequestRunner:
             endpoint=bool(plan.model.endpoint),
             shared=self.shared,
             warm_pools=config.cluster.warm_pools,
+            warm_pool=self.warm_pool,
             keep_warm_s=config.cluster.kept_warm_s,
         )
 

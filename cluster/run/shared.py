@@ -8,6 +8,7 @@ another, and each asks for its own checkpoint: every replica's engine moves to i
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ from sharding.dispatcher import Replica
 
 if TYPE_CHECKING:
     from cluster.engines.warm import Lease
+
+log = logging.getLogger(__name__)
 
 
 class SharedReplicas:
@@ -65,8 +68,13 @@ class SharedReplicas:
         import ray
 
         from cluster.engines.warm import Lease, PoolKey, registry
+        from cluster.errors import ClusterError
 
-        found = registry(create=False)
+        try:
+            found = registry(create=False)
+        except ClusterError as exc:  # another version's registry: its pools are not this sweep's to use
+            log.warning("the sweep starts its own engines: %s", exc)
+            return None
         if found is None:
             return None
         lease_id = f"sweep-{secrets.token_hex(4)}"
@@ -75,7 +83,7 @@ class SharedReplicas:
             if len(record.engines) < self.plan.config.cluster.replicas or not record.serves(wanted):
                 continue
             if ray.get(found.acquire.remote(wanted, lease_id, record.name)) is not None:
-                return Lease(found, record.name, lease_id)
+                return Lease(found, record.name, lease_id, sends=False)
         return None
 
     def _request(self, model_path: str) -> SourceRequest:

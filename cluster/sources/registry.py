@@ -66,6 +66,7 @@ class SourceRequest:
     endpoint: bool = False  # the model under test is behind an OpenAI-compatible endpoint
     shared: SharedEngines | None = None  # a sweep's replicas
     warm_pools: bool = True  # whether a matching warm pool may serve
+    warm_pool: str | None = None  # the one warm pool that must serve (a sweep holds it for its steps)
     keep_warm_s: float | None = None  # start the engines as a warm pool kept this long when idle
     lease_suffix: str = field(default_factory=lambda: secrets.token_hex(LEASE_SUFFIX_BYTES))
 
@@ -486,12 +487,18 @@ def _warm(request: SourceRequest) -> GenerationSource | None:
     from cluster.engines.warm import PoolKey, registry
 
     found = registry(create=request.keep_warm_s is not None)
-    if found is None:
-        return None
     record = None
-    if request.warm_pools:
-        record = ray.get(found.acquire.remote(PoolKey.of(request.settings), request.lease_id))
-    if record is None and request.keep_warm_s is None:
+    if found is not None and request.warm_pools:
+        key = PoolKey.of(request.settings)
+        record = ray.get(found.acquire.remote(key, request.lease_id, request.warm_pool))
+    if record is None and request.warm_pool is not None:
+        from cluster.errors import ClusterError
+
+        raise ClusterError(
+            f"Warm pool {request.warm_pool}, which the sweep holds for its steps, no longer serves them (stopped "
+            "with `rayeval down`?): run the sweep again; it reuses every finished step."
+        )
+    if found is None or record is None and request.keep_warm_s is None:
         return None
     return WarmReplicas(request, found, record)
 

@@ -111,14 +111,19 @@ class SweepEngines:
     def swaps(self) -> int:
         return sum(shared.swaps for shared in self._by_kind.values())
 
+    def held_pool(self, kind: CheckpointKind) -> str | None:
+        """The warm pool `kind`'s steps run on (`for_kind` gave them no engines of the sweep's own)."""
+        lease = self._pool_leases.get(kind)
+        return None if lease is None else lease.pool
+
     def close(self) -> None:
+        for lease in self._pool_leases.values():
+            lease.release(served=0)  # the steps' own leases counted what the pool served them
+        self._pool_leases.clear()
         for shared in self._by_kind.values():
             self.starts += int(shared.pool is not None)
             shared.close()
         self._by_kind.clear()
-        for lease in self._pool_leases.values():
-            lease.release(served=0)  # the steps' own leases counted what the pool served them
-        self._pool_leases.clear()
 
 
 def run_sweep(
@@ -175,7 +180,8 @@ def sweep_steps(
         for kind, steps in groups:
             if steps:
                 shared = engines.for_kind(kind, steps[0].plan, plan)
-                outcomes += _run_steps(steps, shared, kind, retry_failed, lambda: bar.advance(job))
+                pool = engines.held_pool(kind)
+                outcomes += _run_steps(steps, shared, pool, kind, retry_failed, lambda: bar.advance(job))
     if close_engines:
         engines.close()
     outcomes.sort(key=lambda o: o.step)
@@ -255,6 +261,7 @@ def _merged(step: SweepStep) -> SweepStep:
 def _run_steps(
     steps: list[SweepStep],
     shared: SharedReplicas | None,
+    pool: str | None,
     kind: CheckpointKind,
     retry_failed: bool,
     advance: Callable[[], None],
@@ -262,7 +269,7 @@ def _run_steps(
     """LoRA steps at once (their requests meet in the same engines), full checkpoints one after another."""
     workers = len(steps) if kind is CheckpointKind.LORA else 1
     with ThreadPoolExecutor(workers, thread_name_prefix="sweep-step") as threads:
-        futures = [threads.submit(_run_step, s, shared, retry_failed) for s in steps]
+        futures = [threads.submit(_run_step, s, shared, pool, retry_failed) for s in steps]
         outcomes = []
         for future in futures:
             outcomes.append(future.result())
@@ -270,12 +277,16 @@ def _run_steps(
     return outcomes
 
 
-def _run_step(step: SweepStep, shared: SharedReplicas | None, retry_failed: bool) -> StepOutcome:
+def _run_step(
+    step: SweepStep, shared: SharedReplicas | None, pool: str | None, retry_failed: bool
+) -> StepOutcome:
     outcome = StepOutcome(step.step, step.kind.value, str(step.checkpoint.path), StepStatus.DONE)
     began = time.perf_counter()
     log.info("step %d (%s): %s", step.step, step.kind, step.checkpoint.path)
     try:
-        result = run_evaluation(step.plan, progress=False, retry_failed=retry_failed, shared=shared)
+        result = run_evaluation(
+            step.plan, progress=False, retry_failed=retry_failed, shared=shared, warm_pool=pool
+        )
     except (ClusterError, EvalInputError, OSError) as exc:
         log.error("step %d failed: %s", step.step, exc)
         outcome.status, outcome.reason = StepStatus.FAILED, f"{type(exc).__name__}: {exc}"
