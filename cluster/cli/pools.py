@@ -23,7 +23,8 @@ and why another would not. The pool stops after --idle-timeout with no run using
 # Settings of `rayeval run` that mean nothing to a pool (adapters ride on requests; prompts are the runs').
 NOT_POOL_SETTINGS = frozenset(
     {"model.lora", "model.chat_template", "cluster.replica_restarts", "cluster.coordinator_node",
-     "cluster.coordinator_idle_timeout_s", "cluster.forward_env", "cluster.warm_pools", "cluster.keep_warm_s", "cluster.max_in_flight"}
+     "cluster.coordinator_idle_timeout_s", "cluster.forward_env", "cluster.warm_pools", "cluster.keep_warm_s",
+     "cluster.max_in_flight"}
 )  # fmt: skip
 POOL_GROUPS = {
     "model": GROUPS["model"],

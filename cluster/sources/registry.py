@@ -498,7 +498,7 @@ def _warm(request: SourceRequest) -> GenerationSource | None:
             f"Warm pool {request.warm_pool}, which the sweep holds for its steps, no longer serves them (stopped "
             "with `rayeval down`?): run the sweep again; it reuses every finished step."
         )
-    if found is None or record is None and request.keep_warm_s is None:
+    if found is None or (record is None and request.keep_warm_s is None):
         return None
     return WarmReplicas(request, found, record)
 
