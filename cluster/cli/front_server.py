@@ -44,8 +44,6 @@ PRELOAD = (
     "cluster.engines.warm",
     "cluster.engines.pool",
 )
-BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
-LOAD_THREAD_JOIN_S = 30.0  # a scorer's loading thread ends once its module is loaded
 MAX_REQUEST_BYTES = 16 << 20
 RECEIVE_TIMEOUT_S = 2.0
 IDLE_POLL_S, BUSY_POLL_S = 5.0, 0.5
@@ -56,68 +54,12 @@ def main() -> None:
     parser.add_argument(
         "--idle-timeout", type=float, default=3600.0, help="seconds with no command, then exit"
     )
-    parser.add_argument(
-        "--no-scorers", action="store_true", help="leave the default tasks' scorers to each run (see below)"
-    )
     args = parser.parse_args()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its children are reaped here, whatever it inherited
-    state = CodeState.after_imports(
-        PRELOAD, then=(lambda: None) if args.no_scorers else _default_scorers_loaded
-    )
-    if _thread_count() > 1 and not args.no_scorers:  # a BLAS of another build: start again without them
-        _log("the scorers' import left threads in this process; starting again without the scorers")
-        sys.stderr.flush()
-        os.execv(
-            sys.executable, [sys.executable, "-m", "cluster.cli.front_server", *sys.argv[1:], "--no-scorers"]
-        )
+    state = CodeState.after_imports(PRELOAD)
     gc.collect()
     gc.freeze()  # the imported heap stays out of every fork's collections (and so unshared pages uncopied)
     Server(socket_path(), state, args.idle_timeout).serve()
-
-
-def _default_scorers_loaded() -> None:
-    """The default tasks' scorers (IFEval's checkers and langdetect's profiles), loaded as a run loads them in
-    the background once its first requests are out: a run forked from here finds them loaded, so their import
-    takes none of the CPU its engines generate on (on two cores the engine's threads hold both). A scorer
-    that fails to load here is left to the run, which reports why.
-
-    No thread may outlive this (a server with another thread takes no command: a fork copies only the thread
-    that forks): the loading thread is joined, and nltk's numpy loads its OpenBLAS with one thread, so the runs
-    forked from here compute numpy's linear algebra on one thread where a fresh process would start one per
-    core (the run's statistics are sums over short vectors; its engines are processes of their own)."""
-    from cluster.config.options import DEFAULT_TASKS
-
-    blas_threads = os.environ.get(BLAS_THREADS_ENV)
-    os.environ[BLAS_THREADS_ENV] = "1"  # read when OpenBLAS loads; the environment is restored below
-    try:
-        _scorers_loaded(DEFAULT_TASKS)
-    finally:
-        if blas_threads is None:
-            os.environ.pop(BLAS_THREADS_ENV, None)
-        else:
-            os.environ[BLAS_THREADS_ENV] = blas_threads
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread():
-            thread.join(timeout=LOAD_THREAD_JOIN_S)
-
-
-def _scorers_loaded(names: tuple[str, ...]) -> None:
-    from evaluators.tasks.registry import get_task
-
-    for name in names:
-        began = time.monotonic()
-        task = get_task(name)
-        task.preload_scorer()
-        try:
-            task.wait_for_scorer()
-        except Exception as exc:  # noqa: BLE001 - the run that needs the scorer says why it is missing
-            _log(f"the {name} scorer did not load here ({type(exc).__name__}); runs load it themselves")
-        else:
-            _log(f"loaded the {name} scorer in {time.monotonic() - began:.1f} s")
-
-
-def _thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
 
 
 @dataclass
@@ -207,7 +149,7 @@ class Server:
         if changed:
             self.stop_listening("its code changed on disk")  # it exits once its commands end
             return f"its code changed on disk ({changed[0]}{' and more' if len(changed) > 1 else ''})"
-        if threading.active_count() > 1 or _thread_count() > 1:
+        if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
             self.stop_listening("it has threads")
             return "it has threads, which a fork would not copy"
         argv = request.get("argv")

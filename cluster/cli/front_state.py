@@ -11,7 +11,6 @@ import importlib.machinery
 import json
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from cluster.cli.front_paths import process_traits
@@ -37,12 +36,10 @@ class CodeState:
     traits: dict  # front_paths.process_traits(), as JSON carries it
 
     @classmethod
-    def after_imports(cls, modules: tuple[str, ...], then: Callable[[], None] = lambda: None) -> CodeState:
-        """Import `modules`, call `then` (what loads more on first use), and record the state they left."""
+    def after_imports(cls, modules: tuple[str, ...]) -> CodeState:
         env, path = dict(os.environ), list(sys.path)
         for name in modules:
             importlib.import_module(name)
-        then()
         set_by_imports = {k: v for k, v in os.environ.items() if env.get(k) != v}
         files, packages = {}, {}
         for name, module in list(sys.modules.items()):
