@@ -25,11 +25,16 @@ from bench.warm_pool import ENGINE, Cluster, float32_pool  # noqa: E402
 from cluster.cli.front_paths import WARM_CLI_ENV  # noqa: E402
 
 
-def timed_run(cluster: Cluster, run_id: str, prompts: int) -> dict:
-    argv = [sys.executable, "-m", "cluster.cli", "run", "--tasks", "ifeval", "--limit", str(prompts),
+def small_run_argv(cluster: Cluster, run_id: str, prompts: int) -> list[str]:
+    """A small IFEval run on the cluster's float32 pool (32 tokens), its files under the cluster's folder."""
+    return [sys.executable, "-m", "cluster.cli", "run", "--tasks", "ifeval", "--limit", str(prompts),
             "--max-tokens", "32", "--dtype", "float32", *ENGINE, "--no-progress",
             "--address", cluster.address, "--output-dir", str(cluster.temp / "runs"),
             "--run-id", run_id]  # fmt: skip
+
+
+def timed_run(cluster: Cluster, run_id: str, prompts: int) -> dict:
+    argv = small_run_argv(cluster, run_id, prompts)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     # in its own process (not forked by the warm CLI server, whose children RUSAGE_CHILDREN does not see)

@@ -22,8 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.cli_cpu import small_run_argv  # noqa: E402
 from bench.rows import commit_of, write_row  # noqa: E402
-from bench.warm_pool import ENGINE, Cluster, float32_pool  # noqa: E402
+from bench.warm_pool import Cluster, float32_pool  # noqa: E402
 
 REAP_WAIT_S = 1.5  # the server reaps a finished command within its busy poll (0.5 s)
 
@@ -43,10 +44,7 @@ def reaped_children_cpu_s(pid: int) -> float:
 
 
 def forked_run(cluster: Cluster, pid: int, run_id: str, prompts: int) -> dict:
-    argv = [sys.executable, "-m", "cluster.cli", "run", "--tasks", "ifeval", "--limit", str(prompts),
-            "--max-tokens", "32", "--dtype", "float32", *ENGINE, "--no-progress",
-            "--address", cluster.address, "--output-dir", str(cluster.temp / "runs"),
-            "--run-id", run_id]  # fmt: skip
+    argv = small_run_argv(cluster, run_id, prompts)
     before = reaped_children_cpu_s(pid)
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, env=cluster.env, check=False)
