@@ -76,6 +76,12 @@ def _nltk_has(resource: str) -> bool:
     return True
 
 
+def nltk_punkt_installed() -> tuple[bool, bool]:
+    """Whether nltk's own Punkt data (the pickled English model, punkt_tab) is installed: what
+    `load_ifeval_utils` chose the checkers' sentence splitter by."""
+    return _nltk_has("tokenizers/punkt/english.pickle"), _nltk_has("tokenizers/punkt_tab")
+
+
 @functools.cache
 def offline_punkt() -> SentenceTokenizer:
     import punkt

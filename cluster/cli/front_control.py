@@ -20,12 +20,12 @@ from cluster.cli.front_paths import (
     socket_path,
 )
 
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0  # its imports, the scorers, and once more without them where they fail
 
 
 def start_server(idle_timeout_s: float) -> int | None:
     """This machine's warm CLI server for this interpreter and copy of rayeval, started unless one that would
-    take this process's commands answers; its pid, or None when none answered within 30 s (the runs then
+    take this process's commands answers; its pid, or None when none answered within START_TIMEOUT_S (the runs then
     import for themselves; its log says why). Several `rayeval up` at once start one server: the first to
     hold the lock file starts it, the others find it."""
     import fcntl

@@ -18,6 +18,7 @@ that ended one. Idle, it wakes every few seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -44,6 +45,8 @@ PRELOAD = (
     "cluster.engines.warm",
     "cluster.engines.pool",
 )
+BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
+THREADS_END_S = 3.0  # a scorer's loading thread ends once its module is loaded
 MAX_REQUEST_BYTES = 16 << 20
 RECEIVE_TIMEOUT_S = 2.0
 IDLE_POLL_S, BUSY_POLL_S = 5.0, 0.5
@@ -54,12 +57,104 @@ def main() -> None:
     parser.add_argument(
         "--idle-timeout", type=float, default=3600.0, help="seconds with no command, then exit"
     )
+    parser.add_argument(
+        "--no-scorers", action="store_true", help="leave the default tasks' scorers to each run (see below)"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its children are reaped here, whatever it inherited
-    state = CodeState.after_imports(PRELOAD)
+    started_env = dict(os.environ)
+    load = ScorerLoad()
+    try:
+        state = CodeState.after_imports(PRELOAD, then=(lambda: None) if args.no_scorers else load)
+    except ScorersNotLoaded as exc:  # the runs load them themselves, from this server's start again
+        _log(f"{exc}; starting again without the scorers")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # what the imports opened without close-on-exec
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:], "--no-scorers"], started_env)
     gc.collect()
     gc.freeze()  # the imported heap stays out of every fork's collections (and so unshared pages uncopied)
-    Server(socket_path(), state, args.idle_timeout).serve()
+    Server(socket_path(), state, args.idle_timeout, scorer_facts=load.facts).serve()
+
+
+class ScorersNotLoaded(Exception):
+    """The default tasks' scorers did not load cleanly here (an error, or a thread left behind)."""
+
+
+@dataclass
+class ScorerLoad:
+    """The default tasks' scorers (IFEval's checkers and langdetect's profiles), loaded as a run loads them in
+    the background once its first requests are out: a run forked from here finds them loaded, so their import
+    takes none of the CPU its engines generate on (on two cores the engine's threads hold both). Where they
+    do not load cleanly, ScorersNotLoaded: the server starts again without them (a forked run would inherit a
+    failed load, where a fresh process tries again).
+
+    No thread may outlive the load (a server with another thread takes no command: a fork copies only the
+    thread that forks): the loading thread is joined, and nltk's numpy loads its OpenBLAS with one thread, so
+    the runs forked from here compute numpy's linear algebra on one thread where a fresh process would start
+    one per core (the run's statistics are sums over short vectors; its engines are processes of their own)."""
+
+    # what the loaded scorers chose by (nltk's Punkt data, where nltk loaded); None: nothing to compare
+    facts: tuple[bool, ...] | None = None
+
+    def __call__(self) -> None:
+        blas_threads = os.environ.get(BLAS_THREADS_ENV)
+        os.environ[BLAS_THREADS_ENV] = "1"  # read when OpenBLAS loads; the environment is restored below
+        try:
+            from cluster.config.options import DEFAULT_TASKS
+
+            for name in DEFAULT_TASKS:
+                _scorer_loaded(name)
+            self.facts = _scorer_facts() if "nltk" in sys.modules else None
+        except ScorersNotLoaded:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure here leaves the scorers to the runs
+            raise ScorersNotLoaded(f"the scorers did not load here ({type(exc).__name__}: {exc})") from exc
+        finally:
+            if blas_threads is None:
+                os.environ.pop(BLAS_THREADS_ENV, None)
+            else:
+                os.environ[BLAS_THREADS_ENV] = blas_threads
+        _threads_ended()
+
+
+def _scorer_loaded(name: str) -> None:
+    from evaluators.tasks.registry import get_task
+
+    began = time.monotonic()
+    task = get_task(name)
+    task.preload_scorer()
+    try:
+        task.wait_for_scorer()
+    except BaseException as exc:  # noqa: BLE001 - the loading thread's error, whatever it was
+        raise ScorersNotLoaded(f"the {name} scorer did not load here ({type(exc).__name__}: {exc})") from exc
+    _log(f"loaded the {name} scorer in {time.monotonic() - began:.1f} s")
+
+
+def _threads_ended() -> None:
+    """Wait for the loading threads to end, in Python and then in the kernel (a joined thread's exit ends a
+    moment later); ScorersNotLoaded where one is still there (a BLAS of another build, say)."""
+    deadline = time.monotonic() + THREADS_END_S
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread():
+            with contextlib.suppress(Exception):  # a thread threading did not start cannot be joined
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    while _thread_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if _thread_count() > 1:
+        raise ScorersNotLoaded("the scorers' import left threads in this process")
+
+
+def _scorer_facts() -> tuple[bool, ...]:
+    """What the loaded scorers chose by and a fresh process would choose by anew: whether nltk's Punkt data is
+    installed (IFEval's sentence splitter is nltk's where it is, the offline Punkt where not)."""
+    from evaluators.sentence_splitting import nltk_punkt_installed
+
+    return nltk_punkt_installed()
+
+
+def _thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
 
 
 @dataclass
@@ -71,6 +166,7 @@ class Server:
     served: int = 0
     listener: socket.socket | None = None
     identity: tuple[int, int, int] = (0, 0, 0)  # the socket file's device, inode and change time: still ours?
+    scorer_facts: tuple[bool, ...] | None = None  # what the loaded scorers chose by (None: none loaded)
 
     def serve(self) -> None:
         self.listener, self.identity = _listen(self.path)
@@ -149,9 +245,12 @@ class Server:
         if changed:
             self.stop_listening("its code changed on disk")  # it exits once its commands end
             return f"its code changed on disk ({changed[0]}{' and more' if len(changed) > 1 else ''})"
-        if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
+        if threading.active_count() > 1 or _thread_count() > 1:
             self.stop_listening("it has threads")
             return "it has threads, which a fork would not copy"
+        if self.scorer_facts is not None and _scorer_facts() != self.scorer_facts:
+            self.stop_listening("nltk's Punkt data changed since its scorers loaded")
+            return "nltk's Punkt data changed since its scorers loaded"
         argv = request.get("argv")
         if not request.get("ping") and not (isinstance(argv, list) and argv):
             return "a request without a command"

@@ -11,6 +11,7 @@ import importlib.machinery
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cluster.cli.front_paths import process_traits
@@ -36,10 +37,20 @@ class CodeState:
     traits: dict  # front_paths.process_traits(), as JSON carries it
 
     @classmethod
-    def after_imports(cls, modules: tuple[str, ...]) -> CodeState:
+    def after_imports(cls, modules: tuple[str, ...], then: Callable[[], None] = lambda: None) -> CodeState:
+        """Import `modules`, call `then` (what loads more on first use), and record the state they left. The
+        environment is the one the imports left: what `then` loads would set its variables in a fresh process
+        only when that process loads it (lm-eval's import sets HF_XET_HIGH_PERFORMANCE), so they are undone."""
         env, path = dict(os.environ), list(sys.path)
         for name in modules:
             importlib.import_module(name)
+        imported_env = dict(os.environ)
+        try:
+            then()
+        finally:
+            for name in set(os.environ) - set(imported_env):
+                del os.environ[name]
+            os.environ.update(imported_env)
         set_by_imports = {k: v for k, v in os.environ.items() if env.get(k) != v}
         files, packages = {}, {}
         for name, module in list(sys.modules.items()):

@@ -111,12 +111,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _start_warm_cli(idle_timeout_s: float) -> None:
-    from cluster.cli.front_control import start_server
+    from cluster.cli.front_control import START_TIMEOUT_S, start_server
     from cluster.cli.front_paths import log_path
 
     pid = start_server(idle_timeout_s)
     if pid is None:
-        print(f"no warm CLI server answered within 30 s (its log: {log_path()}); runs import for themselves")
+        print(
+            f"no warm CLI server answered within {START_TIMEOUT_S:g} s (its log: {log_path()}); "
+            "runs import for themselves"
+        )
     else:
         print(
             f"warm CLI server on this machine: pid {pid}; `rayeval run` here forks from it ({WARM_CLI_ENV}=0: not)"

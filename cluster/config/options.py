@@ -601,11 +601,14 @@ class JudgeOptions(Strict):
         return (self.model or "").partition(":")[2]
 
 
+DEFAULT_TASKS = ("ifeval",)  # a run's tasks where it names none
+
+
 class RunConfig(Strict):
     model: ModelOptions = Field(default_factory=ModelOptions)
     endpoint: EndpointOptions = Field(default_factory=EndpointOptions)
     tasks: list[TaskOptions] = Field(
-        default_factory=lambda: [TaskOptions(name="ifeval")],
+        default_factory=lambda: [TaskOptions(name=name) for name in DEFAULT_TASKS],
         description="comma-separated task names (default ifeval; `rayeval tasks` lists them)",
         json_schema_extra=cli("--tasks", "NAMES", group="tasks"),
     )

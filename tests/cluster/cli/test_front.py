@@ -145,6 +145,10 @@ def test_commands_through_the_server_print_and_exit_as_in_their_own_process(serv
             alone.stderr,
         )
     assert [cli(*c, env=server_env).returncode for c in commands] == [0, 2, 2]
+    # the default task's scorer was loaded before the first command, and its loading thread has ended: the
+    # server forked for every command above (one with a thread left would refuse them all)
+    assert re.search(r"loaded the ifeval scorer in [0-9.]+ s\n[^\n]* serving on", log.read_text())
+    assert "starting again" not in log.read_text()
     # another environment, in a request too big for one send: refused by the variable's name, and the
     # command runs in its own process; the server keeps none of the client's descriptors
     server_pid = int(python("from cluster.cli.front_control import _answers, socket_path; "
@@ -164,6 +168,62 @@ def test_commands_through_the_server_print_and_exit_as_in_their_own_process(serv
     pid, socket_file = python(stop + "print(stop_server(), socket_path())", server_env).split()
     assert int(pid) == server_pid and not Path(socket_file).exists()
     assert cli(*commands[0], env=server_env).returncode == 0 and len(served(log)) == before
+
+
+def test_a_scorer_load_that_fails_is_reported_and_leaves_the_environment_as_it_was(tmp_path):
+    # the same stand-in as below; here the load itself, in a process of its own
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "langdetect.py").write_text("raise ImportError('a stand-in langdetect that fails to import')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fake), env.get("PYTHONPATH")]))
+    code = (
+        "import os\n"
+        "from cluster.cli.front_server import ScorerLoad, ScorersNotLoaded\n"
+        "from cluster.cli.front_state import CodeState\n"
+        "before = dict(os.environ)\n"
+        "load = ScorerLoad()\n"
+        "try:\n"
+        "    CodeState.after_imports((), then=load)\n"
+        "except ScorersNotLoaded as exc:\n"
+        "    print('not loaded:', exc)\n"
+        "print('environment as before:', dict(os.environ) == before, load.facts)\n"
+    )
+    out = python(code, env)
+    assert re.search(r"not loaded: the ifeval scorer did not load here \(\w+: .*stand-in langdetect", out), (
+        out
+    )
+    assert "environment as before: True None" in out
+
+
+def test_a_server_whose_scorer_fails_to_load_starts_again_without_it_and_takes_commands(tmp_path):
+    # A stand-in langdetect that fails to import, first on the path: the checkers' import cannot be made to
+    # fail otherwise here (the real one is installed). A forked run would inherit the failed load.
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "langdetect.py").write_text("raise ImportError('a stand-in langdetect that fails to import')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env[SOCKET_DIR_ENV] = str(tmp_path / "cli")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fake), env.get("PYTHONPATH")]))
+    started = python("from cluster.cli.front_control import start_server; print(start_server(600))", env)
+    try:
+        assert started.strip().isdigit(), started
+        log = log_of(env)
+        text = log.read_text()
+        assert (
+            "the ifeval scorer did not load here (" in text and "starting again without the scorers" in text
+        )
+        assert "loaded the ifeval scorer" not in log.read_text()
+        args = ("run", "--dry-run", "--tasks", "ifeval", "--limit", "3", "--output-dir", str(tmp_path))
+        through, alone = cli(*args, env=env), cli(*args, env={**env, WARM_CLI_ENV: "0"})
+        assert len(served(log)) == 1, log.read_text()[-2000:]  # the server started again takes it
+        assert (through.returncode, through.stdout, through.stderr) == (
+            alone.returncode,
+            alone.stdout,
+            alone.stderr,
+        )
+    finally:
+        python("from cluster.cli.front_control import stop_server; stop_server()", env)
 
 
 @pytest.mark.slow
