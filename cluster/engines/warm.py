@@ -43,6 +43,7 @@ NAMESPACE = "rayeval"
 REGISTRY_NAME = "rayeval-pools"
 LEASE_S = 30.0  # a lease not renewed for this long has lapsed (its run is gone)
 RENEW_S = 5.0
+REPLACEMENTS_KEPT = 256  # a pool's record of which replica replaced which (PoolRecord.record_replacement)
 # Engine settings that do not change what an engine answers: a pool whose settings differ only in these serves.
 NOT_IN_KEY = frozenset({"log_stats", "pin_engine_core", "executor", "max_loras"})
 
@@ -162,7 +163,29 @@ class PoolRecord:
     leases: dict[str, float] = field(default_factory=dict)  # lease id -> when it last renewed
     quiet: set[str] = field(default_factory=set)  # leases whose last renewal had no request in flight
     released: dict[str, float] = field(default_factory=dict)  # lease id -> when it was released (LEASE_S)
-    replaced_by: dict[str, str] = field(default_factory=dict)  # a dead replica's name -> its replacement's
+    # a dead replica's name -> the replica now in its place (the last REPLACEMENTS_KEPT replacements)
+    replaced_by: dict[str, str] = field(default_factory=dict)
+
+    def record_replacement(self, dead: str, replacement: str) -> None:
+        """`replacement` is in `dead`'s place, and in the place of every replica `dead` had replaced: a run
+        holding any of their names finds the live one in one lookup. Only the last REPLACEMENTS_KEPT are kept
+        (a run's names are at most one lease old), so a pool that outlives many deaths does not grow."""
+        for earlier, current in self.replaced_by.items():
+            if current == dead:
+                self.replaced_by[earlier] = replacement
+        self.replaced_by[dead] = replacement
+        while len(self.replaced_by) > REPLACEMENTS_KEPT:
+            del self.replaced_by[next(iter(self.replaced_by))]
+
+    def in_place_of(self, dead: str) -> EngineInfo | None:
+        """The live replica in `dead`'s place, however many times it was replaced (a record saved before
+        `record_replacement` pointed every name at the last replacement holds chains); None if none is."""
+        current = dead
+        for _ in range(len(self.replaced_by)):
+            current = self.replaced_by.get(current, "")
+            if current in self.engines or not current:
+                break
+        return self.engines.get(current)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A record pickled by an earlier version lacks the fields added since: they get their defaults."""
@@ -318,19 +341,14 @@ class PoolRegistry:
             pool = self.pools.get(name)
             if pool is None:
                 return None
-            if dead not in pool.engines:  # replaced already: the replica now in its place, however many times
-                current = dead
-                for _ in range(len(pool.replaced_by)):
-                    current = pool.replaced_by.get(current, "")
-                    if current in pool.engines or not current:
-                        break
-                return pool.engines.get(current)
+            if dead not in pool.engines:  # replaced already: the replica now in its place
+                return pool.in_place_of(dead)
             del pool.engines[dead]
             pool.groups.pop(dead, None)
             pool.engines[info.name] = info
             pool.groups[info.name] = group
             pool.slots[info.name] = pool.slots.pop(dead, (0, 1))
-            pool.replaced_by[dead] = info.name
+            pool.record_replacement(dead, info.name)
             self._saved_or_logged()
             return info
 

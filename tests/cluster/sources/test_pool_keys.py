@@ -229,3 +229,21 @@ def test_a_pool_record_pickled_before_the_lease_fields_reads_back_with_their_def
     again = pickle.loads(pickle.dumps(old))
     assert again.quiet == set() and again.released == {} and again.hold("a", 1.0, sending=True) == 1
     assert again.name == "p" and again.idle_timeout_s == 60.0
+
+
+def test_a_replaced_replicas_name_leads_to_the_live_one_and_the_record_stays_bounded():
+    from cluster.engines.actor import EngineInfo
+    from cluster.engines.warm import REPLACEMENTS_KEPT
+
+    record = a_record()
+    live = "replica-0"
+    record.engines[live] = EngineInfo(live, "node", 1, 1.0, 64, 1024, "0")
+    for n in range(1, REPLACEMENTS_KEPT + 10):  # replica-0 replaced, its replacement replaced, ...
+        record.engines[f"replica-{n}"] = record.engines.pop(live)
+        record.record_replacement(live, f"replica-{n}")
+        live = f"replica-{n}"
+    assert record.in_place_of("replica-20") is record.engines[live]  # every name points at the live one
+    assert set(record.replaced_by.values()) == {live} and len(record.replaced_by) == REPLACEMENTS_KEPT
+    assert record.in_place_of("replica-0") is None  # replaced longer ago than any run's lease
+    record.replaced_by = {"old": "older-1", "older-1": live}  # a chain, as a record saved before
+    assert record.in_place_of("old") is record.engines[live]
