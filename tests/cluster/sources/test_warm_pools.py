@@ -3,7 +3,8 @@ model: `rayeval up` starts one, runs with its engine settings generate on it wit
 answer as a cold run does (float32 greedy, against the shared base run), two runs at once share it (and a
 third, killed mid-way, leaves it healthy), a run asking more replicas starts the rest beside it, a run with
 other settings is not served by it (and a dry run says why), a pool replica killed between runs is replaced by
-the next run, `--keep-warm` leaves a run's engines up for their idle time, and `down` stops a pool; idle, the
+the next run, `--keep-warm` leaves a run's engines up for their idle time, and `down` stops a pool; a registry
+that another version started is refused (a sweep beside it starts engines of its own); idle, the
 pool's engine core wakes rarely. The pool's replica
 starts once for the whole module; the run with more replicas, the kept-warm run and the replacement start one
 engine each."""
@@ -336,7 +337,48 @@ ray.get(old.all.remote())
 """
 
 
-def test_a_registry_another_version_started_is_refused_and_down_all_stops_it(pool: HeadNode):
+# A LoRA sweep asks the cluster for a warm pool to hold for its steps (`SharedReplicas.hold_warm_pool`), and a
+# step's run asks for the pool the sweep holds by name (`SourceRequest.warm_pool`): what each does beside a
+# registry of another version, and where the held pool is no longer there. No engine starts.
+SWEEP_BESIDE_REGISTRY = """
+import logging
+import sys
+from dataclasses import replace
+
+import ray
+
+from cluster.config import build_config
+from cluster.errors import ClusterError
+from cluster.plan import build_model_plan
+from cluster.run.shared import SharedReplicas
+from cluster.sources import choose
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")
+ray.init(address=sys.argv[1], logging_level="ERROR")
+plan = build_model_plan(build_config({}, {}, "the test"), "cpu")
+shared = SharedReplicas(plan, lora=True)
+if sys.argv[2] == "hold":
+    print("held:", shared.hold_warm_pool(plan.model.path))
+else:
+    try:
+        choose(replace(shared._request(plan.model.path), warm_pool="held-pool"))
+    except ClusterError as exc:
+        print("step:", exc)
+"""
+
+
+def sweep_beside_registry(head: HeadNode, what: str) -> list[str]:
+    """SWEEP_BESIDE_REGISTRY's lines: `hold` asks for a pool to hold, `step` runs a step on a held pool."""
+    done = subprocess.run([sys.executable, "-c", SWEEP_BESIDE_REGISTRY, head.gcs_address, what], capture_output=True,
+                          text=True, env={**head.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+def test_a_registry_another_version_started_is_refused_held_by_no_sweep_and_stopped_by_down_all(
+    pool: HeadNode,
+):
     head = pool
     swapped = subprocess.run([sys.executable, "-c", OLD_REGISTRY, head.gcs_address], capture_output=True, text=True,
                              env={**head.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120, check=False)  # fmt: skip
@@ -345,9 +387,19 @@ def test_a_registry_another_version_started_is_refused_and_down_all_stops_it(poo
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "registry was started by another version of rayeval" in refused.stderr
     assert "`rayeval down --all` (with this --address) stops its pools and it" in refused.stderr
+    # a sweep beside it holds no pool and starts engines of its own, and says why
+    said = sweep_beside_registry(head, "hold")
+    assert said[-1] == "held: None" and said[0].startswith(
+        "WARNING the sweep starts its own engines: This cluster's warm-pool registry was started by another "
+    )
     stopped = rayeval("down", "--all", "--address", head.gcs_address, env=head.client_env())
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert pools_listed(head) == {}  # a registry of this version again
+    # a sweep's step whose held pool is gone fails with the way out, instead of starting engines of its own
+    assert sweep_beside_registry(head, "step")[-1] == (
+        "step: Warm pool held-pool, which the sweep holds for its steps, no longer serves them (stopped with "
+        "`rayeval down`?): run the sweep again; it reuses every finished step."
+    )
 
 
 # Two runs that found one replica dead enter their replacements in the cluster's registry, one after the other
