@@ -142,7 +142,7 @@ class HealthBench(JudgeTask):
         """HealthBench's own aggregate: the mean of the unclipped scores, clipped to [0, 1] once."""
         import numpy as np
 
-        from evaluators.judging.statistics import bootstrap_statistic, question_index
+        from evaluators.judging.statistics import bootstrap_statistic, question_index, row_sums
 
         scored = [i for i in items if "unclipped_score" in i.judged.features]
         index, num_questions = question_index([i.question for i in scored])
@@ -150,7 +150,7 @@ class HealthBench(JudgeTask):
         q_count = np.bincount(index).astype(float)
 
         def estimate(counts: np.ndarray) -> np.ndarray:
-            return np.clip((counts @ q_sum) / (counts @ q_count), 0.0, 1.0)
+            return np.clip(row_sums(counts, q_sum) / row_sums(counts, q_count), 0.0, 1.0)
 
         return bootstrap_statistic(
             "score_mean_then_clipped,none",

@@ -30,6 +30,14 @@ def question_index(questions: ArrayLike) -> tuple[np.ndarray, int]:
     return index.reshape(-1), len(unique)
 
 
+def row_sums(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`counts @ values` (each row of counts against values), summed by numpy's own loop, not BLAS: BLAS
+    splits a long product over its threads and adds the parts, so its rounding would depend on the machine's
+    cores, OPENBLAS_NUM_THREADS, or a run forked by the warm CLI server (one BLAS thread). This way a reported
+    statistic has the same bits in every process."""
+    return np.einsum("...n,n->...", counts, values)
+
+
 def _rng_argument(seed: int) -> dict[str, np.random.Generator]:
     # scipy >= 1.15 names it `rng`; older releases (we allow 1.11) call it `random_state`.
     from scipy import stats
@@ -115,7 +123,7 @@ def ratio_statistic(
     q_value, q_weight = q_value[keep], q_weight[keep]
 
     def estimate(counts: np.ndarray) -> np.ndarray:
-        return (counts @ q_value) / (counts @ q_weight)
+        return row_sums(counts, q_value) / row_sums(counts, q_weight)
 
     return bootstrap_statistic(
         key,
@@ -175,7 +183,7 @@ def length_controlled_win_rate(
         z = theta + phi * x
         residual = w * (special.expit(z) - y)
         value = float(np.sum(w * (np.logaddexp(0.0, z) - y * z)) + l2 * phi**2)
-        return value, np.array([residual.sum(), residual @ x + 2 * l2 * phi])
+        return value, np.array([residual.sum(), row_sums(residual, x) + 2 * l2 * phi])
 
     fit = optimize.minimize(
         loss,
