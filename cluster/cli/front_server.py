@@ -92,12 +92,24 @@ class ScorerLoad:
     No thread may outlive the load (a server with another thread takes no command: a fork copies only the
     thread that forks): the loading thread is joined, and nltk's numpy loads its OpenBLAS with one thread, so
     the runs forked from here compute numpy's linear algebra on one thread where a fresh process would start
-    one per core (the run's statistics are sums over short vectors; its engines are processes of their own)."""
+    one per core. Their numbers are the same bits: rayeval's statistics do no BLAS product
+    (`evaluators.judging.statistics.row_sums`); its engines are processes of their own.
+
+    The variables the load sets are undone (`CodeState.after_imports`), so a forked run starts with the
+    environment a fresh one starts with. lm-eval's import sets Hugging Face's download settings
+    (HF_XET_HIGH_PERFORMANCE, and HF_HUB_ENABLE_HF_TRANSFER where hf_transfer is installed) where a fresh run
+    imports it; a forked run that downloads an lm-eval task's data goes without them (slower, the same data)."""
 
     # what the loaded scorers chose by (nltk's Punkt data, where nltk loaded); None: nothing to compare
     facts: tuple[bool, ...] | None = None
 
     def __call__(self) -> None:
+        if _thread_count() > 1:
+            raise ScorersNotLoaded("this process had threads before the scorers' load")
+        if any(not os.path.isabs(path) for path in os.environ.get("NLTK_DATA", "").split(os.pathsep) if path):
+            raise ScorersNotLoaded(
+                "NLTK_DATA names a relative folder, which each run finds from its own directory"
+            )
         blas_threads = os.environ.get(BLAS_THREADS_ENV)
         os.environ[BLAS_THREADS_ENV] = "1"  # read when OpenBLAS loads; the environment is restored below
         try:
@@ -126,6 +138,8 @@ def _scorer_loaded(name: str) -> None:
     task.preload_scorer()
     try:
         task.wait_for_scorer()
+    except KeyboardInterrupt:  # Ctrl-C while it loads: the server stops
+        raise
     except BaseException as exc:  # noqa: BLE001 - the loading thread's error, whatever it was
         raise ScorersNotLoaded(f"the {name} scorer did not load here ({type(exc).__name__}: {exc})") from exc
     _log(f"loaded the {name} scorer in {time.monotonic() - began:.1f} s")

@@ -168,8 +168,9 @@ class PoolRecord:
 
     def record_replacement(self, dead: str, replacement: str) -> None:
         """`replacement` is in `dead`'s place, and in the place of every replica `dead` had replaced: a run
-        holding any of their names finds the live one in one lookup. Only the last REPLACEMENTS_KEPT are kept
-        (a run's names are at most one lease old), so a pool that outlives many deaths does not grow."""
+        holding any of their names finds the live one in one lookup. Only the last REPLACEMENTS_KEPT are kept,
+        so a pool that outlives many deaths does not grow: a run holds the names it acquired for as long as it
+        runs, and one would need that many of its pool's replicas to die meanwhile to miss its own."""
         for earlier, current in self.replaced_by.items():
             if current == dead:
                 self.replaced_by[earlier] = replacement

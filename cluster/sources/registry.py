@@ -356,8 +356,8 @@ class WarmReplicas:
             return self._shared(found[0]), info
         self.pool.drop(info.name)
         if current is None:
-            log.warning("pool %s was stopped while %s replaced %s: stopping it too", self.record.name,
-                        info.name, dead)  # fmt: skip
+            log.warning("pool %s was stopped while %s replaced %s (or no longer knows %s): stopping it too",
+                        self.record.name, info.name, dead, dead)  # fmt: skip
             return None
         log.info("pool %s: another run replaced %s first (%s); using that one", self.record.name, dead,
                  current.name)  # fmt: skip

@@ -177,6 +177,7 @@ def test_a_scorer_load_that_fails_is_reported_and_leaves_the_environment_as_it_w
     (fake / "langdetect.py").write_text("raise ImportError('a stand-in langdetect that fails to import')\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fake), env.get("PYTHONPATH")]))
+    env["OPENBLAS_NUM_THREADS"] = "3"  # a user's own, which the load sets to 1 for itself and restores
     code = (
         "import os\n"
         "from cluster.cli.front_server import ScorerLoad, ScorersNotLoaded\n"
@@ -194,6 +195,9 @@ def test_a_scorer_load_that_fails_is_reported_and_leaves_the_environment_as_it_w
         out
     )
     assert "environment as before: True None" in out
+    # nltk's data on a relative path would be found from each run's own directory: not loaded, said why
+    out = python(code, {**env, "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "NLTK_DATA": "nltk_data"})
+    assert "not loaded: NLTK_DATA names a relative folder" in out and "as before: True None" in out, out
 
 
 def test_a_server_whose_scorer_fails_to_load_starts_again_without_it_and_takes_commands(tmp_path):

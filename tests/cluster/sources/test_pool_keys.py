@@ -247,3 +247,10 @@ def test_a_replaced_replicas_name_leads_to_the_live_one_and_the_record_stays_bou
     assert record.in_place_of("replica-0") is None  # replaced longer ago than any run's lease
     record.replaced_by = {"old": "older-1", "older-1": live}  # a chain, as a record saved before
     assert record.in_place_of("old") is record.engines[live]
+    # two replicas' lines of replacements stay apart: replacing one moves only the names that led to it
+    record.engines["other-1"] = EngineInfo("other-1", "node", 2, 1.0, 64, 1024, "0")
+    record.replaced_by["other-0"] = "other-1"
+    record.engines["next"] = record.engines.pop(live)
+    record.record_replacement(live, "next")
+    assert record.in_place_of("other-0") is record.engines["other-1"]
+    assert record.in_place_of("old") is record.engines["next"]
