@@ -342,7 +342,8 @@ class WarmReplicas:
         that ends meanwhile cancels only its wait for this, not the registration, so a replacement that
         started is never left outside the pool. Where another run replaced `dead` first, this one is
         stopped and that one used; where the pool was stopped meanwhile (`rayeval down`, its idle timeout),
-        the replacement is stopped too."""
+        or no longer knows `dead` (`PoolRecord.record_replacement` keeps the last replacements), the
+        replacement is stopped too."""
         import ray
 
         assert self.pool is not None and self.record is not None

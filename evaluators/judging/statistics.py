@@ -34,7 +34,8 @@ def row_sums(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
     """`counts @ values` (each row of counts against values), summed by numpy's own loop, not BLAS: BLAS
     splits a long product over its threads and adds the parts, so its rounding would depend on the machine's
     cores, OPENBLAS_NUM_THREADS, or a run forked by the warm CLI server (one BLAS thread). This way a reported
-    statistic has the same bits in every process."""
+    statistic has the same bits whatever the number of BLAS threads (for one numpy build on one kind of CPU).
+    einsum without `optimize` never hands the product to BLAS."""
     return np.einsum("...n,n->...", counts, values)
 
 

@@ -189,12 +189,17 @@ def test_a_scorer_load_that_fails_is_reported_and_leaves_the_environment_as_it_w
         "except ScorersNotLoaded as exc:\n"
         "    print('not loaded:', exc)\n"
         "print('environment as before:', dict(os.environ) == before, load.facts)\n"
+        "try:\n"  # the load by itself (again: its failure is kept) restores the user's own BLAS threads
+        "    load()\n"
+        "except ScorersNotLoaded:\n"
+        "    print('OPENBLAS_NUM_THREADS after the load:', os.environ.get('OPENBLAS_NUM_THREADS'))\n"
     )
     out = python(code, env)
     assert re.search(r"not loaded: the ifeval scorer did not load here \(\w+: .*stand-in langdetect", out), (
         out
     )
     assert "environment as before: True None" in out
+    assert "OPENBLAS_NUM_THREADS after the load: 3" in out
     # nltk's data on a relative path would be found from each run's own directory: not loaded, said why
     out = python(code, {**env, "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "NLTK_DATA": "nltk_data"})
     assert "not loaded: NLTK_DATA names a relative folder" in out and "as before: True None" in out, out

@@ -244,7 +244,7 @@ def test_a_replaced_replicas_name_leads_to_the_live_one_and_the_record_stays_bou
         live = f"replica-{n}"
     assert record.in_place_of("replica-20") is record.engines[live]  # every name points at the live one
     assert set(record.replaced_by.values()) == {live} and len(record.replaced_by) == REPLACEMENTS_KEPT
-    assert record.in_place_of("replica-0") is None  # replaced longer ago than any run's lease
+    assert record.in_place_of("replica-0") is None  # replaced more than REPLACEMENTS_KEPT replacements ago
     record.replaced_by = {"old": "older-1", "older-1": live}  # a chain, as a record saved before
     assert record.in_place_of("old") is record.engines[live]
     # two replicas' lines of replacements stay apart: replacing one moves only the names that led to it
