@@ -25,8 +25,8 @@ START_TIMEOUT_S = 60.0  # its imports, the scorers, and once more without them w
 
 def start_server(idle_timeout_s: float) -> int | None:
     """This machine's warm CLI server for this interpreter and copy of rayeval, started unless one that would
-    take this process's commands answers; its pid, or None when none answered within START_TIMEOUT_S (the runs then
-    import for themselves; its log says why). Several `rayeval up` at once start one server: the first to
+    take this process's commands answers; its pid, or None when none answered within START_TIMEOUT_S (the runs
+    then import for themselves; its log says why). Several `rayeval up` at once start one server: the first to
     hold the lock file starts it, the others find it."""
     import fcntl
 

@@ -370,11 +370,11 @@ else:
 """
 
 
-def sweep_beside_registry(head: HeadNode, what: str) -> list[str]:
-    """SWEEP_BESIDE_REGISTRY's lines: `hold` asks for a pool to hold, `step` runs a step on a held pool."""
-    done = subprocess.run([sys.executable, "-c", SWEEP_BESIDE_REGISTRY, head.gcs_address, what], capture_output=True,
-                          text=True, env={**head.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120,
-                          check=False)  # fmt: skip
+def script_on_cluster(head: HeadNode, script: str, *args: str) -> list[str]:
+    """The lines a Python script prints, run as a client of the head's cluster (its address first among its
+    arguments); it must exit 0."""
+    done = subprocess.run([sys.executable, "-c", script, head.gcs_address, *args], capture_output=True, text=True,
+                          env={**head.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
 
@@ -383,15 +383,13 @@ def test_a_registry_another_version_started_is_refused_held_by_no_sweep_and_stop
     pool: HeadNode,
 ):
     head = pool
-    swapped = subprocess.run([sys.executable, "-c", OLD_REGISTRY, head.gcs_address], capture_output=True, text=True,
-                             env={**head.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120, check=False)  # fmt: skip
-    assert swapped.returncode == 0, swapped.stderr[-3000:]
+    script_on_cluster(head, OLD_REGISTRY)
     refused = rayeval("pools", "--address", head.gcs_address, env=head.client_env())
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "registry was started by another version of rayeval" in refused.stderr
     assert "`rayeval down --all` (with this --address) stops its pools and it" in refused.stderr
     # a sweep beside it holds no pool and starts engines of its own, and says why
-    said = sweep_beside_registry(head, "hold")
+    said = script_on_cluster(head, SWEEP_BESIDE_REGISTRY, "hold")
     assert said[-1] == "held: None" and any(
         line.startswith("WARNING the sweep starts its own engines: This cluster's warm-pool registry was "
                         "started by another version of rayeval") for line in said
@@ -400,7 +398,7 @@ def test_a_registry_another_version_started_is_refused_held_by_no_sweep_and_stop
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert pools_listed(head) == {}  # a registry of this version again
     # a sweep's step whose held pool is gone fails with the way out, instead of starting engines of its own
-    assert sweep_beside_registry(head, "step")[-1] == (
+    assert script_on_cluster(head, SWEEP_BESIDE_REGISTRY, "step")[-1] == (
         "step: Warm pool held-pool, which the sweep holds for its steps, no longer serves them (stopped with "
         "`rayeval down`?): run the sweep again; it reuses every finished step."
     )
@@ -437,11 +435,9 @@ ray.get(found.remove.remote("twin"))
 
 def test_two_runs_replacing_one_dead_replica_keep_the_first_replacement(pool: HeadNode):
     head = pool
-    done = subprocess.run([sys.executable, "-c", TWO_REPLACEMENTS, head.gcs_address], capture_output=True, text=True,
-                          env={**head.client_env(), "RAY_AUTH_MODE": "token"}, timeout=120, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    said = script_on_cluster(head, TWO_REPLACEMENTS)
     # the second run is handed the first's replacement (it stops its own); a pool stopped meanwhile: None
-    assert done.stdout.splitlines()[-1] == (
+    assert said[-1] == (
         "replica-0.aaaaaa replica-0.aaaaaa None replica-0.dddddd replica-0.dddddd ['replica-0.dddddd']"
     )
     assert set(pools_listed(head)) <= {POOL}
