@@ -336,9 +336,11 @@ class EngineActor:
                 await self.engine.do_log_stats()
 
     @ray.method(concurrency_group="health")
-    async def alive(self) -> str:
-        """Answers while the actor lives (a warm pool's replicas are checked before a run uses them)."""
-        return self.name
+    async def alive(self) -> list[LogPlace]:
+        """Answers while the actor lives, with where its log files stand now, read here on its node: a warm
+        pool's replicas are checked before a run uses them, and where their logs stood when a run last found
+        them well is where the root error of a later death is looked for."""
+        return mark(self.log_files)
 
     async def generate(self, group: PromptGroup) -> list[Completion]:
         """Run every request of the group; a request that fails is returned as a failed completion."""

@@ -70,12 +70,14 @@ def first_exception(lines: Iterable[str]) -> str | None:
 
 
 def root_error(places: Iterable[LogPlace]) -> str | None:
-    """The engine's first exception line written to the logs after their marks, if any can be read."""
+    """The engine's first exception line written to the logs after their marks, if any can be read. A file
+    now shorter than its mark was rotated or truncated since: all of it is after the mark."""
     for place in places:
         try:
             with open(place.path, "rb") as handle:
                 size = handle.seek(0, os.SEEK_END)
-                handle.seek(max(place.offset, size - _READ_LIMIT))
+                since = place.offset if place.offset <= size else 0
+                handle.seek(max(since, size - _READ_LIMIT))
                 text = handle.read().decode("utf-8", errors="replace")
         except OSError:
             continue

@@ -7,8 +7,9 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
@@ -18,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cluster import timeline
 from cluster.engines.actor import EngineActor, EngineDead, EngineInfo, EngineStartFailed
 from cluster.engines.cores import ENGINE_CORE_SLOT_ENV
-from cluster.engines.logs import EngineLog, LogPlace, describe_failure, mark, read_on_node
+from cluster.engines.logs import EngineLog, LogPlace, describe_failure, read_on_node
 from cluster.engines.placement import ExecutorKind, ReplicaLayout, ReplicaPlan
 from cluster.engines.settings import EngineSettings, cpu_kv_cache_env
 from cluster.errors import ClusterError
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from cluster.engines.warm import PoolRecord
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ENGINE_QUEUE_FACTOR = 2  # sequences in flight per replica, in units of the engine's max_num_seqs
 ABORT_CHECK_S = 0.5  # how often a start that waits looks whether it is to stop
@@ -139,7 +141,7 @@ class ReplicaPool:
                 pool.missing.append(replica)
                 continue
             pool.infos.append(info)
-            pool.log_marks.append(engine_log(info))
+            pool.log_marks.append(recorded_log(record, replica))
         return pool
 
     def start(self, placement_timeout_s: float) -> list[EngineInfo]:
@@ -164,7 +166,7 @@ class ReplicaPool:
             self.shutdown(graceful=False)
             raise
         # where each engine's log stands now: a replica that dies later has its root error after this mark
-        self.log_marks = [engine_log(info) for info in self.infos]
+        self.log_marks = self._logs_now(self.actors, self.infos)
         return self.infos
 
     def _place_and_launch(self, placement_timeout_s: float) -> None:
@@ -232,7 +234,7 @@ class ReplicaPool:
                 "complete model folder readable from every node."
             ) from None
         self.settings = replace(self.settings, model=path)
-        self.log_marks = [engine_log(info) for info in self.infos]
+        self.log_marks = self._logs_now(self.actors, self.infos)
         return self.infos
 
     def push_weights(self, packed: ray.ObjectRef, label: str) -> list[EngineInfo]:
@@ -244,7 +246,7 @@ class ReplicaPool:
             raise ClusterError(
                 f"The engines could not load the weights of {label}: {remote_message(exc)}"
             ) from None
-        self.log_marks = [engine_log(info) for info in self.infos]
+        self.log_marks = self._logs_now(self.actors, self.infos)
         return self.infos
 
     def stage_files(self, folder: str, files: dict[str, bytes]) -> None:
@@ -321,6 +323,7 @@ class ReplicaPool:
             actor = self.starting[name] = self._launch(name, group, self.slots[name])
         try:
             info = ray.get(actor.start.remote(for_engines()))
+            [logs] = self._logs_now([actor], [info])
         except Exception as exc:  # noqa: BLE001 - a replacement that cannot start leaves the run as it was
             log.warning("the replacement of %s did not start: %s", dead, remote_message(exc))
             self.drop(name)
@@ -330,15 +333,15 @@ class ReplicaPool:
                 return None  # stopped meanwhile (`shutdown` killed it)
             self.actors.append(actor)
             self.infos.append(info)
-            self.log_marks.append(engine_log(info))
+            self.log_marks.append(logs)
             return self._replica(actor, info, self.log_marks[-1]), info
 
     def adopt_replica(
-        self, info: EngineInfo, group_id: str, slot: tuple[int, int]
+        self, info: EngineInfo, group_id: str, slot: tuple[int, int], logs: EngineLog
     ) -> tuple[Replica, EngineInfo] | None:
         """A replica of this warm pool that another process started (its actor found by name, its placement
-        group by id, its cores' slot), served from now on and replaceable as the pool's own; None where its
-        actor is gone already."""
+        group by id, its cores' slot, where its log stood as the registry has it), served from now on and
+        replaceable as the pool's own; None where its actor is gone already."""
         from cluster.engines.warm import NAMESPACE, actor_name, placement_group_of
 
         assert self.warm is not None
@@ -352,7 +355,7 @@ class ReplicaPool:
             self.slots[info.name] = slot
             self.actors.append(actor)
             self.infos.append(info)
-            self.log_marks.append(engine_log(info))
+            self.log_marks.append(logs)
             return self._replica(actor, info, self.log_marks[-1]), info
 
     def _replacement_name(self, dead: str) -> str:
@@ -406,6 +409,24 @@ class ReplicaPool:
             env |= cpu_kv_cache_env(self.kv_cache_gib)
         return env
 
+    @staticmethod
+    def _logs_now(actors: list[ray.actor.ActorHandle], infos: list[EngineInfo]) -> list[EngineLog]:
+        """Where each engine's log files stand now, as its actor reads them on its own node (the driver may
+        be another machine, where those paths are not the engine's files); the whole files of one that does
+        not answer (dead already: the dispatcher finds that out)."""
+        places = places_now(actors)
+        return [
+            EngineLog(found or tuple(LogPlace(path) for path in info.log_files), info.node_id, info.node_ip)
+            for found, info in zip(places, infos, strict=True)
+        ]
+
+    def logs_now(self) -> dict[str, tuple[LogPlace, ...]]:
+        """Where the log files of the replicas that answer stand now, by replica name: a warm pool's record
+        keeps them, so the root error of a death after this run is looked for after them, not in what the
+        runs before logged."""
+        places = places_now(self.actors)
+        return {info.name: found for found, info in zip(places, self.infos, strict=True) if found is not None}
+
     def replicas(self) -> list[Replica]:
         """Dispatcher handles. Each window is twice the engine's max_num_seqs: a full batch running plus a
         full batch waiting inside the engine, so when sequences finish (all at once, with equal lengths) the
@@ -458,15 +479,28 @@ def held_by_pools() -> str:
     )
 
 
-def engine_log(info: EngineInfo) -> EngineLog:
-    """The engine's log files on its node, marked where they stand now."""
-    return EngineLog(tuple(mark(info.log_files)), info.node_id, info.node_ip)
+def places_now(
+    actors: list[ray.actor.ActorHandle], timeout_s: float = 10.0
+) -> list[tuple[LogPlace, ...] | None]:
+    """Each actor's log files as they stand now (`EngineActor.alive`, read on its node); None for an actor
+    that does not answer within `timeout_s`."""
+    asked = [actor.alive.remote() for actor in actors]
+    ready, _ = ray.wait(asked, num_returns=len(asked), timeout=timeout_s) if asked else ([], [])
+    found: list[tuple[LogPlace, ...] | None] = []
+    for ref in asked:
+        try:
+            found.append(tuple(ray.get(ref)) if ref in ready else None)
+        except Exception:  # noqa: BLE001 - an actor dead by now has no log position to give
+            found.append(None)
+    return found
 
 
-def whole_engine_log(info: EngineInfo) -> EngineLog:
-    """The engine's log files from their start: for a replica found dead by a process that did not watch it
-    (where its log stood before it died is not known there)."""
-    return EngineLog(tuple(LogPlace(path) for path in info.log_files), info.node_id, info.node_ip)
+def recorded_log(record: PoolRecord, replica: str) -> EngineLog:
+    """A warm pool replica's log files from where they stood when a run last found it well (the registry's
+    `PoolRecord.log_marks`); from their start where the record has no marks for it."""
+    info = record.engines[replica]
+    places = record.log_marks.get(replica) or tuple(LogPlace(path) for path in info.log_files)
+    return EngineLog(tuple(places), info.node_id, info.node_ip)
 
 
 def replica_call(
@@ -480,24 +514,28 @@ def replica_call(
     pause, before it counts as dead: a warm pool's replica serves other runs too."""
 
     async def generate(group: PromptGroup) -> list[Completion]:
-        for pause_s in (*UNAVAILABLE_PAUSES_S, None):
-            try:
-                return await actor.generate.remote(group)
-            except EngineDead as exc:
-                ray.kill(actor, no_restart=True)
-                raise ReplicaDead(remote_message(exc)) from exc
-            except RayActorError as exc:
-                if isinstance(exc, ActorUnavailableError) and pause_s is not None:
-                    log.warning(
-                        "%s is unavailable (%s); asking again in %g s", name, remote_message(exc), pause_s
-                    )
-                    await asyncio.sleep(pause_s)
-                    continue
-                ray.kill(actor, no_restart=True)
-                raise ReplicaDead(await dead_actor_cause(remote_message(exc), engine_logs)) from exc
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        try:
+            return await asked_while_unavailable(lambda: actor.generate.remote(group), name)
+        except EngineDead as exc:
+            ray.kill(actor, no_restart=True)
+            raise ReplicaDead(remote_message(exc)) from exc
+        except RayActorError as exc:
+            ray.kill(actor, no_restart=True)
+            raise ReplicaDead(await dead_actor_cause(remote_message(exc), engine_logs)) from exc
 
     return generate
+
+
+async def asked_while_unavailable(call: Callable[[], Awaitable[T]], name: str) -> T:
+    """`await call()`, asked again after each pause of UNAVAILABLE_PAUSES_S while Ray says the actor is
+    unavailable (its node out of reach for a moment; it may come back); the last try's error is raised."""
+    for pause_s in UNAVAILABLE_PAUSES_S:
+        try:
+            return await call()
+        except ActorUnavailableError as exc:
+            log.warning("%s is unavailable (%s); asking again in %g s", name, remote_message(exc), pause_s)
+            await asyncio.sleep(pause_s)
+    return await call()
 
 
 async def dead_actor_cause(message: str, log: EngineLog | None) -> str:

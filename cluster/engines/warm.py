@@ -34,6 +34,7 @@ from typing import Any
 import ray
 
 from cluster.engines.actor import EngineInfo
+from cluster.engines.logs import LogPlace
 from cluster.engines.placement import ReplicaPlan
 from cluster.engines.settings import EngineSettings
 
@@ -165,6 +166,9 @@ class PoolRecord:
     released: dict[str, float] = field(default_factory=dict)  # lease id -> when it was released (LEASE_S)
     # a dead replica's name -> the replica now in its place (the last REPLACEMENTS_KEPT replacements)
     replaced_by: dict[str, str] = field(default_factory=dict)
+    # replica name -> where its log files stood when a run last found it well (its start, a run's end): the
+    # root error of a death found later is looked for after these, not in what earlier runs logged
+    log_marks: dict[str, tuple[LogPlace, ...]] = field(default_factory=dict)
 
     def record_replacement(self, dead: str, replacement: str) -> None:
         """`replacement` is in `dead`'s place, and in the place of every replica `dead` had replaced: a run
@@ -245,7 +249,7 @@ class PoolRecord:
 # engines running unlisted, never stopped.
 RECORDS_KEY = b"rayeval-pools"
 # Raised when the registry's methods or its records change: a registry another version started is not used.
-REGISTRY_VERSION = 5
+REGISTRY_VERSION = 6
 
 
 def saved_records() -> dict[str, PoolRecord]:
@@ -325,19 +329,27 @@ class PoolRegistry:
             pool = self.pools.get(name)
             return 0 if pool is None else pool.hold(run_id, time.time(), sending)
 
-    def release(self, name: str, run_id: str, served: int) -> None:
+    def release(
+        self, name: str, run_id: str, served: int, log_marks: dict[str, tuple[LogPlace, ...]] | None = None
+    ) -> None:
+        """The run `run_id` is done with the pool, having sent it `served` requests; `log_marks`: where the
+        logs of the replicas that answered it at its end stood then."""
         with self._lock:
             pool = self.pools.get(name)
             if pool is not None:
                 pool.let_go(run_id, time.time())
                 pool.requests_served += served
                 pool.last_used = time.time()
+                pool.log_marks.update((k, v) for k, v in (log_marks or {}).items() if k in pool.engines)
                 self._saved_or_logged()
 
-    def replaced(self, name: str, dead: str, info: EngineInfo, group: str) -> EngineInfo | None:
-        """Enter `info` in the pool in place of `dead`, and return it. Where another run replaced `dead`
-        first, the pool keeps that one and it is returned instead (the caller stops its own and uses it);
-        None where the pool is not here any more (stopped meanwhile) or `dead` is not its replica."""
+    def replaced(
+        self, name: str, dead: str, info: EngineInfo, group: str, log_marks: tuple[LogPlace, ...] = ()
+    ) -> EngineInfo | None:
+        """Enter `info` in the pool in place of `dead` (`log_marks`: where its logs stood once started), and
+        return it. Where another run replaced `dead` first, the pool keeps that one and it is returned
+        instead (the caller stops its own and uses it); None where the pool is not here any more (stopped
+        meanwhile) or `dead` is not its replica."""
         with self._lock:
             pool = self.pools.get(name)
             if pool is None:
@@ -346,7 +358,9 @@ class PoolRegistry:
                 return pool.in_place_of(dead)
             del pool.engines[dead]
             pool.groups.pop(dead, None)
+            pool.log_marks.pop(dead, None)
             pool.engines[info.name] = info
+            pool.log_marks[info.name] = log_marks
             pool.groups[info.name] = group
             pool.slots[info.name] = pool.slots.pop(dead, (0, 1))
             pool.record_replacement(dead, info.name)
@@ -533,10 +547,11 @@ class Lease:
                 self.most_runs_sharing = max(self.most_runs_sharing, held)
             self._stop.wait(RENEW_S)
 
-    def release(self, served: int) -> None:
+    def release(self, served: int, log_marks: dict[str, tuple[LogPlace, ...]] | None = None) -> None:
+        """Let the pool go (`PoolRegistry.release`); `log_marks`: where its replicas' logs stand now."""
         self._stop.set()
         self._thread.join(timeout=RENEW_S + 1)  # a renewal in flight lands before the release, not after it
         try:
-            ray.get(self.registry.release.remote(self.pool, self.run_id, served), timeout=30)
+            ray.get(self.registry.release.remote(self.pool, self.run_id, served, log_marks), timeout=30)
         except Exception as exc:  # noqa: BLE001 - the lease lapses by itself; the run's results are written
             log.warning("could not release pool %s (%s); its lease lapses in %g s", self.pool, exc, LEASE_S)

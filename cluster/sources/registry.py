@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster import timeline
 from cluster.engines import EngineInfo, EngineSettings, ReplicaPlan, ReplicaPool
-from cluster.engines.pool import StartAborted
+from cluster.engines.pool import StartAborted, recorded_log
 from cluster.plan import RunPlan
 from sharding.dispatcher import Replica
 from sharding.requests import Completion, PromptGroup
@@ -319,20 +318,20 @@ class WarmReplicas:
 
     def _replace_the_dead(self) -> None:
         """Replicas of the pool whose actor died since it was last used: replaced now, their cause said (the
-        root error in the engine's log, read from the log's start: the driver cannot tell how far the log
-        was when the pool was last used)."""
-        from cluster.engines.pool import dead_actor_cause, whole_engine_log
+        root error in the engine's log after where it stood when a run last found the replica well: the
+        record's `log_marks`)."""
+        from cluster.engines.pool import dead_actor_cause
 
         assert self.pool is not None and self.record is not None
         dead = {name: "its actor is gone" for name in self.pool.missing}
         for actor, info in zip(list(self.pool.actors), list(self.pool.infos), strict=True):
-            why = unanswered(actor)
+            why = unanswered(actor, info.name)
             if why is not None:
                 dead[info.name] = why
                 index = self.pool.infos.index(info)
                 del self.pool.actors[index], self.pool.infos[index], self.pool.log_marks[index]
         for name, message in dead.items():
-            cause = asyncio.run(dead_actor_cause(message, whole_engine_log(self.record.engines[name])))
+            cause = asyncio.run(dead_actor_cause(message, recorded_log(self.record, name)))
             log.warning("pool %s: %s had died (%s); replacing it", self.record.name, name, cause)
             self.found_dead += 1
             self._replace_registered(name)
@@ -351,7 +350,10 @@ class WarmReplicas:
         if found is None:
             return None
         info = found[1]
-        entered = self.registry.replaced.remote(self.record.name, dead, info, self.pool.group_ids[info.name])
+        started = self.pool.log_marks[self.pool.infos.index(info)].places
+        entered = self.registry.replaced.remote(
+            self.record.name, dead, info, self.pool.group_ids[info.name], started
+        )
         current = ray.get(entered)
         if current is not None and current.name == info.name:
             return self._shared(found[0]), info
@@ -366,7 +368,10 @@ class WarmReplicas:
         if record is None or current.name not in record.groups:
             return None
         adopted = self.pool.adopt_replica(
-            current, record.groups[current.name], record.slots.get(current.name, (0, 1))
+            current,
+            record.groups[current.name],
+            record.slots.get(current.name, (0, 1)),
+            recorded_log(record, current.name),
         )
         return None if adopted is None else (self._shared(adopted[0]), adopted[1])
 
@@ -413,29 +418,24 @@ class WarmReplicas:
 
     def close(self, served: Mapping[str, int]) -> None:
         if self.lease is not None:  # the pool's count leaves out the replicas started beside it
-            self.lease.release(sum(count for name, count in served.items() if name not in self.beside))
+            served_here = sum(count for name, count in served.items() if name not in self.beside)
+            self.lease.release(served_here, self.pool.logs_now() if self.pool is not None else None)
         if self.extra is not None:
             self.extra.close(served)
 
 
-def unanswered(actor: Any) -> str | None:
-    """Why the replica does not answer its liveness check (None: it answers). Ray's "unavailable" (its node
-    out of reach for a moment) is asked again, as the dispatcher's calls are (`engines.replica_call`)."""
-    import ray
-    from ray.exceptions import ActorUnavailableError
+def unanswered(actor: Any, name: str) -> str | None:
+    """Why the replica does not answer its liveness check within 30 s (None: it answers). Ray's
+    "unavailable" (its node out of reach for a moment) is asked again, as the dispatcher's calls are."""
+    from cluster.engines.pool import asked_while_unavailable, remote_message
 
-    from cluster.engines.pool import UNAVAILABLE_PAUSES_S, remote_message
+    async def alive() -> object:
+        return await asyncio.wait_for(asyncio.wrap_future(actor.alive.remote().future()), 30)
 
-    for pause_s in (*UNAVAILABLE_PAUSES_S, None):
-        try:
-            ray.get(actor.alive.remote(), timeout=30)
-            return None
-        except ActorUnavailableError as exc:
-            if pause_s is None:
-                return remote_message(exc)
-            time.sleep(pause_s)
-        except Exception as exc:  # noqa: BLE001 - any other failure to answer means the replica is gone
-            return remote_message(exc)
+    try:
+        asyncio.run(asked_while_unavailable(alive, name))
+    except Exception as exc:  # noqa: BLE001 - any failure to answer means the replica is gone
+        return remote_message(exc)
     return None
 
 
@@ -456,6 +456,7 @@ def register_pool(registry: Any, pool: ReplicaPool, idle_timeout_s: float) -> Po
         engines={info.name: info for info in pool.infos},
         groups=dict(pool.group_ids),
         slots=dict(pool.slots),
+        log_marks={info.name: logs.places for info, logs in zip(pool.infos, pool.log_marks, strict=True)},
     )
     ray.get(registry.put.remote(record))
     return record

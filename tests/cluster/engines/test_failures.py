@@ -51,6 +51,13 @@ def test_the_failure_names_the_root_error_and_the_log_after_its_mark(tmp_path):
     assert read_there == "OSError: on its node; the engine's full log: /x.err on node 10.0.0.3"
 
 
+def test_a_log_shorter_than_its_mark_was_rotated_and_is_read_from_its_start(tmp_path):
+    log = tmp_path / "worker.err"
+    log.write_text(VLLM_LOG)  # the file as it is after a rotation: everything in it came after the mark
+    described = describe_failure("engine gone", [LogPlace(str(log), 10 * len(VLLM_LOG))])
+    assert described.startswith("RuntimeError: CPU Generator does not use offset; ")
+
+
 @pytest.mark.slow
 def test_a_dead_engine_reports_its_root_error_and_log():
     from cluster.config import ClusterOptions, ModelOptions, RunConfig

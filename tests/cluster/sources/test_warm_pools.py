@@ -279,13 +279,26 @@ def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: He
     assert head.engine_actor_pids() == pool_engines
 
 
+# A traceback the replica logged and lived through (a stand-in, written into its log: an engine cannot be made
+# to log a handled error on demand). The run after it ends with the replica well, so a later death's cause is
+# looked for after it.
+LIVED_THROUGH = "Traceback (most recent call last):\nValueError: a handled error the replica lived through\n"
+
+
 def test_a_dead_pool_replica_is_replaced_by_the_next_run(pool: HeadNode, tmp_path, base_ifeval_records):
     head = pool
     (victim,) = head.engine_actor_pids()
+    victim_log = os.readlink(f"/proc/{victim}/fd/2")  # the actor's stderr: Ray's worker-*.err on this node
+    with open(victim_log, "a") as handle:
+        handle.write(LIVED_THROUGH)
+    well = run_on(head, tmp_path, "before-kill")
+    assert well.returncode == 0 and f"engines: warm (pool {POOL};" in well.stdout, well.stderr[-3000:]
     os.kill(victim, signal.SIGKILL)
     done = run_on(head, tmp_path, "after-kill")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"pool {POOL}: replica-0 had died" in done.stderr and "replacing it" in done.stderr
+    # its cause names the engine's log on its node, and is not the traceback it had lived through
+    assert victim_log in done.stderr and "lived through" not in done.stderr
     # it waited for the replacement's start: no start saved is claimed
     assert f"engines: warm (pool {POOL}; the run started 1 engine(s) itself" in done.stdout
     assert summary_of(tmp_path, "after-kill")["engines_source"]["start_saved_s"] == 0
