@@ -423,9 +423,30 @@ class ReplicaPool:
     def logs_now(self) -> dict[str, tuple[LogPlace, ...]]:
         """Where the log files of the replicas that answer stand now, by replica name: a warm pool's record
         keeps them, so the root error of a death after this run is looked for after them, not in what the
-        runs before logged."""
-        places = places_now(self.actors)
-        return {info.name: found for found, info in zip(places, self.infos, strict=True) if found is not None}
+        runs before logged. Best effort: {} where Ray cannot be asked."""
+        with self._lock:  # a replacement's thread may add or drop a replica meanwhile
+            serving = list(zip(self.actors, [info.name for info in self.infos], strict=True))
+        try:
+            places = places_now([actor for actor, _ in serving])
+        except Exception as exc:  # noqa: BLE001 - only where a later death's cause is looked for
+            log.warning("could not ask the replicas where their logs stand: %s", exc)
+            return {}
+        return {name: found for found, (_, name) in zip(places, serving, strict=True) if found is not None}
+
+    def log_of(self, name: str) -> EngineLog | None:
+        """Where the replica `name`'s log stood when this pool last marked it; None where it is not served."""
+        with self._lock:
+            names = [info.name for info in self.infos]
+            return self.log_marks[names.index(name)] if name in names else None
+
+    def marked(self, name: str, places: tuple[LogPlace, ...]) -> None:
+        """The replica `name`'s log stands at `places` now (its actor said so): a death is looked for after."""
+        with self._lock:
+            names = [info.name for info in self.infos]
+            if name in names:
+                index = names.index(name)
+                old = self.log_marks[index]
+                self.log_marks[index] = EngineLog(places, old.node_id, old.node_ip)
 
     def replicas(self) -> list[Replica]:
         """Dispatcher handles. Each window is twice the engine's max_num_seqs: a full batch running plus a

@@ -30,6 +30,7 @@ from sharding.requests import Completion, PromptGroup
 if TYPE_CHECKING:
     from cluster.config import RunConfig
     from cluster.endpoints import ApiClientPool
+    from cluster.engines.logs import LogPlace
     from cluster.engines.warm import Lease, PoolRecord
 
 
@@ -40,6 +41,7 @@ class SharedEngines(Protocol):
 
 
 log = logging.getLogger(__name__)
+LIVENESS_TIMEOUT_S = 30.0  # a pool replica that does not answer its liveness check within this counts as dead
 
 
 class SourceKind(StrEnum):
@@ -325,11 +327,13 @@ class WarmReplicas:
         assert self.pool is not None and self.record is not None
         dead = {name: "its actor is gone" for name in self.pool.missing}
         for actor, info in zip(list(self.pool.actors), list(self.pool.infos), strict=True):
-            why = unanswered(actor, info.name)
-            if why is not None:
-                dead[info.name] = why
+            answer = liveness(actor, info.name)
+            if isinstance(answer, str):
+                dead[info.name] = answer
                 index = self.pool.infos.index(info)
                 del self.pool.actors[index], self.pool.infos[index], self.pool.log_marks[index]
+            else:  # a death during this run is looked for after what runs before logged
+                self.pool.marked(info.name, answer)
         for name, message in dead.items():
             cause = asyncio.run(dead_actor_cause(message, recorded_log(self.record, name)))
             log.warning("pool %s: %s had died (%s); replacing it", self.record.name, name, cause)
@@ -350,9 +354,9 @@ class WarmReplicas:
         if found is None:
             return None
         info = found[1]
-        started = self.pool.log_marks[self.pool.infos.index(info)].places
+        started = self.pool.log_of(info.name)
         entered = self.registry.replaced.remote(
-            self.record.name, dead, info, self.pool.group_ids[info.name], started
+            self.record.name, dead, info, self.pool.group_ids[info.name], started.places if started else ()
         )
         current = ray.get(entered)
         if current is not None and current.name == info.name:
@@ -419,24 +423,26 @@ class WarmReplicas:
     def close(self, served: Mapping[str, int]) -> None:
         if self.lease is not None:  # the pool's count leaves out the replicas started beside it
             served_here = sum(count for name, count in served.items() if name not in self.beside)
-            self.lease.release(served_here, self.pool.logs_now() if self.pool is not None else None)
+            self.lease.release(served_here, self.pool.logs_now() if self.pool is not None else {})
         if self.extra is not None:
             self.extra.close(served)
 
 
-def unanswered(actor: Any, name: str) -> str | None:
-    """Why the replica does not answer its liveness check within 30 s (None: it answers). Ray's
-    "unavailable" (its node out of reach for a moment) is asked again, as the dispatcher's calls are."""
+def liveness(actor: Any, name: str) -> tuple[LogPlace, ...] | str:
+    """The replica's answer to its liveness check: where its log files stand now, or why it gave none within
+    LIVENESS_TIMEOUT_S. Ray's "unavailable" (its node out of reach for a moment) is asked again, as the
+    dispatcher's calls are."""
     from cluster.engines.pool import asked_while_unavailable, remote_message
 
-    async def alive() -> object:
-        return await asyncio.wait_for(asyncio.wrap_future(actor.alive.remote().future()), 30)
+    async def alive() -> list[LogPlace]:
+        return await asyncio.wait_for(asyncio.wrap_future(actor.alive.remote().future()), LIVENESS_TIMEOUT_S)
 
     try:
-        asyncio.run(asked_while_unavailable(alive, name))
-    except Exception as exc:  # noqa: BLE001 - any failure to answer means the replica is gone
+        return tuple(asyncio.run(asked_while_unavailable(alive, name)))
+    except TimeoutError:
+        return f"no answer to its liveness check within {LIVENESS_TIMEOUT_S:g} s"
+    except Exception as exc:  # noqa: BLE001 - any other failure to answer means the replica is gone
         return remote_message(exc)
-    return None
 
 
 def register_pool(registry: Any, pool: ReplicaPool, idle_timeout_s: float) -> PoolRecord:

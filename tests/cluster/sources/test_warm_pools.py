@@ -293,6 +293,7 @@ def test_a_dead_pool_replica_is_replaced_by_the_next_run(pool: HeadNode, tmp_pat
         handle.write(LIVED_THROUGH)
     well = run_on(head, tmp_path, "before-kill")
     assert well.returncode == 0 and f"engines: warm (pool {POOL};" in well.stdout, well.stderr[-3000:]
+    assert LIVED_THROUGH in Path(victim_log).read_text()  # still there: the replica's own writes append
     os.kill(victim, signal.SIGKILL)
     done = run_on(head, tmp_path, "after-kill")
     assert done.returncode == 0, done.stderr[-3000:]
