@@ -116,6 +116,23 @@ def evaluate_plan(
             task_plan.task.preload_scorer()
     replicas = config.cluster.replicas + local_judge_replicas(plan)
     with ray_session(config.cluster.address, plan.replica, replicas, verbose):
-        if config.cluster.address and config.cluster.device == "auto" and not plan.model.endpoint:
-            plan = plan.on_device("gpu" if cluster_has_gpus() else "cpu")
+        plan = on_the_clusters_device(plan)
         return run_evaluation(plan, verbose=verbose, progress=progress, retry_failed=retry_failed)
+
+
+def on_the_clusters_device(plan: RunPlan) -> RunPlan:
+    """Within a session on the cluster given by `--address` (`--device auto`): the plan on the cluster's
+    device (GPU where any node has one), not on what the machine that planned it has."""
+    config = plan.config
+    if config.cluster.address and config.cluster.device == "auto" and not plan.model.endpoint:
+        return plan.on_device("gpu" if cluster_has_gpus() else "cpu")
+    return plan
+
+
+def dry_run_plan(plan: RunPlan) -> RunPlan:
+    """A `--dry-run`'s plan: on a cluster given by `--address`, on that cluster's device, as the run would
+    be (joining the cluster to ask it); otherwise as planned."""
+    if not plan.config.cluster.address or plan.model.endpoint or plan.config.cluster.device != "auto":
+        return plan
+    with joined_session(plan.config.cluster.address, verbose=False):
+        return on_the_clusters_device(plan)

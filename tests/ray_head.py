@@ -143,10 +143,12 @@ def start_head(
     env: dict[str, str] | None = None,
     base_env: dict[str, str] | None = None,
     client_server_env: Mapping[str, str] = CLIENT_SERVER_HEAD_ENV,
+    num_gpus: int = 0,
 ) -> HeadNode:
     """A `ray start --head` cluster with token auth; `env`: more of the node's own environment (what its
     workers and actors inherit, such as a store's credentials); `base_env`: what `client_env` starts from;
-    `client_server_env`: what users are told to start a head that serves Ray clients with (cluster.head_env)."""
+    `client_server_env`: what users are told to start a head that serves Ray clients with (cluster.head_env);
+    `num_gpus`: GPUs the head declares (Ray schedules by the count; none need be there)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's socket paths are length-limited
     token_path = temp_dir / "auth_token"
     token_path.write_text(secrets.token_hex(32))
@@ -166,6 +168,7 @@ def start_head(
     command = [
         ray_cli(), "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dashboard}",
         "--dashboard-host=127.0.0.1", f"--ray-client-server-port={client}", f"--num-cpus={num_cpus}",
+        f"--num-gpus={num_gpus}",
         f"--temp-dir={temp_dir}", "--disable-usage-stats", "--include-dashboard=true",
         # the dashboard agent's HTTP port (Ray's default 52365 is fixed): the job server needs that agent, and
         # the test run's shared cluster (tests/warm_cluster.py) holds the default while other heads start

@@ -26,8 +26,9 @@ the client: each of those is separated here. What stays shared is what it may ta
 cluster installed alike on every node.
 
 Ray on the hosts: `ray start --head --block` on the head, bound to its address, `ray start --address=... --block`
-on each worker host, each reading its own copy of the cluster's token from its own `~/.ray/auth_token`, each
-home holding the embedded default model (hard links to this machine's copy). Every process started in a host
+on each worker host, each reading its own copy of the cluster's token from its own `~/.ray/auth_token`; the
+homes of the head and the clients hold the embedded default model (hard links to this machine's copy), the
+workers' homes do not (an engine there builds its own). Every process started in a host
 is in its cpuset; teardown kills every process in the run's cpusets and namespaces, then removes them. A run
 killed before its teardown leaves them behind under its number; the next run finds the number's lock free
 (`/tmp/rayeval-separate-hosts/N.lock`, held while a run lives) and removes them.
@@ -469,12 +470,15 @@ def ray_cluster(
     timeout_s: float = 120,
 ) -> Iterator[RayCluster]:
     """`ray start` on the head and each worker, token auth on; each of them and each client host gets its own
-    copy of the token in ~/.ray/auth_token and of the default model. Yields once every worker is registered
+    copy of the token in ~/.ray/auth_token, and the head and the clients one of the default model, which a
+    driver or coordinator resolves there. The workers have none: an engine of the default model builds it on
+    its own node, as on a cluster whose nodes were set up without it. Yields once every worker is registered
     and the dashboard and the Ray client server answer; stops the Ray processes on the way out."""
     token = secrets.token_hex(32)
     model = default_model()
     for host in (head, *workers, *clients):
         install_token(host, token)
+    for host in (head, *clients):
         install_model(host, model)
     cluster = RayCluster(head, list(workers), token, ports or RayPorts(), dashboard_host or head.ip)
     try:

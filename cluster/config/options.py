@@ -982,9 +982,12 @@ class ServeConfig(Strict):
                     f"'{entry}' is not NAME=PATH: give each adapter as --lora NAME=PATH, NAME without ':' "
                     "(Ray Serve reads 'base:suffix' as its own cloud adapters)"
                 )
-            if not Path(path).expanduser().is_dir():
+            from cluster.storage.location import is_remote
+
+            if not is_remote(path) and not Path(path).expanduser().is_dir():  # a URI is read where it is
                 raise ValueError(
-                    f"adapter '{name}': {path} is not a folder; give the folder peft saved it to"
+                    f"adapter '{name}': {path} is not a folder; give the folder peft saved it to, or its URI "
+                    "on object storage (s3://...)"
                 )
             names.append(name)
         if len(set(names)) < len(names):

@@ -26,9 +26,10 @@ from cluster.engines.import_gc import import_with_collector_paused
 from cluster.engines.logs import LogPlace, describe_failure, mark, own_log_files
 from cluster.engines.placement import ExecutorKind
 from cluster.engines.reload_check import ReloadCheck
-from cluster.engines.settings import EngineSettings, auto_dtype_here, cpu_kv_cache_args, engine_args
+from cluster.engines.settings import EngineSettings, auto_dtype_here, cpu_kv_cache_args, engine_args, serving
 from cluster.forwarded_env import ForwardedEnv
-from cluster.models.checkpoints import SwapKind
+from cluster.models.checkpoints import SwapKind, check_adapter_here
+from cluster.models.default import default_model_here
 from evaluators.failures import FailureKind
 from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup, continuation_logprob
 
@@ -157,7 +158,7 @@ class EngineActor:
             if kind is SwapKind.RELOAD:
                 kind, why = await self._reload(path, why)
             else:
-                self.settings = replace(self.settings, model=path)
+                self.settings = serving(self.settings, path)
                 await self.shutdown()
                 await self._start()
         except Exception as exc:
@@ -213,7 +214,7 @@ class EngineActor:
         calibration = await self.reload_check.calibrate(
             model_family(Path(path)), self.engine, self.tokenizer, self.settings.model, dtype
         )
-        self.settings = replace(self.settings, model=path)
+        self.settings = serving(self.settings, path)
         await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
         await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
         problem = await self.reload_check.problem(calibration, self.engine, self.tokenizer, path, dtype)
@@ -237,6 +238,8 @@ class EngineActor:
 
         began = time.perf_counter()
         self.import_s = self.import_s or began - importing  # the first start imports vLLM in this process
+        if self.settings.embedded_default:  # this node's own copy, built here where it has none (once)
+            self.settings = replace(self.settings, model=default_model_here(self.settings.model))
         s = self.settings
         config = self._engine_config()
         with engine_core_forked() if self.core_server else contextlib.nullcontext():
@@ -303,6 +306,8 @@ class EngineActor:
             return None
         from vllm.lora.request import LoRARequest
 
+        if adapter.identity not in self.lora_ids:  # its first request here: the folder is looked for once
+            check_adapter_here(adapter, self.node_ip)
         lora_id = self.lora_ids.setdefault(adapter.identity, len(self.lora_ids) + 1)
         return LoRARequest(adapter.identity, lora_id, adapter.path)
 

@@ -21,7 +21,7 @@ from cluster.engines.actor import EngineActor, EngineDead, EngineInfo, EngineSta
 from cluster.engines.cores import ENGINE_CORE_SLOT_ENV
 from cluster.engines.logs import EngineLog, LogPlace, describe_failure, read_on_node
 from cluster.engines.placement import ExecutorKind, ReplicaLayout, ReplicaPlan
-from cluster.engines.settings import EngineSettings, cpu_kv_cache_env
+from cluster.engines.settings import EngineSettings, cpu_kv_cache_env, serving
 from cluster.errors import ClusterError
 from cluster.forwarded_env import for_engines
 from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
@@ -233,7 +233,7 @@ class ReplicaPool:
                 f"The engines could not move to the checkpoint {path}: {remote_message(exc)}. Check that it is a "
                 "complete model folder readable from every node."
             ) from None
-        self.settings = replace(self.settings, model=path)
+        self.settings = serving(self.settings, path)
         self.log_marks = self._logs_now(self.actors, self.infos)
         return self.infos
 
@@ -560,10 +560,11 @@ async def asked_while_unavailable(call: Callable[[], Awaitable[T]], name: str) -
 
 
 async def dead_actor_cause(message: str, log: EngineLog | None) -> str:
-    """Why an actor process died: the root error its log holds, read on its node, and where that log is."""
+    """Why an actor process died: the root error its log holds, read on its node, and where that log is; the
+    message where that node cannot be asked (never those paths read here, which may be another machine's)."""
     if log is None:
         return message
-    return describe_failure(message, log.places, log.node_ip, root=await read_on_node(log))
+    return describe_failure(message, log.places, log.node_ip, root=await read_on_node(log) or message)
 
 
 def remote_message(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 from cluster.config import CPU_MAX_NUM_SEQS, ModelOptions
 from cluster.engines.placement import ExecutorKind
 from cluster.engines.pushed_weights import WEIGHTS_EXTENSION
+from cluster.models.default import is_default_model
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class EngineSettings:
     # How the workers run; the pool sets it from the replica's layout on the cluster (one node or several)
     # when it launches the engine, so the rule lives in ReplicaPlan alone.
     executor: ExecutorKind = ExecutorKind.SINGLE
+    # `model` is rayeval's embedded default, as the process that resolved it has it: a node without that
+    # folder builds its own copy (`models.default_model_here`) instead of failing to find it.
+    embedded_default: bool = False
 
 
 def engine_settings(
@@ -66,7 +70,15 @@ def engine_settings(
         pin_engine_core=options.pin_engine_core,
         custom_all_reduce=options.custom_all_reduce,
         max_lora_rank=options.max_lora_rank if options.lora else 0,
+        embedded_default=is_default_model(model_path),
     )
+
+
+def serving(s: EngineSettings, model_path: str) -> EngineSettings:
+    """The settings with the engine serving `model_path` (a checkpoint it moves to): the embedded default
+    only where `model_path` is this machine's folder of it, so a checkpoint a node lacks is never replaced by
+    the default model."""
+    return replace(s, model=model_path, embedded_default=is_default_model(model_path))
 
 
 def engine_args(s: EngineSettings) -> dict[str, Any]:

@@ -230,6 +230,17 @@ def load_adapter(path: str, base_model: Path, max_lora_rank: int | None) -> Adap
     return Adapter(folder.name, str(folder.resolve()), digest.hexdigest()[:16])
 
 
+def check_adapter_here(adapter: Adapter, node_ip: str) -> None:
+    """Raise FileNotFoundError, naming the folder and the node, where this node has no adapter at the path
+    the run checked where it was planned: an engine asked to load a missing adapter fails inside vLLM, and
+    each of the run's requests would fail there alike. Called on the engine's node."""
+    if not (Path(adapter.path) / "adapter_config.json").is_file():
+        raise FileNotFoundError(
+            f"LoRA adapter {adapter.name}: {adapter.path} is not on this replica's node ({node_ip}); an "
+            "adapter must be at its path on every node that runs the model (shared storage)"
+        )
+
+
 class SwapKind(StrEnum):
     """How an engine serving one full checkpoint moves to the next."""
 

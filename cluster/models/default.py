@@ -7,6 +7,7 @@ bf16 and saved as an ordinary HF folder (about 270 MB) that vLLM loads.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import logging
 import os
@@ -41,24 +42,39 @@ def packaged_gguf() -> Path:
 
 
 def ensure_default_model() -> Path:
-    """The HF folder of the default model, built on first use; later calls return the cached folder."""
+    """The HF folder of the default model, built on first use; later calls return the cached folder. Processes
+    of one machine build it one at a time (a lock file beside it): the others wait, then find it built."""
     target = default_model_dir()
     if (target / "config.json").is_file():
         return target
     gguf = packaged_gguf()
-    log.info("materialising %s from %s into %s (once)", DEFAULT_MODEL_NAME, gguf, target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
-    try:
-        _convert(gguf, staging)
+    with open(target.parent / f".{DEFAULT_MODEL_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").is_file():  # built by the process that held the lock before
+            return target
+        log.info("materialising %s from %s into %s (once)", DEFAULT_MODEL_NAME, gguf, target)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
         try:
+            _convert(gguf, staging)
             staging.rename(target)
-        except OSError:  # another process finished first; theirs is as good as ours
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def default_model_here(path: str) -> str:
+    """The folder this node loads the embedded default model from, where a process on another machine
+    resolved it to `path` (its folder there): `path` where this node has it there too, else this node's own
+    copy, built on first use. A cluster's nodes need not have built it, or may keep it under another home."""
+    if (Path(path) / "config.json").is_file():
+        return path
+    return str(ensure_default_model())
+
+
+def is_default_model(path: str) -> bool:
+    """Whether `path` is this machine's folder of the embedded default model (what `resolve_model` gives)."""
+    return Path(path) == default_model_dir()
 
 
 def _convert(gguf: Path, out_dir: Path) -> None:

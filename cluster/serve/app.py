@@ -5,7 +5,8 @@ local LoRA adapters and an optional API key (`ingress`).
 
 Each replica's engine gets the settings `rayeval run` gives its own engines (`cluster.engines.settings`:
 dtype, eager on CPU, no chunked prefill on CPU, the KV cache size), so a served model answers as the run's
-replicas do; on CPU a replica binds its engine's threads to its own node's cores (`replica`).
+replicas do; on CPU a replica binds its engine's threads to its own node's cores and resolves `--dtype auto`
+from its own CPU (`replica`).
 
 The API listens on 127.0.0.1 unless --host says otherwise (`address`). A key given with --api-key-env is
 read here and reaches the cluster only as its digest (`auth`).
@@ -32,7 +33,6 @@ from cluster.engines import (
     cpu_kv_cache_bytes,
     engine_block_size,
     engine_chunked_prefill,
-    engine_dtype,
     engine_lora_args,
     engine_settings,
     remote_message,
@@ -215,10 +215,13 @@ def llm_config(
     placement group per replica sized as `rayeval run` sizes a replica."""
     from ray.serve.llm import LLMConfig
 
+    from cluster.serve.replica import EMBEDDED_DEFAULT
+
     settings = engine_settings(config.model, model_path, device)
     plan = replica_plan(_run_config(config), device)
     engine: dict[str, Any] = {
-        "dtype": engine_dtype(settings),
+        # `auto` as it is: on CPU each replica resolves it from its own node's CPU (`replica.LLMServer`)
+        "dtype": settings.dtype,
         "max_model_len": settings.max_model_len,
         "tensor_parallel_size": settings.tensor_parallel_size,
         "pipeline_parallel_size": settings.pipeline_parallel_size,
@@ -254,6 +257,8 @@ def llm_config(
         placement_group_config={"bundles": replica_bundles(plan), "strategy": "STRICT_PACK"},
         runtime_env={"env_vars": engine_env(config, device)},
         server_cls=replica_server(device),
+        # a replica's node without that folder builds its own copy (`replica.LLMServer`)
+        experimental_configs={EMBEDDED_DEFAULT: True} if settings.embedded_default else {},
     )
 
 

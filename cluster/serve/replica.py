@@ -31,8 +31,10 @@ from ray.serve.llm import LLMConfig  # noqa: E402
 from ray.serve.llm.deployment import LLMServer as RayLLMServer  # noqa: E402
 
 from cluster.engines import VLLM_CPU_KV_CACHE_ENV, cpu_thread_binding  # noqa: E402
+from cluster.engines.settings import cpu_has_native_bf16  # noqa: E402
 
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+EMBEDDED_DEFAULT = "rayeval_embedded_default"  # the LLMConfig's mark (`experimental_configs`) of that model
 
 
 def node_binding(llm_config: LLMConfig) -> str:
@@ -51,6 +53,23 @@ def on_cpu(llm_config: LLMConfig) -> bool:
     return not any((b.get("GPU", 0) if isinstance(b, dict) else getattr(b, "GPU", 0)) for b in bundles)
 
 
+def locate_default_model(llm_config: LLMConfig) -> None:
+    """The embedded default model loaded from this node's copy, built here where the node has none (the
+    `rayeval serve` process resolved it to its own folder, which this node may lack)."""
+    from cluster.models.default import default_model_here
+
+    loading = llm_config.model_loading_config
+    if llm_config.experimental_configs.get(EMBEDDED_DEFAULT) and isinstance(loading.model_source, str):
+        loading.model_source = default_model_here(loading.model_source)
+
+
+def resolve_cpu_dtype(llm_config: LLMConfig) -> None:
+    """A CPU replica's `--dtype auto` as this node's CPU decides it (`engines.engine_dtype`: bfloat16 only
+    where it computes it natively), not as the `rayeval serve` process's machine would."""
+    if llm_config.engine_kwargs.get("dtype") == "auto":
+        llm_config.engine_kwargs["dtype"] = "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
 def fetch_adapters(llm_config: LLMConfig) -> None:
     """Each LoRA module's folder on this node: an adapter on object storage downloaded here first."""
     from cluster.serve.adapters import replica_adapter_folder
@@ -66,8 +85,10 @@ class LLMServer(RayLLMServer):
     --status`)."""
 
     async def __init__(self, llm_config: LLMConfig, **kwargs: Any) -> None:
+        locate_default_model(llm_config)
         fetch_adapters(llm_config)
         if on_cpu(llm_config):
+            resolve_cpu_dtype(llm_config)
             os.environ.setdefault(THREADS_BIND, node_binding(llm_config))
             os.environ.pop(VLLM_CPU_KV_CACHE_ENV, None)  # it would override the engine argument's size
         await super().__init__(llm_config, **kwargs)

@@ -302,6 +302,13 @@ class Evaluator:
 
 
 def _checked_plan(config: RunConfig) -> Any:
+    if (config.cluster.address or "").startswith("ray://"):
+        raise EvalInputError(
+            f"cluster.address {config.cluster.address}: the Evaluator runs in the trainer on a node of the "
+            "cluster (its coordinator is placed on that node and watches the trainer's process there, and "
+            "its folder is written there); give 'auto' or the GCS address (HEAD:6379), not a Ray client "
+            "address."
+        )
     if is_remote(config.output_dir):
         raise EvalInputError(
             f"output_dir {config.output_dir}: the Evaluator writes its step folders on the trainer's node; give a "

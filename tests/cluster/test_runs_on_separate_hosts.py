@@ -7,7 +7,8 @@ cores). Each test states where the run's files go and where its keys come from, 
   resumed there by a rerun from another client;
 - a job submitted from the laptop writes on the head and carries its key sealed, never in the job's record;
 - a run started on a node writes where it runs and uses that node's environment;
-- an engine that dies on the worker reports its root error read on the worker, and where its log is there.
+- an engine that dies on the worker reports its root error read on the worker, and where its log is there;
+- the worker, set up without the embedded default model, builds its own copy for its engine.
 
 The judge is the loopback stand-in API (tests/judge_api_standin.py), run as a process on the head host and
 accepting only the key; a judgment answered means the key got there. After the runs, every file on every
@@ -136,6 +137,9 @@ def test_a_client_run_is_coordinated_and_written_on_the_head_and_resumed_there(
     summary = json.loads((run_dir / "summary.json").read_text())
     (engine,) = summary["run"]["engines"]
     assert engine["node_ip"] == worker.ip and engine["cpu_binding"] == "1"
+    # the worker was set up without the default model (tests/separate_hosts.py): its engine built the node's
+    # own copy in the worker's home
+    assert (worker.home / ".cache" / "rayeval" / "models" / MODEL_DIR / "config.json").is_file()
     rows = records(run_dir / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert sorted(r["doc_id"] for r in rows) == list(range(4)) and all(r["error"] is None for r in rows)
     judged = records(run_dir / "judges" / "openai-standin" / "samples" / "healthbench.jsonl")

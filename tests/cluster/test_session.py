@@ -203,3 +203,20 @@ def test_a_ray_client_session_that_does_not_start_is_named_with_the_heads_fix(
         assert cluster.connect("head:6379") is True  # not Ray client's address: no timer at all
     assert len(timers) == 2
     assert not [record for record in caplog.records if record.name == "cluster.session"]
+
+
+def test_a_dry_run_on_a_cluster_plans_on_the_clusters_device_not_the_laptops():
+    """`--dry-run --address` joins the cluster to learn its device, as the run would: a cluster whose head
+    declares a GPU (a stand-in: Ray schedules by the declared count, and no engine starts in a dry run) gets
+    GPU replicas, though this machine has none."""
+    from tests.ray_head import start_head
+    from tests.runs import rayeval
+
+    head = start_head(num_cpus=1, num_gpus=1)
+    try:
+        planned = rayeval("run", "--tasks", "ifeval", "--address", head.gcs_address, "--dry-run",
+                          env=head.client_env(), local=True)  # fmt: skip
+    finally:
+        head.stop()
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "replicas  1 x {1 CPU, 1 GPU} for 1 engine worker(s) on gpu" in planned.stdout

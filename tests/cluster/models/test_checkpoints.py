@@ -182,3 +182,21 @@ def linked(source: Path, folder: Path) -> Path:
     config = json.loads((source / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": False}))
     return folder
+
+
+def test_an_adapter_missing_on_a_replicas_node_is_named_with_the_node(tmp_path):
+    """Checked on the engine's node before vLLM is asked to load it (there it would fail each request alike)."""
+    from cluster.models.checkpoints import check_adapter_here
+    from sharding.requests import Adapter
+
+    there = tmp_path / "adapter"
+    there.mkdir()
+    (there / "adapter_config.json").write_text("{}")
+    check_adapter_here(Adapter("adapter", str(there), "0" * 16), "10.0.0.2")  # here: nothing raised
+    missing = Adapter("step_480", str(tmp_path / "elsewhere"), "1" * 16)
+    with pytest.raises(FileNotFoundError) as refused:
+        check_adapter_here(missing, "10.0.0.2")
+    assert str(refused.value) == (
+        f"LoRA adapter step_480: {tmp_path / 'elsewhere'} is not on this replica's node (10.0.0.2); an adapter "
+        "must be at its path on every node that runs the model (shared storage)"
+    )

@@ -92,3 +92,31 @@ def test_the_light_tokenizer_renders_what_autotokenizer_renders(tmp_path):
         )
         assert rendered == reference
     assert rendered == "<|im_start|>[SYSTEM] Be brief.<|im_end|>[USER] What is 2+2?<|im_end|>[ASSISTANT]"
+
+
+def test_a_node_without_the_default_models_folder_loads_its_own_copy_and_no_checkpoint_becomes_it(
+    tmp_path, monkeypatch
+):
+    """The embedded default, resolved to its folder on the driver, is loaded on an engine's node from that
+    node's own copy where the driver's folder is not there (`default_model_here`, which builds it where the
+    node has none: here the node's cache already holds one, linked to this machine's); a checkpoint the engine
+    moves to is never taken for the default."""
+    from cluster.config import ModelOptions
+    from cluster.engines import engine_settings
+    from cluster.engines.settings import serving
+    from cluster.models.default import default_model_here
+
+    driver_folder = str(ensure_default_model())
+    settings = engine_settings(ModelOptions(), driver_folder, "cpu")
+    assert settings.embedded_default
+    checkpoint = serving(settings, str(tmp_path / "step-100"))
+    assert not checkpoint.embedded_default and checkpoint.model == str(tmp_path / "step-100")
+    assert serving(checkpoint, driver_folder).embedded_default
+    assert default_model_here(driver_folder) == driver_folder  # this node has it where the driver had it
+    node_cache = tmp_path / "node-cache"
+    (node_cache / "models").mkdir(parents=True)
+    (node_cache / "models" / DEFAULT_MODEL_NAME).symlink_to(driver_folder)
+    monkeypatch.setenv("RAYEVAL_CACHE", str(node_cache))
+    elsewhere = "/home/someone-else/.cache/rayeval/models/" + DEFAULT_MODEL_NAME  # the driver's, not here
+    assert default_model_here(elsewhere) == str(node_cache / "models" / DEFAULT_MODEL_NAME)
+    assert not engine_settings(ModelOptions(), driver_folder, "cpu").embedded_default  # not this cache's

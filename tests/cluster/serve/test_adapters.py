@@ -40,6 +40,12 @@ def test_a_staged_adapter_is_uploaded_once_by_digest_and_downloaded_whole(
     folder = Path(replica_adapter_folder("tuned", staged.source))
     assert folder.is_relative_to(tmp_path / "replica-node")
     assert (folder / "adapter_model.safetensors").read_bytes() == b"\x00weights" * 100
+    # an adapter on the store already is served from there: `--lora NAME=URI`, taken as it is
+    from cluster.config import ServeConfig
+
+    given = ServeConfig(adapters=[f"tuned={staged.source}"])
+    [there] = locate_adapters(given.lora_modules)
+    assert there.source == staged.source and (Path(there.local) / "adapter_config.json").is_file()
     (adapter / "adapter_config.json").write_text('{"r": 8}')  # changed: staged anew, beside the old copy
     [again] = stage_adapters(locate_adapters({"tuned": str(adapter)}), s3.uri("staged-adapters"))
     assert again.source != staged.source

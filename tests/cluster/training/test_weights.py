@@ -137,3 +137,15 @@ def test_floating_tensors_go_in_the_engines_dtype_as_the_engine_would_round_them
     assert back["ids"].dtype == torch.int64 and torch.equal(back["ids"], originals["ids"])
     assert torch.equal(back["b"], originals["b"])
     assert in_dtype(raws, None) == raws
+
+
+def test_an_evaluator_over_ray_client_is_refused_before_it_connects(tmp_path):
+    """Its coordinator is placed on the trainer's node and watches the trainer's pid there: through a Ray
+    client the trainer is on no node of the cluster. Refused before any connection (nothing listens there)."""
+    import cluster
+
+    config = {"cluster": {"address": "ray://127.0.0.1:9"}, "output_dir": str(tmp_path), "tasks": ["ifeval"]}
+    with pytest.raises(
+        EvalInputError, match=r"cluster.address ray://127.0.0.1:9: the Evaluator runs in the trainer"
+    ):
+        cluster.Evaluator(config)
