@@ -100,6 +100,8 @@ class EngineActor:
         os.environ.update(env)
         self.name = name
         self.settings = settings
+        # the embedded default's folder as the planning machine gave it (this node's own may lie elsewhere)
+        self.default_model_given = settings.model if settings.embedded_default else ""
         self.node_ip = ray.util.get_node_ip_address()
         # CPU engines bind their threads among this node's cores, before the forkserver and vLLM read them
         workers = settings.tensor_parallel_size * settings.pipeline_parallel_size
@@ -158,7 +160,7 @@ class EngineActor:
             if kind is SwapKind.RELOAD:
                 kind, why = await self._reload(path, why)
             else:
-                self.settings = serving(self.settings, path)
+                self.settings = serving(self.settings, path, path == self.default_model_given)
                 await self.shutdown()
                 await self._start()
         except Exception as exc:
@@ -214,7 +216,7 @@ class EngineActor:
         calibration = await self.reload_check.calibrate(
             model_family(Path(path)), self.engine, self.tokenizer, self.settings.model, dtype
         )
-        self.settings = serving(self.settings, path)
+        self.settings = serving(self.settings, path, path == self.default_model_given)
         await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
         await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
         problem = await self.reload_check.problem(calibration, self.engine, self.tokenizer, path, dtype)

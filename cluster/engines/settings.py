@@ -74,11 +74,11 @@ def engine_settings(
     )
 
 
-def serving(s: EngineSettings, model_path: str) -> EngineSettings:
+def serving(s: EngineSettings, model_path: str, embedded_default: bool = False) -> EngineSettings:
     """The settings with the engine serving `model_path` (a checkpoint it moves to): the embedded default
-    only where `model_path` is this machine's folder of it, so a checkpoint a node lacks is never replaced by
-    the default model."""
-    return replace(s, model=model_path, embedded_default=is_default_model(model_path))
+    only where `model_path` is this machine's folder of it (or `embedded_default` says it is the folder the
+    planning machine gave for it), so a checkpoint a node lacks is never replaced by the default model."""
+    return replace(s, model=model_path, embedded_default=embedded_default or is_default_model(model_path))
 
 
 def engine_args(s: EngineSettings) -> dict[str, Any]:

@@ -7,6 +7,7 @@ bf16 and saved as an ordinary HF folder (about 270 MB) that vLLM loads.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
 import logging
@@ -50,14 +51,19 @@ def ensure_default_model() -> Path:
     gguf = packaged_gguf()
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{DEFAULT_MODEL_NAME}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a filesystem without locks: the rename below still settles it
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "config.json").is_file():  # built by the process that held the lock before
             return target
         log.info("materialising %s from %s into %s (once)", DEFAULT_MODEL_NAME, gguf, target)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
         try:
             _convert(gguf, staging)
-            staging.rename(target)
+            try:
+                staging.rename(target)
+            except OSError:  # another machine sharing this folder finished first; theirs is as good
+                if not (target / "config.json").is_file():
+                    raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -74,7 +80,7 @@ def default_model_here(path: str) -> str:
 
 def is_default_model(path: str) -> bool:
     """Whether `path` is this machine's folder of the embedded default model (what `resolve_model` gives)."""
-    return Path(path) == default_model_dir()
+    return Path(path).expanduser().resolve() == default_model_dir().expanduser().resolve()
 
 
 def _convert(gguf: Path, out_dir: Path) -> None:

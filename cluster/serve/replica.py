@@ -60,14 +60,18 @@ def locate_default_model(llm_config: LLMConfig) -> None:
 
     loading = llm_config.model_loading_config
     if llm_config.experimental_configs.get(EMBEDDED_DEFAULT) and isinstance(loading.model_source, str):
-        loading.model_source = default_model_here(loading.model_source)
+        here = default_model_here(loading.model_source)
+        loading.model_source = here
+        # the engine is built from the engine config the serving process derived and cached (it travels
+        # with the LLMConfig), as Ray's own node initialisation sets a downloaded model's folder
+        llm_config.get_engine_config().hf_model_id = here
 
 
 def resolve_cpu_dtype(llm_config: LLMConfig) -> None:
     """A CPU replica's `--dtype auto` as this node's CPU decides it (`engines.engine_dtype`: bfloat16 only
     where it computes it natively), not as the `rayeval serve` process's machine would."""
-    if llm_config.engine_kwargs.get("dtype") == "auto":
-        llm_config.engine_kwargs["dtype"] = "bfloat16" if cpu_has_native_bf16() else "float32"
+    if llm_config.engine_kwargs.get("dtype") == "auto":  # in the cached engine config too (Ray's own call)
+        llm_config.update_engine_kwargs(dtype="bfloat16" if cpu_has_native_bf16() else "float32")
 
 
 def fetch_adapters(llm_config: LLMConfig) -> None:

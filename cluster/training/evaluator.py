@@ -302,12 +302,14 @@ class Evaluator:
 
 
 def _checked_plan(config: RunConfig) -> Any:
-    if (config.cluster.address or "").startswith("ray://"):
+    from ray.util.client import ray as ray_client
+
+    if (config.cluster.address or "").startswith("ray://") or ray_client.is_connected():
         raise EvalInputError(
-            f"cluster.address {config.cluster.address}: the Evaluator runs in the trainer on a node of the "
-            "cluster (its coordinator is placed on that node and watches the trainer's process there, and "
-            "its folder is written there); give 'auto' or the GCS address (HEAD:6379), not a Ray client "
-            "address."
+            f"cluster.address {config.cluster.address or '(a Ray client session already open)'}: the Evaluator "
+            "runs in the trainer on a node of the cluster (its coordinator is placed on that node and watches "
+            "the trainer's process there, and its folder is written there); give 'auto' or the GCS address "
+            "(HEAD:6379), not a Ray client address."
         )
     if is_remote(config.output_dir):
         raise EvalInputError(

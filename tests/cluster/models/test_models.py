@@ -119,4 +119,4 @@ def test_a_node_without_the_default_models_folder_loads_its_own_copy_and_no_chec
     monkeypatch.setenv("RAYEVAL_CACHE", str(node_cache))
     elsewhere = "/home/someone-else/.cache/rayeval/models/" + DEFAULT_MODEL_NAME  # the driver's, not here
     assert default_model_here(elsewhere) == str(node_cache / "models" / DEFAULT_MODEL_NAME)
-    assert not engine_settings(ModelOptions(), driver_folder, "cpu").embedded_default  # not this cache's
+    assert not engine_settings(ModelOptions(), str(tmp_path / "step-100"), "cpu").embedded_default

@@ -83,40 +83,58 @@ def test_serve_engines_take_vllms_max_num_seqs_on_gpu_and_64_on_cpu() -> None:
     assert llm_config(asked, "/models/m", "m", "gpu").engine_kwargs["max_num_seqs"] == 512
 
 
+def as_a_replica_receives_it(config):
+    """The LLMConfig as a replica gets it: its engine config derived and cached in the serving process (Ray's
+    `LLMServer.get_deployment_options` does that), then pickled over as Serve sends it."""
+    import pickle
+
+    import cloudpickle
+
+    config.get_engine_config()
+    return pickle.loads(cloudpickle.dumps(config))
+
+
 def test_a_serve_replica_loads_the_default_model_from_its_own_node(tmp_path, monkeypatch) -> None:
     """`rayeval serve` of the embedded default marks its LLMConfig, and a replica whose node lacks the folder
-    the serve process resolved loads its node's own copy (here the node's cache links this machine's)."""
+    the serving process resolved builds its engine from its node's own copy (here: the serving machine's
+    cache and the node's are two folders linking this machine's model; the first is gone on the node)."""
     from cluster.config import ServeConfig
     from cluster.models import DEFAULT_MODEL_NAME, ensure_default_model
     from cluster.serve.app import llm_config
     from cluster.serve.replica import locate_default_model
 
-    served = llm_config(ServeConfig(), "/home/someone-else/.cache/rayeval/models/m", "m", "cpu")
-    locate_default_model(served)  # not the default: left as it is
-    assert served.model_loading_config.model_source == "/home/someone-else/.cache/rayeval/models/m"
-    driver_folder = str(ensure_default_model())
-    node_cache = tmp_path / "node-cache"
-    (node_cache / "models").mkdir(parents=True)
-    (node_cache / "models" / DEFAULT_MODEL_NAME).symlink_to(driver_folder)
-    default = llm_config(ServeConfig(), driver_folder, DEFAULT_MODEL_NAME, "cpu")
-    monkeypatch.setenv("RAYEVAL_CACHE", str(node_cache))  # the replica's node: its cache elsewhere
-    default.model_loading_config.model_source = "/home/someone-else/" + DEFAULT_MODEL_NAME  # not on it
-    locate_default_model(default)
-    assert default.model_loading_config.model_source == str(node_cache / "models" / DEFAULT_MODEL_NAME)
+    other = as_a_replica_receives_it(llm_config(ServeConfig(), str(tmp_path / "m"), "m", "cpu"))
+    locate_default_model(other)  # not the default: left as it is
+    assert other.get_engine_config().actual_hf_model_id == str(tmp_path / "m")
+    real = ensure_default_model()
+    serving_cache, node_cache = tmp_path / "serving-cache", tmp_path / "node-cache"
+    for cache in (serving_cache, node_cache):
+        (cache / "models").mkdir(parents=True)
+        (cache / "models" / DEFAULT_MODEL_NAME).symlink_to(real)
+    monkeypatch.setenv("RAYEVAL_CACHE", str(serving_cache))
+    given = str(serving_cache / "models" / DEFAULT_MODEL_NAME)
+    received = as_a_replica_receives_it(llm_config(ServeConfig(), given, DEFAULT_MODEL_NAME, "cpu"))
+    (serving_cache / "models" / DEFAULT_MODEL_NAME).unlink()  # the replica's node: no such folder there
+    monkeypatch.setenv("RAYEVAL_CACHE", str(node_cache))
+    locate_default_model(received)
+    assert received.get_engine_config().actual_hf_model_id == str(node_cache / "models" / DEFAULT_MODEL_NAME)
 
 
 def test_a_cpu_replica_resolves_dtype_auto_from_its_own_nodes_cpu() -> None:
     """`auto` reaches the replica as it is; the replica's node decides (bfloat16 only where its CPU computes it
-    natively), not the `rayeval serve` machine. A dtype given by name stays."""
+    natively), not the `rayeval serve` machine; the engine is built with that. A dtype given by name stays."""
     from cluster.config import ServeConfig
     from cluster.engines.settings import cpu_has_native_bf16
     from cluster.serve.app import llm_config
     from cluster.serve.replica import resolve_cpu_dtype
 
-    served = llm_config(ServeConfig(), "/models/m", "m", "cpu")
+    served = as_a_replica_receives_it(llm_config(ServeConfig(), "/models/m", "m", "cpu"))
     assert served.engine_kwargs["dtype"] == "auto"
     resolve_cpu_dtype(served)
-    assert served.engine_kwargs["dtype"] == ("bfloat16" if cpu_has_native_bf16() else "float32")
-    named = llm_config(ServeConfig(model={"dtype": "float32"}), "/models/m", "m", "cpu")
+    here = "bfloat16" if cpu_has_native_bf16() else "float32"
+    assert served.get_engine_config().engine_kwargs["dtype"] == here
+    named = as_a_replica_receives_it(
+        llm_config(ServeConfig(model={"dtype": "float32"}), "/models/m", "m", "cpu")
+    )
     resolve_cpu_dtype(named)
-    assert named.engine_kwargs["dtype"] == "float32"
+    assert named.get_engine_config().engine_kwargs["dtype"] == "float32"
