@@ -94,9 +94,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = build_plan(config, materialise_model=not args.dry_run)
     timeline.mark("planned")
     if args.dry_run:
-        from cluster.api import dry_run_plan
+        if config.cluster.address:  # joins the cluster to ask its device: Ray is imported for it only here
+            from cluster.api import dry_run_plan
 
-        plan = dry_run_plan(plan)
+            plan = dry_run_plan(plan)
         preflight(plan)  # a real run is checked once, by evaluate_plan
         print(plan.describe())
         if (
