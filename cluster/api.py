@@ -120,11 +120,17 @@ def evaluate_plan(
         return run_evaluation(plan, verbose=verbose, progress=progress, retry_failed=retry_failed)
 
 
+def device_from_cluster(plan: RunPlan) -> bool:
+    """Whether the plan's device is the cluster's to say: engines (not an endpoint) on a cluster given by
+    `--address`, with `--device auto`."""
+    config = plan.config
+    return bool(config.cluster.address) and config.cluster.device == "auto" and not plan.model.endpoint
+
+
 def on_the_clusters_device(plan: RunPlan) -> RunPlan:
     """Within a session on the cluster given by `--address` (`--device auto`): the plan on the cluster's
     device (GPU where any node has one), not on what the machine that planned it has."""
-    config = plan.config
-    if config.cluster.address and config.cluster.device == "auto" and not plan.model.endpoint:
+    if device_from_cluster(plan):
         return plan.on_device("gpu" if cluster_has_gpus() else "cpu")
     return plan
 
@@ -132,7 +138,7 @@ def on_the_clusters_device(plan: RunPlan) -> RunPlan:
 def dry_run_plan(plan: RunPlan) -> RunPlan:
     """A `--dry-run`'s plan: on a cluster given by `--address`, on that cluster's device, as the run would
     be (joining the cluster to ask it); otherwise as planned."""
-    if not plan.config.cluster.address or plan.model.endpoint or plan.config.cluster.device != "auto":
+    if not device_from_cluster(plan):
         return plan
     with joined_session(plan.config.cluster.address, verbose=False):
         return on_the_clusters_device(plan)

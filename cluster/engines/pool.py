@@ -370,9 +370,8 @@ class ReplicaPool:
         still starting: its actor killed, its placement group removed."""
         with self._lock:
             actor = self.starting.pop(name, None)
-            names = [info.name for info in self.infos]
-            if name in names:
-                index = names.index(name)
+            index = self._index_of(name)
+            if index is not None:
                 actor = self.actors.pop(index)
                 del self.infos[index], self.log_marks[index]
             group = self.groups.pop(name, None)
@@ -414,11 +413,7 @@ class ReplicaPool:
         """Where each engine's log files stand now, as its actor reads them on its own node (the driver may
         be another machine, where those paths are not the engine's files); the whole files of one that does
         not answer (dead already: the dispatcher finds that out)."""
-        places = places_now(actors)
-        return [
-            EngineLog(found or tuple(LogPlace(path) for path in info.log_files), info.node_id, info.node_ip)
-            for found, info in zip(places, infos, strict=True)
-        ]
+        return [engine_log(info, found) for found, info in zip(places_now(actors), infos, strict=True)]
 
     def logs_now(self) -> dict[str, tuple[LogPlace, ...]]:
         """Where the log files of the replicas that answer stand now, by replica name: a warm pool's record
@@ -436,17 +431,20 @@ class ReplicaPool:
     def log_of(self, name: str) -> EngineLog | None:
         """Where the replica `name`'s log stood when this pool last marked it; None where it is not served."""
         with self._lock:
-            names = [info.name for info in self.infos]
-            return self.log_marks[names.index(name)] if name in names else None
+            index = self._index_of(name)
+            return None if index is None else self.log_marks[index]
 
     def marked(self, name: str, places: tuple[LogPlace, ...]) -> None:
         """The replica `name`'s log stands at `places` now (its actor said so): a death is looked for after."""
         with self._lock:
-            names = [info.name for info in self.infos]
-            if name in names:
-                index = names.index(name)
-                old = self.log_marks[index]
-                self.log_marks[index] = EngineLog(places, old.node_id, old.node_ip)
+            index = self._index_of(name)
+            if index is not None:
+                self.log_marks[index] = engine_log(self.infos[index], places)
+
+    def _index_of(self, name: str) -> int | None:
+        """The served replica `name`'s place in `actors`, `infos` and `log_marks`; the caller holds `_lock`."""
+        names = [info.name for info in self.infos]
+        return names.index(name) if name in names else None
 
     def replicas(self) -> list[Replica]:
         """Dispatcher handles. Each window is twice the engine's max_num_seqs: a full batch running plus a
@@ -516,12 +514,16 @@ def places_now(
     return found
 
 
+def engine_log(info: EngineInfo, places: tuple[LogPlace, ...] | None) -> EngineLog:
+    """The engine's log files on its node from `places` (where they stood when marked), or from their start
+    where there are none."""
+    return EngineLog(places or tuple(LogPlace(path) for path in info.log_files), info.node_id, info.node_ip)
+
+
 def recorded_log(record: PoolRecord, replica: str) -> EngineLog:
     """A warm pool replica's log files from where they stood when a run last found it well (the registry's
     `PoolRecord.log_marks`); from their start where the record has no marks for it."""
-    info = record.engines[replica]
-    places = record.log_marks.get(replica) or tuple(LogPlace(path) for path in info.log_files)
-    return EngineLog(tuple(places), info.node_id, info.node_ip)
+    return engine_log(record.engines[replica], record.log_marks.get(replica))
 
 
 def replica_call(

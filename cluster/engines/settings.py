@@ -170,6 +170,11 @@ def engine_dtype(settings: EngineSettings) -> str:
     which requests share a batch. Float16 is not offered on CPU."""
     if settings.device != "cpu" or settings.dtype != "auto":
         return settings.dtype
+    return cpu_auto_dtype()
+
+
+def cpu_auto_dtype() -> str:
+    """What `--dtype auto` becomes on this machine's CPU (`engine_dtype`)."""
     return "bfloat16" if cpu_has_native_bf16() else "float32"
 
 

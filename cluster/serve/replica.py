@@ -31,7 +31,7 @@ from ray.serve.llm import LLMConfig  # noqa: E402
 from ray.serve.llm.deployment import LLMServer as RayLLMServer  # noqa: E402
 
 from cluster.engines import VLLM_CPU_KV_CACHE_ENV, cpu_thread_binding  # noqa: E402
-from cluster.engines.settings import cpu_has_native_bf16  # noqa: E402
+from cluster.engines.settings import cpu_auto_dtype  # noqa: E402
 
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 EMBEDDED_DEFAULT = "rayeval_embedded_default"  # the LLMConfig's mark (`experimental_configs`) of that model
@@ -71,7 +71,7 @@ def resolve_cpu_dtype(llm_config: LLMConfig) -> None:
     """A CPU replica's `--dtype auto` as this node's CPU decides it (`engines.engine_dtype`: bfloat16 only
     where it computes it natively), not as the `rayeval serve` process's machine would."""
     if llm_config.engine_kwargs.get("dtype") == "auto":  # in the cached engine config too (Ray's own call)
-        llm_config.update_engine_kwargs(dtype="bfloat16" if cpu_has_native_bf16() else "float32")
+        llm_config.update_engine_kwargs(dtype=cpu_auto_dtype())
 
 
 def fetch_adapters(llm_config: LLMConfig) -> None:

@@ -302,9 +302,9 @@ class Evaluator:
 
 
 def _checked_plan(config: RunConfig) -> Any:
-    from ray.util.client import ray as ray_client
+    from cluster.api import through_ray_client
 
-    if (config.cluster.address or "").startswith("ray://") or ray_client.is_connected():
+    if through_ray_client(config):
         raise EvalInputError(
             f"cluster.address {config.cluster.address or '(a Ray client session already open)'}: the Evaluator "
             "runs in the trainer on a node of the cluster (its coordinator is placed on that node and watches "
