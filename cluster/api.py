@@ -135,10 +135,15 @@ def on_the_clusters_device(plan: RunPlan) -> RunPlan:
     return plan
 
 
-def dry_run_plan(plan: RunPlan) -> RunPlan:
-    """A `--dry-run`'s plan: on a cluster given by `--address`, on that cluster's device, as the run would
-    be (joining the cluster to ask it); otherwise as planned."""
-    if not device_from_cluster(plan):
-        return plan
+def dry_run_on_cluster(plan: RunPlan) -> tuple[RunPlan, str | None]:
+    """A `--dry-run --address`'s plan, on that cluster's device as the run would be, and which warm pool would
+    serve it (`sources.explain`; None for an endpoint's model). The cluster is joined once for both, and not
+    at all where neither asks it (a --device given and --no-warm-pools)."""
+    from cluster.sources import explain
+
+    asks_pools = not plan.model.endpoint and plan.config.cluster.warm_pools
+    if not device_from_cluster(plan) and not asks_pools:
+        return plan, None if plan.model.endpoint else explain(plan)
     with joined_session(plan.config.cluster.address, verbose=False):
-        return on_the_clusters_device(plan)
+        planned = on_the_clusters_device(plan)
+        return planned, None if plan.model.endpoint else explain(planned)

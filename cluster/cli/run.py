@@ -94,18 +94,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = build_plan(config, materialise_model=not args.dry_run)
     timeline.mark("planned")
     if args.dry_run:
-        if config.cluster.address:  # joins the cluster to ask its device: Ray is imported for it only here
-            from cluster.api import dry_run_plan
+        pools = None
+        if config.cluster.address:  # its device and warm pools: Ray is imported for them only here
+            from cluster.api import dry_run_on_cluster
 
-            plan = dry_run_plan(plan)
+            plan, pools = dry_run_on_cluster(plan)
         preflight(plan)  # a real run is checked once, by evaluate_plan
         print(plan.describe())
-        if (
-            config.cluster.address and not plan.model.endpoint
-        ):  # a cluster's warm pools: which one would serve
-            from cluster.sources import explain
-
-            print(explain(plan))
+        if pools is not None:
+            print(pools)
         return 0
 
     from cluster.api import evaluate_plan

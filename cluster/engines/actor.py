@@ -28,7 +28,7 @@ from cluster.engines.placement import ExecutorKind
 from cluster.engines.reload_check import ReloadCheck
 from cluster.engines.settings import EngineSettings, auto_dtype_here, cpu_kv_cache_args, engine_args, serving
 from cluster.forwarded_env import ForwardedEnv
-from cluster.models.checkpoints import SwapKind, check_adapter_here
+from cluster.models.checkpoints import SwapKind, adapter_folder_here, adapter_not_here, staged_adapter_dir
 from cluster.models.default import default_model_here
 from evaluators.failures import FailureKind
 from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup, continuation_logprob
@@ -114,6 +114,7 @@ class EngineActor:
         self.since_start: list[LogPlace] = []  # the logs from the engine's first request on
         self.death_cause: str | None = None
         self.lora_ids: dict[str, int] = {}  # adapter identity -> the engine's LoRA id (1, 2, ...)
+        self.adapter_folders: dict[str, str] = {}  # adapter identity -> its folder on this node
         self.reload_check = ReloadCheck()
         # A one-worker CPU engine's core is forked from a server that imports it while this actor imports vLLM
         # (cluster.engines.forkserver): the two imports at once instead of one after the other.
@@ -204,6 +205,27 @@ class EngineActor:
 
         write_files(folder, files)
         return self.node_ip
+
+    def has_adapter(self, adapter: Adapter) -> bool:
+        """Whether this node holds the adapter's very files (at its path or in a staged copy)."""
+        return self._adapter_folder(adapter) is not None
+
+    async def stage_adapter(self, adapter: Adapter, files: list[ray.ObjectRef]) -> str:
+        """Write the adapter's files (`files[0]`, in the object store; boxed in a list so that Ray does not
+        fetch them for a call that finds them here) into this node's copy; returns the node's address."""
+        from cluster.engines.pushed_weights import write_files
+
+        if self._adapter_folder(adapter) is None:
+            folder = staged_adapter_dir(adapter)
+            write_files(str(folder), await files[0])
+            self.adapter_folders[adapter.identity] = str(folder)
+        return self.node_ip
+
+    def _adapter_folder(self, adapter: Adapter) -> str | None:
+        folder = self.adapter_folders.get(adapter.identity) or adapter_folder_here(adapter)
+        if folder is not None:
+            self.adapter_folders[adapter.identity] = folder
+        return folder
 
     async def _reload(self, path: str, why: str) -> tuple[SwapKind, str]:
         """Reload the weights in place and check the engine against the checkpoint; rebuild it where the check
@@ -308,10 +330,11 @@ class EngineActor:
             return None
         from vllm.lora.request import LoRARequest
 
-        if adapter.identity not in self.lora_ids:  # its first request here: the folder is looked for once
-            check_adapter_here(adapter, self.node_ip)
+        folder = self._adapter_folder(adapter)  # looked for once, then known
+        if folder is None:
+            raise adapter_not_here(adapter, self.node_ip)
         lora_id = self.lora_ids.setdefault(adapter.identity, len(self.lora_ids) + 1)
-        return LoRARequest(adapter.identity, lora_id, adapter.path)
+        return LoRARequest(adapter.identity, lora_id, folder)
 
     @staticmethod
     def _hand_over_placement_group(config: Any) -> None:

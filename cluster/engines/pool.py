@@ -25,7 +25,7 @@ from cluster.engines.settings import EngineSettings, cpu_kv_cache_env, serving
 from cluster.errors import ClusterError
 from cluster.forwarded_env import for_engines
 from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
-from sharding.requests import Completion, PromptGroup
+from sharding.requests import Adapter, Completion, PromptGroup
 
 if TYPE_CHECKING:
     from cluster.engines.warm import PoolRecord
@@ -111,6 +111,7 @@ class ReplicaPool:
         self.starting: dict[str, ray.actor.ActorHandle] = {}  # replacements whose engines are starting
         self.infos: list[EngineInfo] = []
         self.log_marks: list[EngineLog] = []
+        self.adapters: dict[str, Adapter] = {}  # by identity: the LoRA adapters staged on the replicas' nodes
         # by replica name: (index, count) among the replicas sharing a host's cores
         self.slots: dict[str, tuple[int, int]] = {}
         self.max_restarts = max_restarts
@@ -334,7 +335,9 @@ class ReplicaPool:
             self.actors.append(actor)
             self.infos.append(info)
             self.log_marks.append(logs)
-            return self._replica(actor, info, self.log_marks[-1]), info
+            adapters = list(self.adapters.values())
+        self._stage_on_new_replica(actor, adapters)
+        return self._replica(actor, info, logs), info
 
     def adopt_replica(
         self, info: EngineInfo, group_id: str, slot: tuple[int, int], logs: EngineLog
@@ -356,7 +359,29 @@ class ReplicaPool:
             self.actors.append(actor)
             self.infos.append(info)
             self.log_marks.append(logs)
-            return self._replica(actor, info, self.log_marks[-1]), info
+            adapters = list(self.adapters.values())
+        self._stage_on_new_replica(actor, adapters)
+        return self._replica(actor, info, logs), info
+
+    def stage_adapter(self, adapter: Adapter) -> None:
+        """The adapter copied to each replica's node that lacks it (`engines.adapters`), and to each new
+        replica's node from now on (a replacement, or one adopted from another run)."""
+        from cluster.engines.adapters import stage_adapter
+
+        with self._lock:
+            self.adapters[adapter.identity] = adapter
+            actors = list(self.actors)
+        stage_adapter(actors, adapter)
+
+    @staticmethod
+    def _stage_on_new_replica(actor: ray.actor.ActorHandle, adapters: list[Adapter]) -> None:
+        from cluster.engines.adapters import stage_adapter
+
+        for adapter in adapters:
+            try:
+                stage_adapter([actor], adapter)
+            except ClusterError as exc:  # its requests fail naming the adapter; the replica serves the rest
+                log.warning("%s", exc)
 
     def _replacement_name(self, dead: str) -> str:
         """`replica-0.1`, `replica-0.2`, ... within a run. A warm pool's replicas are replaced by whichever

@@ -27,6 +27,7 @@ _STEP = r"(?:global_step|step|checkpoint|iter|ckpt)[_-]?0*(\d+)"
 STEP_NAME = re.compile(f"^{_STEP}$", re.IGNORECASE)  # a checkpoint folder's whole name
 STEP_IN_NAME = re.compile(_STEP, re.IGNORECASE)  # anywhere in a run's name
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+ADAPTER_FILES = ("adapter_config.json", *ADAPTER_WEIGHTS)
 MAX_DEPTH = 4  # run_dir/global_step_120/actor/huggingface is three below the run folder
 
 
@@ -223,22 +224,50 @@ def load_adapter(path: str, base_model: Path, max_lora_rank: int | None) -> Adap
     problem = adapter_problem(folder, base_model, max_lora_rank)
     if problem is not None:
         raise EvalInputError(f"--lora {path}: {problem}.")
+    return Adapter(folder.name, str(folder.resolve()), adapter_digest(adapter_files(folder)))
+
+
+def adapter_files(folder: Path) -> dict[str, bytes]:
+    """The files vLLM loads an adapter from (its config and weights), by name: what its digest covers, and
+    what is copied to an engine's node that lacks them."""
+    return {name: (folder / name).read_bytes() for name in ADAPTER_FILES if (folder / name).is_file()}
+
+
+def adapter_digest(files: dict[str, bytes]) -> str:
     digest = hashlib.sha256()
-    for name in ("adapter_config.json", *ADAPTER_WEIGHTS):
-        if (folder / name).is_file():
-            digest.update(name.encode() + (folder / name).read_bytes())
-    return Adapter(folder.name, str(folder.resolve()), digest.hexdigest()[:16])
+    for name in ADAPTER_FILES:
+        if name in files:
+            digest.update(name.encode() + files[name])
+    return digest.hexdigest()[:16]
 
 
-def check_adapter_here(adapter: Adapter, node_ip: str) -> None:
-    """Raise FileNotFoundError, naming the folder and the node, where this node has no adapter at the path
-    the run checked where it was planned: an engine asked to load a missing adapter fails inside vLLM, and
-    each of the run's requests would fail there alike. Called on the engine's node."""
-    if not (Path(adapter.path) / "adapter_config.json").is_file():
-        raise FileNotFoundError(
-            f"LoRA adapter {adapter.name}: {adapter.path} is not on this replica's node ({node_ip}); an "
-            "adapter must be at its path on every node that runs the model (shared storage)"
-        )
+def staged_adapter_dir(adapter: Adapter) -> Path:
+    """Where an engine's node keeps its copy of an adapter that its own filesystem lacks at `adapter.path`
+    (or holds other files at): under this node's rayeval cache, one folder per name and digest."""
+    from cluster.models.default import cache_root
+
+    return cache_root() / "adapters" / f"{adapter.name}-{adapter.digest}"
+
+
+def adapter_folder_here(adapter: Adapter) -> str | None:
+    """The folder on this node holding the very adapter the run planned (the same digest): its own path, or
+    the copy staged here; None where neither does. Called on the engine's node."""
+    for folder in (Path(adapter.path), staged_adapter_dir(adapter)):
+        if (folder / "adapter_config.json").is_file() and adapter_digest(
+            adapter_files(folder)
+        ) == adapter.digest:
+            return str(folder)
+    return None
+
+
+def adapter_not_here(adapter: Adapter, node_ip: str) -> FileNotFoundError:
+    """The error for a request whose adapter this node lacks (an engine asked to load a missing adapter
+    fails inside vLLM, and each of the run's requests would fail there alike)."""
+    return FileNotFoundError(
+        f"LoRA adapter {adapter.name}: {adapter.path} on this replica's node ({node_ip}) is missing or holds "
+        "other files than the run planned, and no copy was staged here; the run copies an adapter to its "
+        "engines' nodes from where it is coordinated, which needs the folder there"
+    )
 
 
 class SwapKind(StrEnum):

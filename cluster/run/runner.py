@@ -245,6 +245,10 @@ class RequestRunner:
             if self._aborting:
                 source.abort()
         started = source.start()
+        if (
+            self.plan.adapter is not None
+        ):  # its folder may be on this node only (hosts without shared storage)
+            source.stage_adapter(self.plan.adapter)
         self.stats.engines = started.engines
         if source.kind is not SourceKind.ENDPOINT:  # an endpoint's "replicas" are its API clients
             self.stats.replicas = len(started.replicas)

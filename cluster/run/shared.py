@@ -17,6 +17,7 @@ from cluster.engines import EngineInfo, ReplicaPool, engine_settings
 from cluster.plan import RunPlan
 from cluster.sources import SourceRequest, start_logged, with_lora_slots
 from sharding.dispatcher import Replica
+from sharding.requests import Adapter
 
 if TYPE_CHECKING:
     from cluster.engines.warm import Lease
@@ -116,6 +117,13 @@ class SharedReplicas:
         with self._lock:
             assert self.pool is not None, "replicas_for starts the replicas first"
             return self.pool.push_weights(packed, label)
+
+    def stage_adapter(self, adapter: Adapter) -> None:
+        """A step's LoRA adapter on each replica's node that lacks it (`ReplicaPool.stage_adapter`)."""
+        with self._lock:
+            assert self.pool is not None, "replicas_for starts the replicas first"
+            pool = self.pool
+        pool.stage_adapter(adapter)  # outside the lock: the other steps go on dispatching meanwhile
 
     def stage_files(self, folder: str, files: dict[str, bytes]) -> None:
         with self._lock:

@@ -120,17 +120,16 @@ def down(address: str | None, names: list[str], every: bool, verbose: bool = Fal
 
 
 def explain(plan: RunPlan) -> str:
-    """For a dry run on a cluster: which warm pool would serve the run's engines (and the replicas the run
-    would start beside it), why each other one would not (the settings that differ), and what becomes of the
-    engines the run starts."""
+    """For a dry run on a cluster, in a session on it where warm pools are on: which warm pool would serve the
+    run's engines (and the replicas the run would start beside it), why each other one would not (the settings
+    that differ), and what becomes of the engines the run starts."""
     config = plan.config
     kept = config.cluster.kept_warm_s
     then = f"kept warm {kept:g} s after it as a pool of their own" if kept else "stopped when it ends"
     if not config.cluster.warm_pools:
         return f"warm pools: not used (--no-warm-pools); the run starts its own engines ({then})"
     key = PoolKey.of(run_engine_settings(plan))
-    with joined_session(config.cluster.address, verbose=False):
-        records = pools_here()
+    records = pools_here()
     differing = {r.name: r.differences(key) for r in records}
     asked = config.cluster.replicas
     serving = [

@@ -25,7 +25,7 @@ from cluster.engines import EngineInfo, EngineSettings, ReplicaPlan, ReplicaPool
 from cluster.engines.pool import StartAborted, recorded_log
 from cluster.plan import RunPlan
 from sharding.dispatcher import Replica
-from sharding.requests import Completion, PromptGroup
+from sharding.requests import Adapter, Completion, PromptGroup
 
 if TYPE_CHECKING:
     from cluster.config import RunConfig
@@ -38,6 +38,8 @@ class SharedEngines(Protocol):
     """A sweep's replicas (`run.SharedReplicas`): moved to a model, shared by the sweep's steps."""
 
     def replicas_for(self, model_path: str) -> tuple[list[Replica], list[EngineInfo]]: ...
+
+    def stage_adapter(self, adapter: Adapter) -> None: ...
 
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,10 @@ class GenerationSource(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    def stage_adapter(self, adapter: Adapter) -> None:
+        """The run's LoRA adapter on each of its engines' nodes (`ReplicaPool.stage_adapter`), once started."""
+        ...
+
     def abort(self) -> None:
         """Stop a `start` in progress in another thread (an interrupted run): it gives up at once."""
         ...
@@ -155,6 +161,9 @@ class EndpointClients:
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind.value}
 
+    def stage_adapter(self, adapter: Adapter) -> None:
+        return None  # an endpoint's model has no LoRA adapter of the run's (refused when planned)
+
     def abort(self) -> None:
         return None  # the API clients start in a moment
 
@@ -186,6 +195,9 @@ class SweepReplicas:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind.value}
+
+    def stage_adapter(self, adapter: Adapter) -> None:
+        self.shared.stage_adapter(adapter)
 
     def abort(self) -> None:
         return None  # the sweep moves them between its steps, not this run
@@ -227,6 +239,9 @@ class OwnReplicas:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "restarts_used": self.pool.restarts_used}
+
+    def stage_adapter(self, adapter: Adapter) -> None:
+        self.pool.stage_adapter(adapter)
 
     def abort(self) -> None:
         self.pool.abort()
@@ -413,6 +428,11 @@ class WarmReplicas:
             "restarts_used": (self.pool.restarts_used - self.found_dead if self.pool else 0)
             + (self.extra.pool.restarts_used if self.extra else 0),
         }
+
+    def stage_adapter(self, adapter: Adapter) -> None:
+        for pool in (self.pool, self.extra.pool if self.extra else None):
+            if pool is not None:
+                pool.stage_adapter(adapter)
 
     def abort(self) -> None:
         self.aborted = True  # for what is not made yet: the new pool, the adopted one, the replicas beside

@@ -7,7 +7,9 @@ cores). Each test states where the run's files go and where its keys come from, 
   resumed there by a rerun from another client;
 - a job submitted from the laptop writes on the head and carries its key sealed, never in the job's record;
 - a run started on a node writes where it runs and uses that node's environment;
-- an engine that dies on the worker reports its root error read on the worker, and where its log is there;
+- an engine on the worker gets the LoRA adapters that only the head holds copied to it (and ignores other
+  files at an adapter's path there); when it dies it reports its root error read on the worker, and where its
+  log is there;
 - the worker, set up without the embedded default model, builds its own copy for its engine.
 
 The judge is the loopback stand-in API (tests/judge_api_standin.py), run as a process on the head host and
@@ -313,27 +315,42 @@ def test_the_key_is_in_no_file_state_listing_or_job_record_on_any_host(
     assert "rayeval-run-" in listing and not any(n in listing for n in needles)
 
 
-ENGINE_DEATH = """
+WORKER_ENGINE = """
 import asyncio, dataclasses, json, sys
+from pathlib import Path
 import ray
 from cluster.config import ClusterOptions, ModelOptions, RunConfig
 from cluster.engines import EngineLog, LogPlace, ReplicaPool, engine_settings, read_on_node
+from cluster.models import load_adapter
 from cluster.plan import build_model_plan
 from cluster.session import connect
 from sharding.dispatcher import ReplicaDead
 from sharding.requests import SamplingSpec, build_group, make_request
 
 connect("auto")
-config = RunConfig(model=ModelOptions(max_model_len=512, max_num_batched_tokens=64, enforce_eager=True),
-                   cluster=ClusterOptions(replicas=1, device="cpu"))
+config = RunConfig(model=ModelOptions(max_model_len=512, max_num_batched_tokens=64, enforce_eager=True,
+                                      dtype="float32"), cluster=ClusterOptions(replicas=1, device="cpu"))
 plan = build_model_plan(config, device="cpu")
-settings = dataclasses.replace(engine_settings(config.model, plan.model.path, "cpu"), chunked_prefill=True)
-prompt = "Tell me a long story about the sea and its sailors. " * 12  # prefilled in chunks: a seeded crash
-spec = SamplingSpec(temperature=0.8, max_tokens=8)
-group = build_group(prompt, [make_request(plan.model.path, prompt, spec, seed=7 + i, sample_index=i) for i in range(2)])
+settings = dataclasses.replace(engine_settings(config.model, plan.model.path, "cpu"), chunked_prefill=True,
+                               max_loras=2, max_lora_rank=config.model.max_lora_rank)
 pool = ReplicaPool(settings, plan.replica, 1, 1, verbose=False)
 pool.start(120)
 (replica,) = pool.replicas()
+# The adapters are in the head's home only (the worker holds other files at the zero adapter's path): the
+# pool copies each to the worker, as a run does once its engines are up
+adapters = {name: load_adapter(f"/home/adapters/{name}", Path(plan.model.path), None) for name in ("zero", "random")}
+for adapter in adapters.values():
+    pool.stage_adapter(adapter)
+greedy = SamplingSpec(temperature=0.0, max_tokens=12)
+question = "Name three colours."  # one prefill chunk: greedy, so no seeded generator either
+outputs = {}
+for name, adapter in [("base", None), *adapters.items()]:
+    request = make_request(plan.model.path, question, greedy, seed=0, sample_index=0, adapter=adapter)
+    (done,) = asyncio.run(replica.generate(build_group(question, [request])))
+    outputs[name] = done.text if done.error is None else f"error: {done.error}"
+prompt = "Tell me a long story about the sea and its sailors. " * 12  # prefilled in chunks: a seeded crash
+spec = SamplingSpec(temperature=0.8, max_tokens=8)
+group = build_group(prompt, [make_request(plan.model.path, prompt, spec, seed=7 + i, sample_index=i) for i in range(2)])
 try:
     asyncio.run(replica.generate(group))
     died = "no death"
@@ -343,19 +360,66 @@ info = pool.infos[0]
 pool.shutdown()
 # an actor whose process died: its log, on the worker, read by a task placed there
 log = EngineLog((LogPlace(sys.argv[1]),), info.node_id, info.node_ip)
-print(json.dumps({"died": died, "node_ip": info.node_ip, "read_there": asyncio.run(read_on_node(log))}))
+print(json.dumps({"died": died, "node_ip": info.node_ip, "read_there": asyncio.run(read_on_node(log)),
+                  "outputs": outputs, "digests": {name: a.digest for name, a in adapters.items()}}))
 """
 
 
-def test_an_engine_that_dies_on_the_worker_reports_its_root_error_read_there(separate_hosts: SeparateCluster):
+@pytest.fixture(scope="module")
+def worker_engine(separate_hosts: SeparateCluster) -> dict:
+    """One LoRA-enabled engine on the worker, driven from the head: it answers a plain request and one with
+    each of two adapters that only the head holds, then gets a request that kills it (a seeded one under
+    chunked prefill: vLLM's CPU sampler fails). What the head's script saw, as JSON."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.cluster.run.test_lora import make_adapter
+
     hosts = separate_hosts
+    for name in ("zero", "random"):
+        made = make_adapter(hosts.head.home / "adapters" / name, random_init=name == "random")
+        config = (
+            made / "adapter_config.json"
+        )  # named by the model's name: the head's folder is not this one's
+        config.write_text(json.dumps(json.loads(config.read_text()) | {"base_model_name_or_path": MODEL_DIR}))
+    weights = hosts.head.home / "adapters" / "random" / "adapter_model.safetensors"
+    strong = {k: v * 20 if "lora_B" in k else v for k, v in load_file(weights).items()}
+    save_file(strong, weights)  # a random adapter that surely changes a short greedy answer
+    # other files at the zero adapter's path on the worker: the run's own adapter must be used all the same
+    shutil.copytree(hosts.head.home / "adapters" / "random", hosts.worker.home / "adapters" / "zero")
     written = hosts.worker.tmp / "dead-actor.err"  # on the worker's own /tmp: the head cannot read it
     written.write_text(
         "(pid=1) Traceback (most recent call last):\n(pid=1) MemoryError: killed on the worker\n"
     )
-    done = hosts.head.python(ENGINE_DEATH, "/tmp/dead-actor.err", timeout=600)
+    done = hosts.head.python(WORKER_ENGINE, "/tmp/dead-actor.err", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_an_adapter_only_the_head_holds_is_copied_to_the_workers_engine_and_answers_as_planned(
+    separate_hosts: SeparateCluster, worker_engine: dict
+):
+    hosts, outputs = separate_hosts, worker_engine["outputs"]
+    assert all(text and not text.startswith("error:") for text in outputs.values()), outputs
+    # a zero-initialised adapter changes nothing (float32): the worker's other files at its path went unused
+    assert outputs["zero"] == outputs["base"] and outputs["random"] != outputs["base"], outputs
+    for name, digest in worker_engine["digests"].items():
+        copy = hosts.worker.home / ".cache" / "rayeval" / "adapters" / f"{name}-{digest}"
+        for file in ("adapter_config.json", "adapter_model.safetensors"):
+            assert (copy / file).read_bytes() == (hosts.head.home / "adapters" / name / file).read_bytes()
+    assert not (
+        hosts.head.home / ".cache" / "rayeval" / "adapters"
+    ).exists()  # the head had them at their path
+    untouched = hosts.worker.home / "adapters" / "zero" / "adapter_model.safetensors"
+    assert (
+        untouched.read_bytes()
+        == (hosts.head.home / "adapters" / "random" / "adapter_model.safetensors").read_bytes()
+    )
+
+
+def test_an_engine_that_dies_on_the_worker_reports_its_root_error_read_there(
+    separate_hosts: SeparateCluster, worker_engine: dict
+):
+    hosts, seen = separate_hosts, worker_engine
     assert seen["node_ip"] == hosts.worker.ip and seen["read_there"] == "MemoryError: killed on the worker"
     message = seen["died"]
     assert message.startswith("RuntimeError: CPU Generator does not use offset; the engine's full log: ")

@@ -3,6 +3,7 @@ adapter is a real one, made here with peft for the embedded default model."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -184,19 +185,42 @@ def linked(source: Path, folder: Path) -> Path:
     return folder
 
 
-def test_an_adapter_missing_on_a_replicas_node_is_named_with_the_node(tmp_path):
-    """Checked on the engine's node before vLLM is asked to load it (there it would fail each request alike)."""
-    from cluster.models.checkpoints import check_adapter_here
+def test_a_replicas_node_uses_the_planned_adapter_at_its_path_or_its_staged_copy_and_never_other_files(
+    tmp_path, monkeypatch
+):
+    """Looked for on the engine's node before vLLM is asked to load it: the same digest at the adapter's path,
+    else in the copy the run staged in that node's cache; other files at the path are never used."""
+    from cluster.models.checkpoints import (
+        adapter_digest,
+        adapter_files,
+        adapter_folder_here,
+        adapter_not_here,
+        staged_adapter_dir,
+    )
     from sharding.requests import Adapter
 
-    there = tmp_path / "adapter"
+    monkeypatch.setenv("RAYEVAL_CACHE", str(tmp_path / "cache"))
+    there = tmp_path / "step_480"
     there.mkdir()
-    (there / "adapter_config.json").write_text("{}")
-    check_adapter_here(Adapter("adapter", str(there), "0" * 16), "10.0.0.2")  # here: nothing raised
-    missing = Adapter("step_480", str(tmp_path / "elsewhere"), "1" * 16)
-    with pytest.raises(FileNotFoundError) as refused:
-        check_adapter_here(missing, "10.0.0.2")
-    assert str(refused.value) == (
-        f"LoRA adapter step_480: {tmp_path / 'elsewhere'} is not on this replica's node (10.0.0.2); an adapter "
-        "must be at its path on every node that runs the model (shared storage)"
+    (there / "adapter_config.json").write_text('{"r": 4}')
+    (there / "adapter_model.safetensors").write_bytes(b"planned weights")
+    digest = hashlib.sha256(b"adapter_config.json" + b'{"r": 4}')
+    digest.update(b"adapter_model.safetensors" + b"planned weights")
+    planned = Adapter("step_480", str(there), digest.hexdigest()[:16])
+    assert adapter_digest(adapter_files(there)) == planned.digest  # what load_adapter records
+    assert adapter_folder_here(planned) == str(there)
+
+    (there / "adapter_model.safetensors").write_bytes(b"retrained weights")  # another adapter at that path
+    assert adapter_folder_here(planned) is None
+    staged = staged_adapter_dir(planned)
+    assert staged == tmp_path / "cache" / "adapters" / f"step_480-{planned.digest}"
+    staged.mkdir(parents=True)
+    (staged / "adapter_config.json").write_text('{"r": 4}')
+    (staged / "adapter_model.safetensors").write_bytes(b"planned weights")
+    assert adapter_folder_here(planned) == str(staged)
+
+    assert str(adapter_not_here(planned, "10.0.0.2")) == (
+        f"LoRA adapter step_480: {there} on this replica's node (10.0.0.2) is missing or holds other files than "
+        "the run planned, and no copy was staged here; the run copies an adapter to its engines' nodes from "
+        "where it is coordinated, which needs the folder there"
     )
