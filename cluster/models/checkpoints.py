@@ -150,6 +150,12 @@ def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int | None) 
         return f"{adapter} has no adapter_model.safetensors or adapter_model.bin"
     base = str(config.get("base_model_name_or_path") or "")
     if base and not _same_model(base, base_model):
+        if Path(base).expanduser().exists():
+            return (
+                f"{config_file}: base_model_name_or_path is '{base}', a folder here other than the replicas' "
+                f"model ({base_model}); where both hold the same model, set it to the model's name "
+                f"('{base_model.name}') or to that folder"
+            )
         return (
             f"{config_file}: base_model_name_or_path is '{base}', but the replicas serve '{base_model.name}'"
         )

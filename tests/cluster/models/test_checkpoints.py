@@ -111,6 +111,12 @@ def test_a_good_adapter_passes_and_each_broken_one_says_why(tmp_path, adapter, b
     assert "base_model_name_or_path is 'Qwen/Qwen2.5-7B'" in broken(
         "base", edit_config(base_model_name_or_path="Qwen/Qwen2.5-7B")
     )
+    other_folder = broken("folder", edit_config(base_model_name_or_path=str(tmp_path)))
+    assert (
+        f"base_model_name_or_path is '{tmp_path}', a folder here other than the replicas' model"
+        in other_folder
+    )
+    assert f"({base_model}); where both hold the same model, set it to the model's name" in other_folder
     assert "target_modules query_key_value are not modules" in broken(
         "targets", edit_config(target_modules=["query_key_value"])
     )
