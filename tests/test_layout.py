@@ -16,7 +16,6 @@ HEAVY = {"ray", "vllm", "openai", "lm_eval"}
 # The modules that run Ray actors, call an API or subclass lm-eval's model: they import it at the top.
 RUNS_HEAVY = {
     "cluster.engines.actor": {"ray"},
-    "cluster.engines.adapters": {"ray"},
     "cluster.engines.pool": {"ray"},
     "cluster.engines.warm": {"ray"},
     "cluster.sources.pools": {"ray"},

@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from cluster.engines.adapters import AdapterFolders
 from cluster.engines.affinity import engine_core_cpus, pin_descendants
 from cluster.engines.cores import bind_this_node, replica_slot
 from cluster.engines.forkserver import engine_core_forked, start_engine_core_server
@@ -28,7 +29,7 @@ from cluster.engines.placement import ExecutorKind
 from cluster.engines.reload_check import ReloadCheck
 from cluster.engines.settings import EngineSettings, auto_dtype_here, cpu_kv_cache_args, engine_args, serving
 from cluster.forwarded_env import ForwardedEnv
-from cluster.models.checkpoints import SwapKind, adapter_folder_here, adapter_not_here, staged_adapter_dir
+from cluster.models.checkpoints import SwapKind, adapter_not_here
 from cluster.models.default import default_model_here
 from evaluators.failures import FailureKind
 from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup, continuation_logprob
@@ -92,7 +93,7 @@ class EngineStartFailed(RuntimeError):
 # `alive` has a concurrency group of its own: a replica whose default group is full (a run's window can pass
 # Ray's 1,000 calls an async actor runs at once, on a GPU where an engine batches 1,024 sequences) still
 # answers another run's check at once, instead of being taken for dead behind the queue
-@ray.remote(max_restarts=0, concurrency_groups={"health": 1})
+@ray.remote(max_restarts=0, concurrency_groups={"health": 1, "adapters": 2})
 class EngineActor:
     def __init__(self, name: str, settings: EngineSettings, env: dict[str, str]) -> None:
         self.created_at = time.time()  # when this actor's process began its work (after Ray started it)
@@ -114,7 +115,7 @@ class EngineActor:
         self.since_start: list[LogPlace] = []  # the logs from the engine's first request on
         self.death_cause: str | None = None
         self.lora_ids: dict[str, int] = {}  # adapter identity -> the engine's LoRA id (1, 2, ...)
-        self.adapter_folders: dict[str, str] = {}  # adapter identity -> its folder on this node
+        self.adapters = AdapterFolders()  # where on this node each LoRA adapter's files are
         self.reload_check = ReloadCheck()
         # A one-worker CPU engine's core is forked from a server that imports it while this actor imports vLLM
         # (cluster.engines.forkserver): the two imports at once instead of one after the other.
@@ -206,26 +207,18 @@ class EngineActor:
         write_files(folder, files)
         return self.node_ip
 
-    def has_adapter(self, adapter: Adapter) -> bool:
+    @ray.method(concurrency_group="adapters")  # answered beside a full window of requests
+    async def has_adapter(self, adapter: Adapter) -> bool:
         """Whether this node holds the adapter's very files (at its path or in a staged copy)."""
-        return self._adapter_folder(adapter) is not None
+        return await self.adapters.folder(adapter) is not None
 
+    @ray.method(concurrency_group="adapters")
     async def stage_adapter(self, adapter: Adapter, files: list[ray.ObjectRef]) -> str:
         """Write the adapter's files (`files[0]`, in the object store; boxed in a list so that Ray does not
         fetch them for a call that finds them here) into this node's copy; returns the node's address."""
-        from cluster.engines.pushed_weights import write_files
-
-        if self._adapter_folder(adapter) is None:
-            folder = staged_adapter_dir(adapter)
-            write_files(str(folder), await files[0])
-            self.adapter_folders[adapter.identity] = str(folder)
+        if await self.adapters.folder(adapter) is None:
+            await self.adapters.stage(adapter, await files[0])
         return self.node_ip
-
-    def _adapter_folder(self, adapter: Adapter) -> str | None:
-        folder = self.adapter_folders.get(adapter.identity) or adapter_folder_here(adapter)
-        if folder is not None:
-            self.adapter_folders[adapter.identity] = folder
-        return folder
 
     async def _reload(self, path: str, why: str) -> tuple[SwapKind, str]:
         """Reload the weights in place and check the engine against the checkpoint; rebuild it where the check
@@ -321,7 +314,7 @@ class EngineActor:
             self._hand_over_placement_group(config)
         return config
 
-    def _lora_request(self, adapter: Adapter | None) -> Any:
+    async def _lora_request(self, adapter: Adapter | None) -> Any:
         """vLLM's LoRARequest for the adapter, one stable id per adapter for the engine's life (its LoRA cache
         keeps the most recent `max_loras` loaded). Named by its identity (name and digest): vLLM keys adapters
         by name too, and two adapters in folders of the same name (candidates of one round, each
@@ -330,7 +323,7 @@ class EngineActor:
             return None
         from vllm.lora.request import LoRARequest
 
-        folder = self._adapter_folder(adapter)  # looked for once, then known
+        folder = await self.adapters.folder(adapter)
         if folder is None:
             raise adapter_not_here(adapter, self.node_ip)
         lora_id = self.lora_ids.setdefault(adapter.identity, len(self.lora_ids) + 1)
@@ -391,7 +384,7 @@ class EngineActor:
             params = sampling_params(request)
             # The engine id must be unique among in-flight requests; the stable id stays in the Completion.
             engine_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
-            lora = self._lora_request(request.adapter)
+            lora = await self._lora_request(request.adapter)
             async for output in self.engine.generate(prompt, params, request_id=engine_id, lora_request=lora):
                 final = output
         except EngineDeadError as exc:

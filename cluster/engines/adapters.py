@@ -1,55 +1,60 @@
-"""A LoRA adapter on every engine's node: the run reads the adapter's files where it is coordinated (where it
-was checked) and copies them through Ray's object store to each replica's node whose filesystem lacks the
-folder or holds other files at its path (hosts without shared storage), into that node's rayeval cache
-(`models.checkpoints.staged_adapter_dir`). Nodes that hold the very files (the same digest) get nothing."""
+"""An engine actor's LoRA adapters on its node: where each one's very files are (the digest the run planned),
+at the adapter's path or in the copy the run staged in this node's rayeval cache
+(`models.checkpoints.staged_adapter_dir`) where its filesystem lacks them (hosts without shared storage). The
+run's side, which makes those copies, is `pool.stage_adapter`."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
-import ray
-
-from cluster.errors import ClusterError
-from cluster.models.checkpoints import adapter_digest, adapter_files
+from cluster.models.checkpoints import (
+    adapter_files_stamp,
+    adapter_folder_here,
+    staged_adapter_dir,
+)
 from sharding.requests import Adapter
 
-log = logging.getLogger(__name__)
 
+class AdapterFolders:
+    """An engine actor's LoRA adapters on its node: the folder holding each one's very files (its path, or the
+    copy staged here), by identity. Looked up in a thread (the digest reads every file), once per identity
+    and again where the files at its path changed since (their sizes and times: the same path may be given
+    other files while the engine keeps the adapter's id); a staged copy, named by its digest, stays as it is.
+    Safe from the actor's several event loops (its concurrency groups each run one)."""
 
-def stage_adapter(actors: Sequence[Any], adapter: Adapter) -> list[str]:
-    """Copy `adapter` to the nodes of those engine actors that lack it; returns those nodes' addresses. An
-    actor that does not answer is left out (the dispatcher finds it dead and its replacement gets the copy);
-    a ClusterError where a node lacks the adapter and this machine no longer holds the files the run planned."""
-    answers = _answers([actor.has_adapter.remote(adapter) for actor in actors])
-    lacking = [actor for actor, found in zip(actors, answers, strict=True) if found is False]
-    if not lacking:
-        return []
-    folder = Path(adapter.path)
-    files = adapter_files(folder) if folder.is_dir() else {}
-    if adapter_digest(files) != adapter.digest:
-        raise ClusterError(
-            f"LoRA adapter {adapter.name}: {len(lacking)} replica node(s) lack it at {adapter.path}, and "
-            f"{adapter.path} on this node ({ray.util.get_node_ip_address()}) is missing or was changed since the "
-            "run was planned, so no copy can be made. Keep the adapter's folder where the run is coordinated "
-            "until it ends."
-        )
-    boxed = [ray.put(files)]  # in a list: an actor that finds the files meanwhile does not fetch them
-    nodes = [node for node in _answers([a.stage_adapter.remote(adapter, boxed) for a in lacking]) if node]
-    megabytes = sum(map(len, files.values())) / 1e6
-    log.info("LoRA adapter %s (%.1f MB) copied to node(s) %s", adapter.name, megabytes, ", ".join(nodes))
-    return nodes
+    def __init__(self) -> None:
+        self.known: dict[str, tuple[str | None, tuple[Any, ...]]] = {}  # identity -> (folder, path's stamp)
+        self._lock = threading.Lock()  # one lookup at a time: the others then find it done
 
+    async def folder(self, adapter: Adapter) -> str | None:
+        found = self._fresh(adapter)
+        return found[0] if found is not None else await asyncio.to_thread(self._look, adapter)
 
-def _answers(refs: list[Any]) -> list[Any]:
-    """Each call's answer, None for an actor that died or is out of reach."""
-    found = []
-    for ref in refs:
-        try:
-            found.append(ray.get(ref))
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            log.warning("an engine did not answer about its LoRA adapter: %s", exc)
-            found.append(None)
-    return found
+    async def stage(self, adapter: Adapter, files: dict[str, bytes]) -> str:
+        from cluster.engines.pushed_weights import write_files
+
+        folder = str(staged_adapter_dir(adapter))
+        await asyncio.to_thread(write_files, folder, files)
+        self.known[adapter.identity] = (folder, ())
+        return folder
+
+    def _fresh(self, adapter: Adapter) -> tuple[str | None, tuple[Any, ...]] | None:
+        entry = self.known.get(adapter.identity)
+        if entry is None:
+            return None
+        if entry[0] is not None and entry[0] != adapter.path:
+            return entry  # the staged copy
+        return entry if entry[1] == adapter_files_stamp(Path(adapter.path)) else None
+
+    def _look(self, adapter: Adapter) -> str | None:
+        with self._lock:
+            found = self._fresh(adapter)
+            if found is not None:
+                return found[0]
+            stamp = adapter_files_stamp(Path(adapter.path))  # before reading: a change meanwhile is seen next
+            folder = adapter_folder_here(adapter)
+            self.known[adapter.identity] = (folder, stamp)
+            return folder

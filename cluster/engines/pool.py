@@ -7,8 +7,9 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
@@ -24,6 +25,7 @@ from cluster.engines.placement import ExecutorKind, ReplicaLayout, ReplicaPlan
 from cluster.engines.settings import EngineSettings, cpu_kv_cache_env, serving
 from cluster.errors import ClusterError
 from cluster.forwarded_env import for_engines
+from cluster.models.checkpoints import adapter_digest, adapter_files
 from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
 from sharding.requests import Adapter, Completion, PromptGroup
 
@@ -325,6 +327,7 @@ class ReplicaPool:
         try:
             info = ray.get(actor.start.remote(for_engines()))
             [logs] = self._logs_now([actor], [info])
+            self._stage_adapters_on(actor)  # a replacement without the run's adapter would fail its requests
         except Exception as exc:  # noqa: BLE001 - a replacement that cannot start leaves the run as it was
             log.warning("the replacement of %s did not start: %s", dead, remote_message(exc))
             self.drop(name)
@@ -335,9 +338,7 @@ class ReplicaPool:
             self.actors.append(actor)
             self.infos.append(info)
             self.log_marks.append(logs)
-            adapters = list(self.adapters.values())
-        self._stage_on_new_replica(actor, adapters)
-        return self._replica(actor, info, logs), info
+            return self._replica(actor, info, logs), info
 
     def adopt_replica(
         self, info: EngineInfo, group_id: str, slot: tuple[int, int], logs: EngineLog
@@ -359,29 +360,26 @@ class ReplicaPool:
             self.actors.append(actor)
             self.infos.append(info)
             self.log_marks.append(logs)
-            adapters = list(self.adapters.values())
-        self._stage_on_new_replica(actor, adapters)
+        try:  # another run's replacement, served from now on: its requests of an adapter need it there too
+            self._stage_adapters_on(actor)
+        except Exception as exc:  # noqa: BLE001 - its requests with the adapter then fail naming it
+            log.warning("%s", exc)
         return self._replica(actor, info, logs), info
 
     def stage_adapter(self, adapter: Adapter) -> None:
-        """The adapter copied to each replica's node that lacks it (`engines.adapters`), and to each new
+        """The adapter copied to each replica's node that lacks it (`stage_adapter_on`), and to each new
         replica's node from now on (a replacement, or one adopted from another run)."""
-        from cluster.engines.adapters import stage_adapter
-
         with self._lock:
             self.adapters[adapter.identity] = adapter
             actors = list(self.actors)
-        stage_adapter(actors, adapter)
+        stage_adapter_on(actors, adapter)
 
-    @staticmethod
-    def _stage_on_new_replica(actor: ray.actor.ActorHandle, adapters: list[Adapter]) -> None:
-        from cluster.engines.adapters import stage_adapter
-
+    def _stage_adapters_on(self, actor: ray.actor.ActorHandle) -> None:
+        """The adapters staged on the pool's replicas so far, on a new replica's node too."""
+        with self._lock:
+            adapters = list(self.adapters.values())
         for adapter in adapters:
-            try:
-                stage_adapter([actor], adapter)
-            except ClusterError as exc:  # its requests fail naming the adapter; the replica serves the rest
-                log.warning("%s", exc)
+            stage_adapter_on([actor], adapter)
 
     def _replacement_name(self, dead: str) -> str:
         """`replica-0.1`, `replica-0.2`, ... within a run. A warm pool's replicas are replaced by whichever
@@ -602,3 +600,57 @@ def remote_message(exc: BaseException) -> str:
         return str(cause)
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__
+
+
+def stage_adapter_on(actors: Sequence[Any], adapter: Adapter) -> list[str]:
+    """A run's LoRA adapter on its engines' nodes: its files, read where the run is coordinated (where it was
+    checked), copied through Ray's object store to the nodes of the actors that lack them (hosts without
+    shared storage, or other files at its path: `engines.adapters`); returns those nodes' addresses. An actor
+    that died is left out (the dispatcher finds it dead, and its replacement gets the copy). A ClusterError
+    where a node lacks the adapter and this machine no longer holds the files the run planned."""
+    answers = _answers_while_available(actors, lambda actor: actor.has_adapter.remote(adapter))
+    lacking = [actor for actor, found in zip(actors, answers, strict=True) if found is False]
+    if not lacking:
+        return []
+    folder = Path(adapter.path)
+    files = adapter_files(folder) if folder.is_dir() else {}
+    if adapter_digest(files) != adapter.digest:
+        raise ClusterError(
+            f"LoRA adapter {adapter.name}: {len(lacking)} replica node(s) lack it at {adapter.path}, and "
+            f"{adapter.path} on this node ({ray.util.get_node_ip_address()}) is missing or was changed since the "
+            "run was planned, so no copy can be made. Keep the adapter's folder where the run is coordinated "
+            "until it ends."
+        )
+    boxed = [ray.put(files)]  # in a list: an actor that finds the files meanwhile does not fetch them
+    nodes = [
+        node
+        for node in _answers_while_available(
+            lacking, lambda actor: actor.stage_adapter.remote(adapter, boxed)
+        )
+        if node
+    ]
+    megabytes = sum(map(len, files.values())) / 1e6
+    log.info("LoRA adapter %s (%.1f MB) copied to node(s) %s", adapter.name, megabytes, ", ".join(nodes))
+    return nodes
+
+
+def _answers_while_available(actors: Sequence[Any], call: Any) -> list[Any]:
+    """Each actor's answer to `call(actor)`, asked again while Ray calls it unavailable (its node out of reach
+    for a moment); None for one that died or stayed out of reach."""
+    found = []
+    for actor in actors:
+        answer = None
+        for pause_s in (*UNAVAILABLE_PAUSES_S, None):
+            try:
+                answer = ray.get(call(actor))
+                break
+            except ActorUnavailableError as exc:
+                if pause_s is None:
+                    log.warning("an engine stayed unavailable while its LoRA adapter was staged: %s", exc)
+                else:
+                    time.sleep(pause_s)
+            except RayActorError as exc:
+                log.warning("an engine died while its LoRA adapter was staged: %s", exc)
+                break
+        found.append(answer)
+    return found

@@ -249,8 +249,9 @@ class PoolRecord:
 # where its process or its node is lost, and a registry that came back empty would leave every pool's detached
 # engines running unlisted, never stopped.
 RECORDS_KEY = b"rayeval-pools"
-# Raised when the registry's methods or its records change: a registry another version started is not used.
-REGISTRY_VERSION = 6
+# Raised when the registry's methods or its records change, or the methods of its pools' engine actors (an
+# older pool's actors would lack them): a registry another version started is not used.
+REGISTRY_VERSION = 7
 
 
 def saved_records() -> dict[str, PoolRecord]:

@@ -239,6 +239,18 @@ def adapter_files(folder: Path) -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in ADAPTER_FILES if (folder / name).is_file()}
 
 
+def adapter_files_stamp(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """The adapter's files' names, sizes and modification times: changed where other files were put there."""
+    stamp = []
+    for name in ADAPTER_FILES:
+        try:
+            found = (folder / name).stat()
+        except OSError:
+            continue
+        stamp.append((name, found.st_size, found.st_mtime_ns))
+    return tuple(stamp)
+
+
 def adapter_digest(files: dict[str, bytes]) -> str:
     digest = hashlib.sha256()
     for name in ADAPTER_FILES:
