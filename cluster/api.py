@@ -18,7 +18,7 @@ from cluster.judging import local_judge_replicas
 from cluster.plan import RunPlan, build_plan
 from cluster.preflight import preflight
 from cluster.run import RunResult, load_records, run_evaluation
-from cluster.session import cluster_has_gpus, joined_session, ray_session
+from cluster.session import device_from_cluster, joined_session, on_the_clusters_device, ray_session
 
 if TYPE_CHECKING:
     from cluster.run.paths import StoredConfigOverrides
@@ -118,21 +118,6 @@ def evaluate_plan(
     with ray_session(config.cluster.address, plan.replica, replicas, verbose):
         plan = on_the_clusters_device(plan)
         return run_evaluation(plan, verbose=verbose, progress=progress, retry_failed=retry_failed)
-
-
-def device_from_cluster(plan: RunPlan) -> bool:
-    """Whether the plan's device is the cluster's to say: engines (not an endpoint) on a cluster given by
-    `--address`, with `--device auto`."""
-    config = plan.config
-    return bool(config.cluster.address) and config.cluster.device == "auto" and not plan.model.endpoint
-
-
-def on_the_clusters_device(plan: RunPlan) -> RunPlan:
-    """Within a session on the cluster given by `--address` (`--device auto`): the plan on the cluster's
-    device (GPU where any node has one), not on what the machine that planned it has."""
-    if device_from_cluster(plan):
-        return plan.on_device("gpu" if cluster_has_gpus() else "cpu")
-    return plan
 
 
 def dry_run_on_cluster(plan: RunPlan) -> tuple[RunPlan, str | None]:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import ray
 from ray.exceptions import AuthenticationError
@@ -18,6 +19,9 @@ from cluster.engines import ReplicaPlan
 from cluster.errors import ClusterError, first_line
 from cluster.head_env import head_env_assignments
 from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
+
+if TYPE_CHECKING:
+    from cluster.plan import RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -198,3 +202,18 @@ def _warn_slow_client_start(address: str, after_s: float) -> None:
 
 def cluster_has_gpus() -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def device_from_cluster(plan: RunPlan) -> bool:
+    """Whether the plan's device is the cluster's to say: engines (not an endpoint) on a cluster given by
+    `--address`, with `--device auto`."""
+    config = plan.config
+    return bool(config.cluster.address) and config.cluster.device == "auto" and not plan.model.endpoint
+
+
+def on_the_clusters_device(plan: RunPlan) -> RunPlan:
+    """Within a session on the cluster given by `--address` (`--device auto`): the plan on the cluster's
+    device (GPU where any node has one), not on what the machine that planned it has."""
+    if device_from_cluster(plan):
+        return plan.on_device("gpu" if cluster_has_gpus() else "cpu")
+    return plan

@@ -131,14 +131,13 @@ class RayEvalLM(TemplateLM):
 
     def _get_runner(self) -> RequestRunner:
         if self._runner is None:
-            from cluster.session import cluster_has_gpus, ray_session
+            from cluster.session import on_the_clusters_device, ray_session
 
             config = self._plan.config
             self._exit.enter_context(
                 ray_session(config.cluster.address, self._plan.replica, config.cluster.replicas, False)
             )
-            if config.cluster.address and config.cluster.device == "auto":
-                self._plan = self._plan.on_device("gpu" if cluster_has_gpus() else "cpu")
+            self._plan = on_the_clusters_device(self._plan)
             store = None
             if self._cache_dir:
                 from pathlib import Path
