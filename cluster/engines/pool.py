@@ -622,13 +622,8 @@ def stage_adapter_on(actors: Sequence[Any], adapter: Adapter) -> list[str]:
             "until it ends."
         )
     boxed = [ray.put(files)]  # in a list: an actor that finds the files meanwhile does not fetch them
-    nodes = [
-        node
-        for node in _answers_while_available(
-            lacking, lambda actor: actor.stage_adapter.remote(adapter, boxed)
-        )
-        if node
-    ]
+    written = _answers_while_available(lacking, lambda actor: actor.stage_adapter.remote(adapter, boxed))
+    nodes = [node for node in written if node]
     megabytes = sum(map(len, files.values())) / 1e6
     log.info("LoRA adapter %s (%.1f MB) copied to node(s) %s", adapter.name, megabytes, ", ".join(nodes))
     return nodes

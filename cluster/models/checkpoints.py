@@ -271,9 +271,8 @@ def adapter_folder_here(adapter: Adapter) -> str | None:
     """The folder on this node holding the very adapter the run planned (the same digest): its own path, or
     the copy staged here; None where neither does. Called on the engine's node."""
     for folder in (Path(adapter.path), staged_adapter_dir(adapter)):
-        if (folder / "adapter_config.json").is_file() and adapter_digest(
-            adapter_files(folder)
-        ) == adapter.digest:
+        found = adapter_files(folder) if (folder / "adapter_config.json").is_file() else {}
+        if found and adapter_digest(found) == adapter.digest:
             return str(folder)
     return None
 

@@ -245,9 +245,8 @@ class RequestRunner:
             if self._aborting:
                 source.abort()
         started = source.start()
-        if (
-            self.plan.adapter is not None
-        ):  # its folder may be on this node only (hosts without shared storage)
+        # the adapter's folder may be on this node only (hosts without shared storage)
+        if self.plan.adapter is not None:
             source.stage_adapter(self.plan.adapter)
         self.stats.engines = started.engines
         if source.kind is not SourceKind.ENDPOINT:  # an endpoint's "replicas" are its API clients
