@@ -29,7 +29,7 @@ from cluster.engines.placement import ExecutorKind
 from cluster.engines.reload_check import ReloadCheck
 from cluster.engines.settings import EngineSettings, auto_dtype_here, cpu_kv_cache_args, engine_args, serving
 from cluster.forwarded_env import ForwardedEnv
-from cluster.models.checkpoints import SwapKind, adapter_not_here
+from cluster.models.checkpoints import MergedFrom, SwapKind, adapter_not_here
 from cluster.models.default import default_model_here
 from evaluators.failures import FailureKind
 from sharding.requests import Adapter, Completion, GenerationRequest, PromptGroup, continuation_logprob
@@ -140,15 +140,19 @@ class EngineActor:
     def _failure(self, message: str, places: list[LogPlace]) -> str:
         return describe_failure(message, places, self.node_ip)
 
-    async def load_checkpoint(self, path: str, how: SwapKind | None = None) -> EngineInfo:
+    async def load_checkpoint(
+        self, path: str, how: SwapKind | None = None, merged_from: MergedFrom | None = None
+    ) -> EngineInfo:
         """Serve the full checkpoint at `path` from now on, in this same process: vLLM reloads the weights in
         place where the checkpoints allow it, else a new engine replaces the old one (`how`, by default what
         `cluster.models.swap_kind` decides). A reload is checked (`reload_check`); an engine that fails the
-        check is rebuilt, and `EngineInfo.load_note` says so. Call it only while no request is in flight."""
+        check is rebuilt, and `EngineInfo.load_note` says so. Call it only while no request is in flight.
+        `merged_from`: `path` is a merged checkpoint, which this node merges for itself where it lacks it."""
         from pathlib import Path
 
         from cluster.models import swap_kind
 
+        label, path = path, await self._checkpoint_here(path, merged_from)
         kind, why = swap_kind(Path(self.settings.model), Path(path)) if how is None else (how, "asked for")
         if how is None and self.info is not None and self.info.loaded_by == SwapKind.PUSH.value:
             # weights a trainer pushed are in no folder: neither "nothing to do" nor a checked reload holds
@@ -160,15 +164,15 @@ class EngineActor:
         log.info("%s: %s -> %s by %s (%s)", self.name, self.settings.model, path, kind, why)
         try:
             if kind is SwapKind.RELOAD:
-                kind, why = await self._reload(path, why)
+                kind, why = await self._reload(path, why, merged_from)
             else:
-                self.settings = serving(self.settings, path, path == self.default_model_given)
+                self.settings = serving(self.settings, path, path == self.default_model_given, merged_from)
                 await self.shutdown()
                 await self._start()
         except Exception as exc:
             raise EngineStartFailed(self._failure(f"{type(exc).__name__}: {exc}", before)) from None
         self.info = replace(
-            self.info, model=path, loaded_by=kind.value, load_note=why, start_s=time.perf_counter() - began
+            self.info, model=label, loaded_by=kind.value, load_note=why, start_s=time.perf_counter() - began
         )
         return self.info
 
@@ -207,6 +211,20 @@ class EngineActor:
         write_files(folder, files)
         return self.node_ip
 
+    async def _checkpoint_here(self, path: str, merged_from: MergedFrom | None) -> str:
+        """`path` on this node: itself, or for a merged checkpoint this node lacks, its own copy merged here
+        from the adapter (staged here first by the pool) and this node's base model."""
+        from pathlib import Path
+
+        if merged_from is None or (Path(path) / "config.json").is_file():
+            return path
+        folder = await self.adapters.folder(merged_from.adapter)
+        if folder is None:
+            raise adapter_not_here(merged_from.adapter, self.node_ip)
+        from cluster.models.merge import merged_copy_here
+
+        return await asyncio.to_thread(merged_copy_here, path, merged_from, folder)
+
     @ray.method(concurrency_group="adapters")  # answered beside a full window of requests
     async def has_adapter(self, adapter: Adapter) -> bool:
         """Whether this node holds the adapter's very files (at its path or in a staged copy)."""
@@ -220,7 +238,7 @@ class EngineActor:
             await self.adapters.stage(adapter, await files[0])
         return self.node_ip
 
-    async def _reload(self, path: str, why: str) -> tuple[SwapKind, str]:
+    async def _reload(self, path: str, why: str, merged_from: MergedFrom | None) -> tuple[SwapKind, str]:
         """Reload the weights in place and check the engine against the checkpoint; rebuild it where the check
         fails. Returns how the checkpoint got there and why."""
         from pathlib import Path
@@ -231,7 +249,7 @@ class EngineActor:
         calibration = await self.reload_check.calibrate(
             model_family(Path(path)), self.engine, self.tokenizer, self.settings.model, dtype
         )
-        self.settings = serving(self.settings, path, path == self.default_model_given)
+        self.settings = serving(self.settings, path, path == self.default_model_given, merged_from)
         await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
         await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
         problem = await self.reload_check.problem(calibration, self.engine, self.tokenizer, path, dtype)
@@ -257,6 +275,8 @@ class EngineActor:
         self.import_s = self.import_s or began - importing  # the first start imports vLLM in this process
         if self.settings.embedded_default:  # this node's own copy, built here where it has none (once)
             self.settings = replace(self.settings, model=default_model_here(self.settings.model))
+        here = await self._checkpoint_here(self.settings.model, self.settings.merged_from)
+        self.settings = replace(self.settings, model=here)
         s = self.settings
         config = self._engine_config()
         with engine_core_forked() if self.core_server else contextlib.nullcontext():

@@ -1,7 +1,7 @@
 """An engine actor's LoRA adapters on its node: where each one's very files are (the digest the run planned),
 at the adapter's path or in the copy the run staged in this node's rayeval cache
 (`models.checkpoints.staged_adapter_dir`) where its filesystem lacks them (hosts without shared storage). The
-run's side, which makes those copies, is `pool.stage_adapter`."""
+run's side, which makes those copies, is `pool.stage_adapter_on`."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class AdapterFolders:
     Safe from the actor's several event loops (its concurrency groups each run one)."""
 
     def __init__(self) -> None:
-        self.known: dict[str, tuple[str | None, tuple[Any, ...]]] = {}  # identity -> (folder, path's stamp)
+        # (identity, path) -> (folder or None, the stamp of the files at the path when looked up)
+        self.known: dict[tuple[str, str], tuple[str | None, tuple[Any, ...]]] = {}
         self._lock = threading.Lock()  # one lookup at a time: the others then find it done
 
     async def folder(self, adapter: Adapter) -> str | None:
@@ -34,19 +35,23 @@ class AdapterFolders:
         return found[0] if found is not None else await asyncio.to_thread(self._look, adapter)
 
     async def stage(self, adapter: Adapter, files: dict[str, bytes]) -> str:
+        return await asyncio.to_thread(self._stage, adapter, files)
+
+    def _stage(self, adapter: Adapter, files: dict[str, bytes]) -> str:
         from cluster.engines.pushed_weights import write_files
 
         folder = str(staged_adapter_dir(adapter))
-        await asyncio.to_thread(write_files, folder, files)
-        self.known[adapter.identity] = (folder, ())
+        write_files(folder, files)
+        with self._lock:  # after any lookup begun before the copy was there, which would say None
+            self.known[adapter.identity, adapter.path] = (folder, ())
         return folder
 
     def _fresh(self, adapter: Adapter) -> tuple[str | None, tuple[Any, ...]] | None:
-        entry = self.known.get(adapter.identity)
+        entry = self.known.get((adapter.identity, adapter.path))
         if entry is None:
             return None
-        if entry[0] is not None and entry[0] != adapter.path:
-            return entry  # the staged copy
+        if entry[0] == str(staged_adapter_dir(adapter)):
+            return entry  # the staged copy, named by its digest
         return entry if entry[1] == adapter_files_stamp(Path(adapter.path)) else None
 
     def _look(self, adapter: Adapter) -> str | None:
@@ -56,5 +61,5 @@ class AdapterFolders:
                 return found[0]
             stamp = adapter_files_stamp(Path(adapter.path))  # before reading: a change meanwhile is seen next
             folder = adapter_folder_here(adapter)
-            self.known[adapter.identity] = (folder, stamp)
+            self.known[adapter.identity, adapter.path] = (folder, stamp)
             return folder

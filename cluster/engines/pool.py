@@ -31,6 +31,7 @@ from sharding.requests import Adapter, Completion, PromptGroup
 
 if TYPE_CHECKING:
     from cluster.engines.warm import PoolRecord
+    from cluster.models.checkpoints import MergedFrom
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -155,6 +156,8 @@ class ReplicaPool:
         self.placement_timeout_s = placement_timeout_s
         try:
             self._place_and_launch(placement_timeout_s)
+            if self.settings.merged_from is not None:  # a node without the merged folder merges its own
+                self.stage_adapter(self.settings.merged_from.adapter)
             self.infos = self._gathered([a.start.remote(for_engines()) for a in self.actors])
         except ClusterError:  # StartAborted too; the others may still be building: nothing to drain, kill
             self.shutdown(graceful=False)
@@ -226,17 +229,22 @@ class ReplicaPool:
                 raise GetTimeoutError()
         return ray.get(refs)
 
-    def load_checkpoint(self, path: str) -> list[EngineInfo]:
+    def load_checkpoint(self, path: str, merged_from: MergedFrom | None = None) -> list[EngineInfo]:
         """Move every replica's engine to the full checkpoint at `path` in its own actor (a sweep's next
-        step; `EngineActor.load_checkpoint`), all at once; call it only while no request is in flight."""
+        step; `EngineActor.load_checkpoint`), all at once; call it only while no request is in flight.
+        `merged_from` where `path` is a merged checkpoint: its adapter goes to each node first, and a node
+        without the folder merges its own copy."""
         try:
-            self.infos = ray.get([actor.load_checkpoint.remote(path) for actor in self.actors])
+            if merged_from is not None:
+                self.stage_adapter(merged_from.adapter)
+            calls = [actor.load_checkpoint.remote(path, merged_from=merged_from) for actor in self.actors]
+            self.infos = ray.get(calls)
         except Exception as exc:
             raise ClusterError(
                 f"The engines could not move to the checkpoint {path}: {remote_message(exc)}. Check that it is a "
                 "complete model folder readable from every node."
             ) from None
-        self.settings = serving(self.settings, path)
+        self.settings = serving(self.settings, path, merged_from=merged_from)
         self.log_marks = self._logs_now(self.actors, self.infos)
         return self.infos
 
@@ -325,9 +333,9 @@ class ReplicaPool:
                 return None
             actor = self.starting[name] = self._launch(name, group, self.slots[name])
         try:
+            staged = self._stage_adapters_on(actor)  # before its start: a merged checkpoint's merge needs one
             info = ray.get(actor.start.remote(for_engines()))
             [logs] = self._logs_now([actor], [info])
-            self._stage_adapters_on(actor)  # a replacement without the run's adapter would fail its requests
         except Exception as exc:  # noqa: BLE001 - a replacement that cannot start leaves the run as it was
             log.warning("the replacement of %s did not start: %s", dead, remote_message(exc))
             self.drop(name)
@@ -338,7 +346,8 @@ class ReplicaPool:
             self.actors.append(actor)
             self.infos.append(info)
             self.log_marks.append(logs)
-            return self._replica(actor, info, logs), info
+        self._stage_adapters_on(actor, skip=staged)  # those a run staged on the pool meanwhile
+        return self._replica(actor, info, logs), info
 
     def adopt_replica(
         self, info: EngineInfo, group_id: str, slot: tuple[int, int], logs: EngineLog
@@ -360,10 +369,7 @@ class ReplicaPool:
             self.actors.append(actor)
             self.infos.append(info)
             self.log_marks.append(logs)
-        try:  # another run's replacement, served from now on: its requests of an adapter need it there too
-            self._stage_adapters_on(actor)
-        except Exception as exc:  # noqa: BLE001 - its requests with the adapter then fail naming it
-            log.warning("%s", exc)
+        self._stage_adapters_on(actor)  # another run's replacement, served from now on
         return self._replica(actor, info, logs), info
 
     def stage_adapter(self, adapter: Adapter) -> None:
@@ -374,12 +380,20 @@ class ReplicaPool:
             actors = list(self.actors)
         stage_adapter_on(actors, adapter)
 
-    def _stage_adapters_on(self, actor: ray.actor.ActorHandle) -> None:
-        """The adapters staged on the pool's replicas so far, on a new replica's node too."""
+    def _stage_adapters_on(
+        self, actor: ray.actor.ActorHandle, skip: frozenset[str] = frozenset()
+    ) -> frozenset[str]:
+        """The adapters staged on the pool's replicas so far (but `skip`), on a new replica's node too; returns
+        their identities. One that cannot be copied (its folder gone where the run is coordinated: an older
+        step's) is logged: its requests fail there naming it, the replica serves the rest."""
         with self._lock:
-            adapters = list(self.adapters.values())
-        for adapter in adapters:
-            stage_adapter_on([actor], adapter)
+            adapters = {key: adapter for key, adapter in self.adapters.items() if key not in skip}
+        for adapter in adapters.values():
+            try:
+                stage_adapter_on([actor], adapter)
+            except ClusterError as exc:
+                log.warning("%s", exc)
+        return skip | frozenset(adapters)
 
     def _replacement_name(self, dead: str) -> str:
         """`replica-0.1`, `replica-0.2`, ... within a run. A warm pool's replicas are replaced by whichever
@@ -630,22 +644,27 @@ def stage_adapter_on(actors: Sequence[Any], adapter: Adapter) -> list[str]:
 
 
 def _answers_while_available(actors: Sequence[Any], call: Any) -> list[Any]:
-    """Each actor's answer to `call(actor)`, asked again while Ray calls it unavailable (its node out of reach
-    for a moment); None for one that died or stayed out of reach."""
-    found = []
-    for actor in actors:
-        answer = None
-        for pause_s in (*UNAVAILABLE_PAUSES_S, None):
+    """Each actor's answer to `call(actor)`, asked of all at once, and again of those Ray calls unavailable
+    (their node out of reach for a moment) after each pause; None for one that died or stayed out of reach."""
+    found: list[Any] = [None] * len(actors)
+    pending, last = list(range(len(actors))), None
+    for pause_s in (*UNAVAILABLE_PAUSES_S, None):
+        refs = {index: call(actors[index]) for index in pending}
+        pending = []
+        for index, ref in refs.items():
             try:
-                answer = ray.get(call(actor))
-                break
+                found[index] = ray.get(ref)
             except ActorUnavailableError as exc:
-                if pause_s is None:
-                    log.warning("an engine stayed unavailable while its LoRA adapter was staged: %s", exc)
-                else:
-                    time.sleep(pause_s)
+                pending.append(index)
+                last = exc
             except RayActorError as exc:
-                log.warning("an engine died while its LoRA adapter was staged: %s", exc)
-                break
-        found.append(answer)
+                log.warning("an engine died while a LoRA adapter was staged: %s", exc)
+        if not pending:
+            break
+        if pause_s is None:
+            log.warning(
+                "%d engine(s) stayed unavailable while a LoRA adapter was staged: %s", len(pending), last
+            )
+        else:
+            time.sleep(pause_s)
     return found

@@ -10,6 +10,7 @@ from typing import Any
 from cluster.config import CPU_MAX_NUM_SEQS, ModelOptions
 from cluster.engines.placement import ExecutorKind
 from cluster.engines.pushed_weights import WEIGHTS_EXTENSION
+from cluster.models.checkpoints import MergedFrom
 from cluster.models.default import is_default_model
 
 
@@ -45,6 +46,9 @@ class EngineSettings:
     # `model` is rayeval's embedded default, as the process that resolved it has it: a node without that
     # folder builds its own copy (`models.default_model_here`) instead of failing to find it.
     embedded_default: bool = False
+    # `model` is a merged checkpoint (an adapter merged into a base model) made where the run is coordinated:
+    # a node without that folder merges its own copy (`models.merge.merged_copy_here`).
+    merged_from: MergedFrom | None = None
 
 
 def engine_settings(
@@ -74,11 +78,15 @@ def engine_settings(
     )
 
 
-def serving(s: EngineSettings, model_path: str, embedded_default: bool = False) -> EngineSettings:
+def serving(
+    s: EngineSettings, model_path: str, embedded_default: bool = False, merged_from: MergedFrom | None = None
+) -> EngineSettings:
     """The settings with the engine serving `model_path` (a checkpoint it moves to): the embedded default
     only where `model_path` is this machine's folder of it (or `embedded_default` says it is the folder the
-    planning machine gave for it), so a checkpoint a node lacks is never replaced by the default model."""
-    return replace(s, model=model_path, embedded_default=embedded_default or is_default_model(model_path))
+    planning machine gave for it), so a checkpoint a node lacks is never replaced by the default model;
+    `merged_from` where it is a merged checkpoint."""
+    embedded_default = embedded_default or is_default_model(model_path)
+    return replace(s, model=model_path, embedded_default=embedded_default, merged_from=merged_from)
 
 
 def engine_args(s: EngineSettings) -> dict[str, Any]:

@@ -47,7 +47,9 @@ RENEW_S = 5.0
 REPLACEMENTS_KEPT = 256  # a pool's record of which replica replaced which (PoolRecord.record_replacement)
 # Engine settings that do not change what an engine answers: a pool whose settings differ only in these serves.
 # (embedded_default: the model path and its files' fingerprint are in the key already)
-NOT_IN_KEY = frozenset({"log_stats", "pin_engine_core", "executor", "max_loras", "embedded_default"})
+NOT_IN_KEY = frozenset(
+    {"log_stats", "pin_engine_core", "executor", "max_loras", "embedded_default", "merged_from"}
+)
 
 
 MODEL_FILES = "model_files"  # the key's entry for what the model folder holds (`model_files_fingerprint`)

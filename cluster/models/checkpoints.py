@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -285,6 +285,40 @@ def adapter_not_here(adapter: Adapter, node_ip: str) -> FileNotFoundError:
         "other files than the run planned, and no copy was staged here; the run copies an adapter to its "
         "engines' nodes from where it is coordinated, which needs the folder there"
     )
+
+
+@dataclass(frozen=True)
+class MergedFrom:
+    """How a merged checkpoint was made: `adapter` merged into the base model at `base` (where the run is
+    coordinated; `base_is_default`: rayeval's embedded default, which each node has or builds at its own
+    folder). A node without the merged folder makes its own copy from them (`models.merge.merged_copy_here`:
+    the same merge, so the same weights) instead of failing to find it."""
+
+    adapter: Adapter
+    base: str
+    base_is_default: bool = False
+
+
+MERGED_FROM_FILE = "rayeval-merged-from.json"  # in a merged checkpoint's folder: how it was made
+
+
+def merged_from_of(folder: Path) -> MergedFrom | None:
+    """How the merged checkpoint in `folder` was made (`models.merge` writes it there), None for any other
+    folder (or one merged before it was written)."""
+    try:
+        raw = json.loads((folder / MERGED_FROM_FILE).read_text())
+        return MergedFrom(Adapter(**raw["adapter"]), str(raw["base"]), bool(raw["base_is_default"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_merged_from(folder: Path, merged: MergedFrom) -> None:
+    record = {
+        "adapter": asdict(merged.adapter),
+        "base": merged.base,
+        "base_is_default": merged.base_is_default,
+    }
+    (folder / MERGED_FROM_FILE).write_text(json.dumps(record, indent=1))
 
 
 class SwapKind(StrEnum):

@@ -25,6 +25,7 @@ layers up to that rounding.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,8 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.models.checkpoints import ADAPTER_WEIGHTS, tied_embeddings
+from cluster.models.checkpoints import (
+    ADAPTER_WEIGHTS,
+    MergedFrom,
+    merged_from_of,
+    tied_embeddings,
+    write_merged_from,
+)
+from cluster.models.default import is_default_model
 from evaluators.errors import EvalInputError
+from sharding.requests import Adapter
 
 PEFT_PREFIX = "base_model.model."
 # adapter_config.json settings this merge does not do: the setting, and what it is
@@ -61,10 +70,17 @@ class MergePlan:
     replaced: dict[str, Any] = field(default_factory=dict)
 
 
-def merged_checkpoint(adapter: Path, base: Path, digest: str, cache: Path) -> Path:
-    """The merged model folder for this adapter (made once, then reused from `cache`)."""
-    target = cache / f"{base.name}+{adapter.name}-{digest}"
+def merged_checkpoint(adapter: Path, base: Path, digest: str, cache: Path, name: str | None = None) -> Path:
+    """The merged model folder for this adapter (made once, then reused from `cache`), named `name` where
+    given (a node's copy of a folder made elsewhere keeps its name)."""
+    target = cache / (name or f"{base.name}+{adapter.name}-{digest}")
+    made_from = MergedFrom(
+        Adapter(adapter.name, str(adapter.resolve()), digest), str(base), is_default_model(base)
+    )
     if (target / "config.json").is_file():
+        if merged_from_of(target) is None:  # merged before the record was kept: it is the same merge
+            with contextlib.suppress(OSError):
+                write_merged_from(target, made_from)
         return target
     config = json.loads((adapter / "adapter_config.json").read_text())
     problem = merge_problem(config)
@@ -75,10 +91,26 @@ def merged_checkpoint(adapter: Path, base: Path, digest: str, cache: Path) -> Pa
     staging = Path(tempfile.mkdtemp(prefix=".merging-", dir=cache))
     try:
         _write(base, staging, plan, adapter)
+        write_merged_from(staging, made_from)  # a node without this folder merges its own from it
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def merged_copy_here(path: str, merged: MergedFrom, adapter_folder: str) -> str:
+    """The merged checkpoint `path` (made where the run is coordinated) on this node: that folder where this
+    node has it, else this node's own copy under its rayeval cache, merged here from the adapter's files
+    (`adapter_folder`, this node's) and this node's base model."""
+    from cluster.models.default import cache_root, default_model_here
+
+    if (Path(path) / "config.json").is_file():
+        return path
+    base = default_model_here(merged.base) if merged.base_is_default else merged.base
+    copy = merged_checkpoint(
+        Path(adapter_folder), Path(base), merged.adapter.digest, cache_root() / "merged", Path(path).name
+    )
+    return str(copy)
 
 
 def merge_problem(config: dict[str, Any]) -> str | None:

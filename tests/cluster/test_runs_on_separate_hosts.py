@@ -321,7 +321,8 @@ from pathlib import Path
 import ray
 from cluster.config import ClusterOptions, ModelOptions, RunConfig
 from cluster.engines import EngineLog, LogPlace, ReplicaPool, engine_settings, read_on_node
-from cluster.models import load_adapter
+from cluster.models import cache_root, load_adapter, merged_checkpoint
+from cluster.models.checkpoints import merged_from_of
 from cluster.plan import build_model_plan
 from cluster.session import connect
 from sharding.dispatcher import ReplicaDead
@@ -344,10 +345,18 @@ for adapter in adapters.values():
 greedy = SamplingSpec(temperature=0.0, max_tokens=12)
 question = "Name three colours."  # one prefill chunk: greedy, so no seeded generator either
 outputs = {}
-for name, adapter in [("base", None), *adapters.items()]:
+def answer(name, adapter=None):
     request = make_request(plan.model.path, question, greedy, seed=0, sample_index=0, adapter=adapter)
     (done,) = asyncio.run(replica.generate(build_group(question, [request])))
     outputs[name] = done.text if done.error is None else f"error: {done.error}"
+for name, adapter in [("base", None), *adapters.items()]:
+    answer(name, adapter)
+# The random adapter merged into the base model here, on the head: the worker lacks the merged folder and
+# merges its own copy from the adapter (copied to it) and its own base model
+merged = merged_checkpoint(Path("/home/adapters/random"), Path(plan.model.path), adapters["random"].digest,
+                           cache_root() / "merged")
+(moved,) = pool.load_checkpoint(str(merged), merged_from_of(merged))
+answer("merged")
 prompt = "Tell me a long story about the sea and its sailors. " * 12  # prefilled in chunks: a seeded crash
 spec = SamplingSpec(temperature=0.8, max_tokens=8)
 group = build_group(prompt, [make_request(plan.model.path, prompt, spec, seed=7 + i, sample_index=i) for i in range(2)])
@@ -361,7 +370,8 @@ pool.shutdown()
 # an actor whose process died: its log, on the worker, read by a task placed there
 log = EngineLog((LogPlace(sys.argv[1]),), info.node_id, info.node_ip)
 print(json.dumps({"died": died, "node_ip": info.node_ip, "read_there": asyncio.run(read_on_node(log)),
-                  "outputs": outputs, "digests": {name: a.digest for name, a in adapters.items()}}))
+                  "outputs": outputs, "digests": {name: a.digest for name, a in adapters.items()},
+                  "merged": str(merged), "moved": [moved.model, moved.loaded_by]}))
 """
 
 
@@ -395,7 +405,7 @@ def worker_engine(separate_hosts: SeparateCluster) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_an_adapter_only_the_head_holds_is_copied_to_the_workers_engine_and_answers_as_planned(
+def test_adapters_only_the_head_holds_reach_the_workers_engine_as_served_and_as_a_merged_checkpoint(
     separate_hosts: SeparateCluster, worker_engine: dict
 ):
     hosts, outputs = separate_hosts, worker_engine["outputs"]
@@ -409,6 +419,14 @@ def test_an_adapter_only_the_head_holds_is_copied_to_the_workers_engine_and_answ
     assert not (
         hosts.head.home / ".cache" / "rayeval" / "adapters"
     ).exists()  # the head had them at their path
+    # the merged checkpoint, made on the head: the worker merged its own copy, of the very same weights
+    merged = Path(
+        worker_engine["merged"]
+    )  # in the head's home (the worker's copy is at that path in its own)
+    assert worker_engine["moved"][0] == str(merged) and outputs["merged"] != outputs["base"], worker_engine
+    on_worker, on_head = hosts.worker.path_inside(merged), hosts.head.path_inside(merged)
+    assert on_worker != on_head and (on_worker / "model.safetensors").is_file()
+    assert (on_worker / "model.safetensors").read_bytes() == (on_head / "model.safetensors").read_bytes()
     untouched = hosts.worker.home / "adapters" / "zero" / "adapter_model.safetensors"
     assert (
         untouched.read_bytes()
