@@ -225,6 +225,13 @@ class EngineActor:
 
         return await asyncio.to_thread(merged_copy_here, path, merged_from, folder)
 
+    @ray.method(concurrency_group="adapters")
+    async def holds_checkpoint(self, path: str) -> bool:
+        """Whether this node has the model folder `path` (a merged checkpoint's, made on another node)."""
+        from pathlib import Path
+
+        return (Path(path) / "config.json").is_file()
+
     @ray.method(concurrency_group="adapters")  # answered beside a full window of requests
     async def has_adapter(self, adapter: Adapter) -> bool:
         """Whether this node holds the adapter's very files (at its path or in a staged copy)."""
@@ -273,6 +280,7 @@ class EngineActor:
 
         began = time.perf_counter()
         self.import_s = self.import_s or began - importing  # the first start imports vLLM in this process
+        asked = self.settings.model  # what the run named (EngineInfo.model), as every node reports it
         if self.settings.embedded_default:  # this node's own copy, built here where it has none (once)
             self.settings = replace(self.settings, model=default_model_here(self.settings.model))
         here = await self._checkpoint_here(self.settings.model, self.settings.merged_from)
@@ -305,7 +313,7 @@ class EngineActor:
             cpu_binding=self.cpu_env.get("VLLM_CPU_OMP_THREADS_BIND", ""),
             executor=s.executor.value,
             nodes=bundle_nodes(),
-            model=s.model,
+            model=asked,
             actor_created_at=self.created_at,
             import_s=round(self.import_s, 3),
         )

@@ -25,13 +25,12 @@ from cluster.engines.placement import ExecutorKind, ReplicaLayout, ReplicaPlan
 from cluster.engines.settings import EngineSettings, cpu_kv_cache_env, serving
 from cluster.errors import ClusterError
 from cluster.forwarded_env import for_engines
-from cluster.models.checkpoints import adapter_digest, adapter_files
+from cluster.models.checkpoints import MergedFrom, adapter_digest, adapter_files, merged_from_of
 from sharding.dispatcher import Replica, ReplicaCall, ReplicaDead
 from sharding.requests import Adapter, Completion, PromptGroup
 
 if TYPE_CHECKING:
     from cluster.engines.warm import PoolRecord
-    from cluster.models.checkpoints import MergedFrom
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -156,8 +155,7 @@ class ReplicaPool:
         self.placement_timeout_s = placement_timeout_s
         try:
             self._place_and_launch(placement_timeout_s)
-            if self.settings.merged_from is not None:  # a node without the merged folder merges its own
-                self.stage_adapter(self.settings.merged_from.adapter)
+            self._stage_merged(self.actors, self.settings.model, self.settings.merged_from)
             self.infos = self._gathered([a.start.remote(for_engines()) for a in self.actors])
         except ClusterError:  # StartAborted too; the others may still be building: nothing to drain, kill
             self.shutdown(graceful=False)
@@ -229,14 +227,13 @@ class ReplicaPool:
                 raise GetTimeoutError()
         return ray.get(refs)
 
-    def load_checkpoint(self, path: str, merged_from: MergedFrom | None = None) -> list[EngineInfo]:
+    def load_checkpoint(self, path: str) -> list[EngineInfo]:
         """Move every replica's engine to the full checkpoint at `path` in its own actor (a sweep's next
-        step; `EngineActor.load_checkpoint`), all at once; call it only while no request is in flight.
-        `merged_from` where `path` is a merged checkpoint: its adapter goes to each node first, and a node
-        without the folder merges its own copy."""
+        step; `EngineActor.load_checkpoint`), all at once; call it only while no request is in flight. A
+        merged checkpoint (its folder says so) is merged again on a node without the folder."""
+        merged_from = merged_from_of(Path(path))
         try:
-            if merged_from is not None:
-                self.stage_adapter(merged_from.adapter)
+            self._stage_merged(self.actors, path, merged_from)
             calls = [actor.load_checkpoint.remote(path, merged_from=merged_from) for actor in self.actors]
             self.infos = ray.get(calls)
         except Exception as exc:
@@ -333,7 +330,8 @@ class ReplicaPool:
                 return None
             actor = self.starting[name] = self._launch(name, group, self.slots[name])
         try:
-            staged = self._stage_adapters_on(actor)  # before its start: a merged checkpoint's merge needs one
+            self._stage_merged([actor], self.settings.model, self.settings.merged_from)
+            staged = self._stage_adapters_on(actor)
             info = ray.get(actor.start.remote(for_engines()))
             [logs] = self._logs_now([actor], [info])
         except Exception as exc:  # noqa: BLE001 - a replacement that cannot start leaves the run as it was
@@ -391,9 +389,27 @@ class ReplicaPool:
         for adapter in adapters.values():
             try:
                 stage_adapter_on([actor], adapter)
-            except ClusterError as exc:
-                log.warning("%s", exc)
+            except Exception as exc:  # noqa: BLE001 - staging is best effort, the replica serves the rest
+                log.warning(
+                    "LoRA adapter %s not staged on a new replica: %s", adapter.name, remote_message(exc)
+                )
         return skip | frozenset(adapters)
+
+    @staticmethod
+    def _stage_merged(actors: list[ray.actor.ActorHandle], path: str, merged_from: MergedFrom | None) -> None:
+        """Where `path` is a merged checkpoint, its adapter on the nodes of those actors that lack the folder
+        (they merge their own copy from it, `EngineActor._checkpoint_here`). Best effort: an engine that
+        cannot get it fails to load the checkpoint naming the adapter and its node."""
+        if merged_from is None:
+            return
+        held = _answers_while_available(actors, lambda actor: actor.holds_checkpoint.remote(path))
+        lacking = [actor for actor, found in zip(actors, held, strict=True) if found is False]
+        try:
+            stage_adapter_on(lacking, merged_from.adapter)
+        except Exception as exc:  # noqa: BLE001
+            log.warning(
+                "the adapter of the merged checkpoint %s was not staged: %s", path, remote_message(exc)
+            )
 
     def _replacement_name(self, dead: str) -> str:
         """`replica-0.1`, `replica-0.2`, ... within a run. A warm pool's replicas are replaced by whichever

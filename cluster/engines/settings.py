@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from cluster.config import CPU_MAX_NUM_SEQS, ModelOptions
 from cluster.engines.placement import ExecutorKind
 from cluster.engines.pushed_weights import WEIGHTS_EXTENSION
-from cluster.models.checkpoints import MergedFrom
+from cluster.models.checkpoints import MergedFrom, merged_from_of
 from cluster.models.default import is_default_model
 
 
@@ -46,8 +47,8 @@ class EngineSettings:
     # `model` is rayeval's embedded default, as the process that resolved it has it: a node without that
     # folder builds its own copy (`models.default_model_here`) instead of failing to find it.
     embedded_default: bool = False
-    # `model` is a merged checkpoint (an adapter merged into a base model) made where the run is coordinated:
-    # a node without that folder merges its own copy (`models.merge.merged_copy_here`).
+    # `model` is a merged checkpoint (an adapter merged into a base model), as its folder records where the
+    # run is coordinated: a node without that folder merges its own copy (`models.merge.merged_copy_here`).
     merged_from: MergedFrom | None = None
 
 
@@ -75,6 +76,7 @@ def engine_settings(
         custom_all_reduce=options.custom_all_reduce,
         max_lora_rank=options.max_lora_rank if options.lora else 0,
         embedded_default=is_default_model(model_path),
+        merged_from=merged_from_of(Path(model_path)),
     )
 
 

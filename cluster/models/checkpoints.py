@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -318,7 +319,9 @@ def write_merged_from(folder: Path, merged: MergedFrom) -> None:
         "base": merged.base,
         "base_is_default": merged.base_is_default,
     }
-    (folder / MERGED_FROM_FILE).write_text(json.dumps(record, indent=1))
+    partial = folder / f".{MERGED_FROM_FILE}.{os.getpid()}"
+    partial.write_text(json.dumps(record, indent=1))
+    os.replace(partial, folder / MERGED_FROM_FILE)  # whole or not there, for a process reading it meanwhile
 
 
 class SwapKind(StrEnum):

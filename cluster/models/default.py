@@ -7,15 +7,12 @@ bf16 and saved as an ordinary HF folder (about 270 MB) that vLLM loads.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from cluster.models.once import built_once
 from evaluators.errors import EvalInputError
 
 log = logging.getLogger(__name__)
@@ -49,24 +46,9 @@ def ensure_default_model() -> Path:
     if (target / "config.json").is_file():
         return target
     gguf = packaged_gguf()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{DEFAULT_MODEL_NAME}.lock", "w") as lock:
-        with contextlib.suppress(OSError):  # a filesystem without locks: the rename below still settles it
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").is_file():  # built by the process that held the lock before
-            return target
-        log.info("materialising %s from %s into %s (once)", DEFAULT_MODEL_NAME, gguf, target)
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
-        try:
-            _convert(gguf, staging)
-            try:
-                staging.rename(target)
-            except OSError:  # another machine sharing this folder finished first; theirs is as good
-                if not (target / "config.json").is_file():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return built_once(
+        target, lambda staging: _convert(gguf, staging), f"materialising {DEFAULT_MODEL_NAME} from {gguf}"
+    )
 
 
 def default_model_here(path: str) -> str:

@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from cluster.models.checkpoints import (
     write_merged_from,
 )
 from cluster.models.default import is_default_model
+from cluster.models.once import built_once
 from evaluators.errors import EvalInputError
 from sharding.requests import Adapter
 
@@ -87,15 +87,12 @@ def merged_checkpoint(adapter: Path, base: Path, digest: str, cache: Path, name:
     if problem is not None:
         raise EvalInputError(f"--lora-merge: {adapter}: {problem}")
     plan = merge_plan(config, _adapter_tensors(adapter), adapter)
-    cache.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".merging-", dir=cache))
-    try:
+
+    def build(staging: Path) -> None:  # several replicas of one node may merge it at once: one does
         _write(base, staging, plan, adapter)
         write_merged_from(staging, made_from)  # a node without this folder merges its own from it
-        staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+    return built_once(target, build, f"merging {adapter} into {base}")
 
 
 def merged_copy_here(path: str, merged: MergedFrom, adapter_folder: str) -> str:

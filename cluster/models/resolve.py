@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.config import ENDPOINT_PREFIX
-from cluster.models.checkpoints import MergedFrom, merged_from_of
 from cluster.models.default import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model
 from evaluators.data import offline_if_hub_unreachable
 from evaluators.errors import EvalInputError
@@ -34,7 +33,6 @@ class ResolvedModel:
     path: str  # what vLLM and the tokenizer load; `openai:NAME` for a model behind an endpoint
     is_default: bool
     endpoint: bool = False  # behind an OpenAI-compatible endpoint: no engine, tokenizer or weights here
-    merged_from: MergedFrom | None = None  # an adapter merged into a base model here (`models.merge`)
 
 
 def resolve_model(path: str | None, materialise: bool = True, label: str | None = None) -> ResolvedModel:
@@ -52,8 +50,7 @@ def resolve_model(path: str | None, materialise: bool = True, label: str | None 
     local = Path(path).expanduser()
     if local.exists():
         check_model_folder(local, label)
-        folder = local.resolve()
-        return ResolvedModel(folder.name, str(folder), False, merged_from=merged_from_of(folder))
+        return ResolvedModel(local.resolve().name, str(local.resolve()), False)
     if HF_ID.match(path) and not path.startswith((".", "/", "~")):
         check_hub_model(path, label)
         return ResolvedModel(path.split("/")[-1], path, False)

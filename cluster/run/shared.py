@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from cluster.engines import EngineInfo, ReplicaPool, engine_settings
@@ -22,7 +21,6 @@ from sharding.requests import Adapter
 
 if TYPE_CHECKING:
     from cluster.engines.warm import Lease
-    from cluster.models.checkpoints import MergedFrom
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +40,11 @@ class SharedReplicas:
         self.swaps = 0  # checkpoint moves made (each over every replica)
         self._lock = threading.Lock()  # runs that go at once ask from their own threads
 
-    def replicas_for(
-        self, model_path: str, merged_from: MergedFrom | None = None
-    ) -> tuple[list[Replica], list[EngineInfo]]:
-        """The replicas, serving `model_path` (started on first call, moved to it when they serve another);
-        `merged_from` where it is a merged checkpoint, which a node without its folder makes for itself."""
+    def replicas_for(self, model_path: str) -> tuple[list[Replica], list[EngineInfo]]:
+        """The replicas, serving `model_path` (started on first call, moved to it when they serve another)."""
         with self._lock:
             if self.pool is None:
-                request = self._request(model_path, merged_from)
+                request = self._request(model_path)
                 pool = ReplicaPool(request.settings, request.plan, request.count,
                                    request.config.model.cpu_kv_cache_gib, self.verbose)  # fmt: skip
                 try:
@@ -59,7 +54,7 @@ class SharedReplicas:
                     raise
                 self.pool = pool
             elif self.pool.settings.model != model_path:
-                infos = self._move(model_path, merged_from)
+                infos = self._move(model_path)
             else:
                 infos = list(self.pool.infos)
             return self.pool.replicas(), infos
@@ -92,11 +87,10 @@ class SharedReplicas:
                 return Lease(found, record.name, lease_id, sends=False)
         return None
 
-    def _request(self, model_path: str, merged_from: MergedFrom | None = None) -> SourceRequest:
+    def _request(self, model_path: str) -> SourceRequest:
         """The engines of the sweep's model options on `model_path`, LoRA layers where its steps carry adapters."""
         config = self.plan.config
         settings = engine_settings(config.model, model_path, self.plan.device, log_stats=self.verbose)
-        settings = replace(settings, merged_from=merged_from)
         return SourceRequest(
             config=config,
             settings=with_lora_slots(settings, self.max_loras, self.lora),
@@ -106,10 +100,10 @@ class SharedReplicas:
             verbose=self.verbose,
         )
 
-    def _move(self, model_path: str, merged_from: MergedFrom | None = None) -> list[EngineInfo]:
+    def _move(self, model_path: str) -> list[EngineInfo]:
         assert self.pool is not None
         self.swaps += 1
-        return self.pool.load_checkpoint(model_path, merged_from)
+        return self.pool.load_checkpoint(model_path)
 
     def move_to(self, model_path: str) -> list[EngineInfo]:
         """The started replicas moved to `model_path` even where it is the folder they were started on (they

@@ -32,15 +32,12 @@ if TYPE_CHECKING:
     from cluster.endpoints import ApiClientPool
     from cluster.engines.logs import LogPlace
     from cluster.engines.warm import Lease, PoolRecord
-    from cluster.models.checkpoints import MergedFrom
 
 
 class SharedEngines(Protocol):
     """A sweep's replicas (`run.SharedReplicas`): moved to a model, shared by the sweep's steps."""
 
-    def replicas_for(
-        self, model_path: str, merged_from: MergedFrom | None = None
-    ) -> tuple[list[Replica], list[EngineInfo]]: ...
+    def replicas_for(self, model_path: str) -> tuple[list[Replica], list[EngineInfo]]: ...
 
     def stage_adapter(self, adapter: Adapter) -> None: ...
 
@@ -190,8 +187,7 @@ class SweepReplicas:
         self.shared = shared
 
     def start(self) -> Started:
-        settings = self.request.settings
-        replicas, engines = self.shared.replicas_for(settings.model, settings.merged_from)
+        replicas, engines = self.shared.replicas_for(self.request.settings.model)
         return Started(replicas, engines)
 
     async def replace(self, dead: str) -> tuple[Replica, EngineInfo] | None:
@@ -570,7 +566,6 @@ def run_engine_settings(plan: RunPlan, verbose: bool = False) -> EngineSettings:
 
     config = plan.config
     settings = engine_settings(config.model, plan.model.path, plan.device, log_stats=verbose)
-    settings = replace(settings, merged_from=plan.model.merged_from)
     return with_lora_slots(settings, 1, plan.adapter is not None)
 
 

@@ -244,7 +244,6 @@ def _groups(plan: SweepPlan, outcomes: list[StepOutcome]) -> list[tuple[Checkpoi
 def _merged(step: SweepStep) -> SweepStep:
     """The step with its adapter merged into the base model: the engines load it as a full checkpoint."""
     from cluster.models import ResolvedModel, cache_root, merged_checkpoint
-    from cluster.models.checkpoints import merged_from_of
 
     adapter = step.plan.adapter
     assert adapter is not None
@@ -255,7 +254,7 @@ def _merged(step: SweepStep) -> SweepStep:
     log.info(
         "step %d: %s merged into %s in %.1f s", step.step, adapter.name, folder, time.perf_counter() - began
     )
-    model = ResolvedModel(step.plan.model_label, str(folder), False, merged_from=merged_from_of(folder))
+    model = ResolvedModel(step.plan.model_label, str(folder), False)
     return replace(step, plan=replace(step.plan, model=model, adapter=None))
 
 
