@@ -212,25 +212,25 @@ class EngineActor:
         return self.node_ip
 
     async def _checkpoint_here(self, path: str, merged_from: MergedFrom | None) -> str:
-        """`path` on this node: itself, or for a merged checkpoint this node lacks, its own copy merged here
-        from the adapter (staged here first by the pool) and this node's base model."""
-        from pathlib import Path
-
-        if merged_from is None or (Path(path) / "config.json").is_file():
+        """`path` on this node: itself, or for a merged checkpoint this node lacks, its own copy (merged here
+        before, or now from the adapter the pool staged here and this node's base model)."""
+        if merged_from is None:
             return path
+        from cluster.models.merge import merged_copy_here, merged_folder_here
+
+        if (found := merged_folder_here(path)) is not None:
+            return found
         folder = await self.adapters.folder(merged_from.adapter)
         if folder is None:
             raise adapter_not_here(merged_from.adapter, self.node_ip)
-        from cluster.models.merge import merged_copy_here
-
         return await asyncio.to_thread(merged_copy_here, path, merged_from, folder)
 
     @ray.method(concurrency_group="adapters")
     async def holds_checkpoint(self, path: str) -> bool:
-        """Whether this node has the model folder `path` (a merged checkpoint's, made on another node)."""
-        from pathlib import Path
+        """Whether this node has the merged checkpoint `path` (made on another node), or its own copy of it."""
+        from cluster.models.merge import merged_folder_here
 
-        return (Path(path) / "config.json").is_file()
+        return merged_folder_here(path) is not None
 
     @ray.method(concurrency_group="adapters")  # answered beside a full window of requests
     async def has_adapter(self, adapter: Adapter) -> bool:

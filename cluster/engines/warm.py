@@ -253,7 +253,7 @@ class PoolRecord:
 RECORDS_KEY = b"rayeval-pools"
 # Raised when the registry's methods or its records change, or the methods of its pools' engine actors (an
 # older pool's actors would lack them): a registry another version started is not used.
-REGISTRY_VERSION = 7
+REGISTRY_VERSION = 8
 
 
 def saved_records() -> dict[str, PoolRecord]:

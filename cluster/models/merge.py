@@ -95,14 +95,22 @@ def merged_checkpoint(adapter: Path, base: Path, digest: str, cache: Path, name:
     return built_once(target, build, f"merging {adapter} into {base}")
 
 
+def merged_folder_here(path: str) -> str | None:
+    """The merged checkpoint `path` (made where the run is coordinated) on this node: that folder, or this
+    node's own copy of it (`merged_copy_here`) made before; None where neither is here."""
+    from cluster.models.default import cache_root
+
+    for folder in (Path(path), cache_root() / "merged" / Path(path).name):
+        if (folder / "config.json").is_file():
+            return str(folder)
+    return None
+
+
 def merged_copy_here(path: str, merged: MergedFrom, adapter_folder: str) -> str:
-    """The merged checkpoint `path` (made where the run is coordinated) on this node: that folder where this
-    node has it, else this node's own copy under its rayeval cache, merged here from the adapter's files
-    (`adapter_folder`, this node's) and this node's base model."""
+    """This node's own copy of the merged checkpoint `path`, under its rayeval cache by the same name, merged
+    here from the adapter's files (`adapter_folder`, this node's) and this node's base model."""
     from cluster.models.default import cache_root, default_model_here
 
-    if (Path(path) / "config.json").is_file():
-        return path
     base = default_model_here(merged.base) if merged.base_is_default else merged.base
     copy = merged_checkpoint(
         Path(adapter_folder), Path(base), merged.adapter.digest, cache_root() / "merged", Path(path).name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -20,8 +21,12 @@ def built_once(target: Path, build: Callable[[Path], None], what: str) -> Path:
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        with contextlib.suppress(OSError):  # a filesystem without locks: the rename below still settles it
+    lock = -1
+    with contextlib.suppress(OSError):  # read-only (another user's, in a shared cache) is enough to lock it
+        lock = os.open(target.parent / f".{target.name}.lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        # no lock file, or a filesystem without locks: the rename below still settles it
+        with contextlib.suppress(OSError):
             fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "config.json").is_file():  # built by the process that held the lock before
             return target
@@ -36,4 +41,7 @@ def built_once(target: Path, build: Callable[[Path], None], what: str) -> Path:
                     raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        if lock >= 0:
+            os.close(lock)
     return target
