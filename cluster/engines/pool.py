@@ -387,12 +387,7 @@ class ReplicaPool:
         with self._lock:
             adapters = {key: adapter for key, adapter in self.adapters.items() if key not in skip}
         for adapter in adapters.values():
-            try:
-                stage_adapter_on([actor], adapter)
-            except Exception as exc:  # noqa: BLE001 - staging is best effort, the replica serves the rest
-                log.warning(
-                    "LoRA adapter %s not staged on a new replica: %s", adapter.name, remote_message(exc)
-                )
+            _staged_or_logged([actor], adapter)
         return skip | frozenset(adapters)
 
     @staticmethod
@@ -403,13 +398,8 @@ class ReplicaPool:
         if merged_from is None:
             return
         held = _answers_while_available(actors, lambda actor: actor.holds_checkpoint.remote(path))
-        lacking = [actor for actor, found in zip(actors, held, strict=True) if found is False]
-        try:
-            stage_adapter_on(lacking, merged_from.adapter)
-        except Exception as exc:  # noqa: BLE001
-            log.warning(
-                "the adapter of the merged checkpoint %s was not staged: %s", path, remote_message(exc)
-            )
+        _staged_or_logged([actor for actor, found in zip(actors, held, strict=True) if found is False],
+                          merged_from.adapter)  # fmt: skip
 
     def _replacement_name(self, dead: str) -> str:
         """`replica-0.1`, `replica-0.2`, ... within a run. A warm pool's replicas are replaced by whichever
@@ -632,16 +622,16 @@ def remote_message(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def stage_adapter_on(actors: Sequence[Any], adapter: Adapter) -> list[str]:
+def stage_adapter_on(actors: Sequence[Any], adapter: Adapter) -> None:
     """A run's LoRA adapter on its engines' nodes: its files, read where the run is coordinated (where it was
     checked), copied through Ray's object store to the nodes of the actors that lack them (hosts without
-    shared storage, or other files at its path: `engines.adapters`); returns those nodes' addresses. An actor
-    that died is left out (the dispatcher finds it dead, and its replacement gets the copy). A ClusterError
-    where a node lacks the adapter and this machine no longer holds the files the run planned."""
+    shared storage, or other files at its path: `engines.adapters`). An actor that died is left out (the
+    dispatcher finds it dead, and its replacement gets the copy). A ClusterError where a node lacks the
+    adapter and this machine no longer holds the files the run planned."""
     answers = _answers_while_available(actors, lambda actor: actor.has_adapter.remote(adapter))
     lacking = [actor for actor, found in zip(actors, answers, strict=True) if found is False]
     if not lacking:
-        return []
+        return
     folder = Path(adapter.path)
     files = adapter_files(folder) if folder.is_dir() else {}
     if adapter_digest(files) != adapter.digest:
@@ -656,7 +646,15 @@ def stage_adapter_on(actors: Sequence[Any], adapter: Adapter) -> list[str]:
     nodes = [node for node in written if node]
     megabytes = sum(map(len, files.values())) / 1e6
     log.info("LoRA adapter %s (%.1f MB) copied to node(s) %s", adapter.name, megabytes, ", ".join(nodes))
-    return nodes
+
+
+def _staged_or_logged(actors: Sequence[Any], adapter: Adapter) -> None:
+    """`stage_adapter_on`, best effort (a new replica's adapters, a merged checkpoint's): one that cannot be
+    copied is logged, and the requests or the merge that need it fail on that node naming it."""
+    try:
+        stage_adapter_on(actors, adapter)
+    except Exception as exc:  # noqa: BLE001 - the replica serves whatever does not need it
+        log.warning("LoRA adapter %s not staged: %s", adapter.name, remote_message(exc))
 
 
 def _answers_while_available(actors: Sequence[Any], call: Any) -> list[Any]:

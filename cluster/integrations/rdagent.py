@@ -284,12 +284,12 @@ def _merged(adapter: Path, base: str) -> str:
     """The adapter merged into its base model (`cluster.models.merge`; made once, then reused): one that trains
     whole modules beside its LoRA (vLLM cannot serve those, RD-Agent merges it first), or any with
     `lora_merge`."""
-    from cluster.models import cache_root, load_adapter, merged_checkpoint, resolve_model
+    from cluster.models import load_adapter, merged_checkpoint, resolve_model
 
     base_folder = Path(resolve_model(base).path)
     digest = load_adapter(str(adapter), base_folder, None).digest
     log.info("merging the adapter %s into %s", adapter, base_folder)
-    return str(merged_checkpoint(adapter, base_folder, digest, cache_root() / "merged"))
+    return str(merged_checkpoint(adapter, base_folder, digest))
 
 
 def _leading_count(test_range: str, benchmark: str) -> int:

@@ -70,10 +70,19 @@ class MergePlan:
     replaced: dict[str, Any] = field(default_factory=dict)
 
 
-def merged_checkpoint(adapter: Path, base: Path, digest: str, cache: Path, name: str | None = None) -> Path:
-    """The merged model folder for this adapter (made once, then reused from `cache`), named `name` where
-    given (a node's copy of a folder made elsewhere keeps its name)."""
-    target = cache / (name or f"{base.name}+{adapter.name}-{digest}")
+def merged_cache() -> Path:
+    """Where this machine keeps the checkpoints it merged: under its rayeval cache."""
+    from cluster.models.default import cache_root
+
+    return cache_root() / "merged"
+
+
+def merged_checkpoint(
+    adapter: Path, base: Path, digest: str, cache: Path | None = None, name: str | None = None
+) -> Path:
+    """The merged model folder for this adapter (made once, then reused from `cache`, by default
+    `merged_cache()`), named `name` where given (a node's copy of a folder made elsewhere keeps its name)."""
+    target = (cache or merged_cache()) / (name or f"{base.name}+{adapter.name}-{digest}")
     made_from = MergedFrom(
         Adapter(adapter.name, str(adapter.resolve()), digest), str(base), is_default_model(base)
     )
@@ -98,9 +107,7 @@ def merged_checkpoint(adapter: Path, base: Path, digest: str, cache: Path, name:
 def merged_folder_here(path: str) -> str | None:
     """The merged checkpoint `path` (made where the run is coordinated) on this node: that folder, or this
     node's own copy of it (`merged_copy_here`) made before; None where neither is here."""
-    from cluster.models.default import cache_root
-
-    for folder in (Path(path), cache_root() / "merged" / Path(path).name):
+    for folder in (Path(path), merged_cache() / Path(path).name):
         if (folder / "config.json").is_file():
             return str(folder)
     return None
@@ -109,13 +116,12 @@ def merged_folder_here(path: str) -> str | None:
 def merged_copy_here(path: str, merged: MergedFrom, adapter_folder: str) -> str:
     """This node's own copy of the merged checkpoint `path`, under its rayeval cache by the same name, merged
     here from the adapter's files (`adapter_folder`, this node's) and this node's base model."""
-    from cluster.models.default import cache_root, default_model_here
+    from cluster.models.default import default_model_here
 
     base = default_model_here(merged.base) if merged.base_is_default else merged.base
-    copy = merged_checkpoint(
-        Path(adapter_folder), Path(base), merged.adapter.digest, cache_root() / "merged", Path(path).name
+    return str(
+        merged_checkpoint(Path(adapter_folder), Path(base), merged.adapter.digest, name=Path(path).name)
     )
-    return str(copy)
 
 
 def merge_problem(config: dict[str, Any]) -> str | None:

@@ -243,14 +243,12 @@ def _groups(plan: SweepPlan, outcomes: list[StepOutcome]) -> list[tuple[Checkpoi
 
 def _merged(step: SweepStep) -> SweepStep:
     """The step with its adapter merged into the base model: the engines load it as a full checkpoint."""
-    from cluster.models import ResolvedModel, cache_root, merged_checkpoint
+    from cluster.models import ResolvedModel, merged_checkpoint
 
     adapter = step.plan.adapter
     assert adapter is not None
     began = time.perf_counter()
-    folder = merged_checkpoint(
-        Path(adapter.path), Path(step.plan.model.path), adapter.digest, cache_root() / "merged"
-    )
+    folder = merged_checkpoint(Path(adapter.path), Path(step.plan.model.path), adapter.digest)
     log.info(
         "step %d: %s merged into %s in %.1f s", step.step, adapter.name, folder, time.perf_counter() - began
     )

@@ -321,7 +321,7 @@ from pathlib import Path
 import ray
 from cluster.config import ClusterOptions, ModelOptions, RunConfig
 from cluster.engines import EngineLog, LogPlace, ReplicaPool, engine_settings, read_on_node
-from cluster.models import cache_root, load_adapter, merged_checkpoint
+from cluster.models import load_adapter, merged_checkpoint
 from cluster.plan import build_model_plan
 from cluster.session import connect
 from sharding.dispatcher import ReplicaDead
@@ -352,8 +352,7 @@ for name, adapter in [("base", None), *adapters.items()]:
     answer(name, adapter)
 # The random adapter merged into the base model here, on the head: the worker lacks the merged folder and
 # merges its own copy from the adapter (copied to it) and its own base model
-merged = merged_checkpoint(Path("/home/adapters/random"), Path(plan.model.path), adapters["random"].digest,
-                           cache_root() / "merged")
+merged = merged_checkpoint(Path("/home/adapters/random"), Path(plan.model.path), adapters["random"].digest)
 (moved,) = pool.load_checkpoint(str(merged))  # the folder says how it was made
 answer("merged")
 prompt = "Tell me a long story about the sea and its sailors. " * 12  # prefilled in chunks: a seeded crash
