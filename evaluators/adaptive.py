@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 class StopReason(StrEnum):
     TARGET_REACHED = "target_sem_reached"  # the SEM is at or below the target
-    MAX_SAMPLES = "max_samples_reached"  # every question has max_samples samples
+    MAX_SAMPLES = "max_samples_reached"  # every question has max_samples samples (or none scored)
 
 
 @dataclass(frozen=True)
@@ -75,27 +75,38 @@ def _binary_variance(samples: list[float]) -> float:
     return p * (1 - p)
 
 
-def allocate(values: dict[int, list[float]], rule: AdaptiveRule, sem: float | None = None) -> Allocation:
+def allocate(
+    values: dict[int, list[float]],
+    rule: AdaptiveRule,
+    sem: float | None = None,
+    drawn: dict[int, int] | None = None,
+) -> Allocation:
     """The next round for one metric: `values` holds each question's per-sample scores, `sem` the metric's
-    SEM as the report computes it (a weighted metric's cluster-robust one), by default `clustered_sem`."""
+    SEM as the report computes it (a weighted metric's cluster-robust one), by default `clustered_sem`, and
+    `drawn` the samples each question has had, failed ones included (by default its scores' count).
+
+    `rule.max_samples` caps the samples drawn, so a question whose samples fail is not asked again without
+    end. A question none of whose samples scored gets no more: its failures (a prompt over the context
+    length, say) recur, and without a score it has no variance to weigh."""
     sem = clustered_sem(values) if sem is None else sem
     variances = question_variances(values)
     within = sum(variances[q] / len(v) for q, v in values.items() if v) / max(1, len(values)) ** 2
     floor = math.sqrt(max(0.0, sem**2 - within)) if not math.isnan(sem) else float("nan")
     if not math.isnan(sem) and sem <= rule.target_sem:
         return Allocation(sem, stop=StopReason.TARGET_REACHED, floor_sem=floor)
-    counts = {q: len(v) for q, v in values.items()}
+    drawn = drawn or {}
+    scored = {q: len(v) for q, v in values.items() if v}
+    headroom = {q: rule.max_samples - max(n, drawn.get(q, n)) for q, n in scored.items()}
     budget = max(1, round(rule.round_share * len(values)))
-    gains = [(-_gain(variances[q], n), q) for q, n in counts.items() if n < rule.max_samples]
+    gains = [(-_gain(variances[q], n), q) for q, n in scored.items() if headroom[q] > 0]
     heapq.heapify(gains)
     extra: dict[int, int] = {}
     while gains and budget > 0:
         _, q = heapq.heappop(gains)
         extra[q] = extra.get(q, 0) + 1
         budget -= 1
-        n = counts[q] + extra[q]
-        if n < rule.max_samples:
-            heapq.heappush(gains, (-_gain(variances[q], n), q))
+        if extra[q] < headroom[q]:
+            heapq.heappush(gains, (-_gain(variances[q], scored[q] + extra[q]), q))
     if not extra:
         return Allocation(sem, stop=StopReason.MAX_SAMPLES, floor_sem=floor)
     return Allocation(sem, extra, floor_sem=floor)

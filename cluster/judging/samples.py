@@ -81,8 +81,13 @@ class JudgedSamples:
                 if known is not None:
                     waiting.answers[judgment] = known
                 else:
-                    self._waiters_of.setdefault(request.request_id, []).append(key)
-            missing = [r for k, r in requests.items() if k not in waiting.answers]
+                    waiters = self._waiters_of.setdefault(request.request_id, [])
+                    if key not in waiters:  # two judgments of one prompt (an output equal to the reference)
+                        waiters.append(key)
+            # each prompt asked once: its answer fills every judgment that asked it
+            missing = list(
+                {r.request_id: r for k, r in requests.items() if k not in waiting.answers}.values()
+            )
             if not missing:
                 self._score(key, waiting)
         self.submit(missing)

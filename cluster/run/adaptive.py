@@ -99,8 +99,9 @@ def _next_round(
                 values[key][index_of[record.doc_id]].append(score)
     # The task's error bar is its widest one: the metric with the largest SEM decides the round.
     records = writer.task_records(name)
+    drawn_here = {i: drawn[(name, i)] for i in range(len(task_plan.samples))}
     allocations = {
-        key: allocate(per_question, rule, summarize(scored_items(records, key), 0).sem)
+        key: allocate(per_question, rule, summarize(scored_items(records, key), 0).sem, drawn=drawn_here)
         for key, per_question in values.items()
     }
     report.metric = max(allocations, key=lambda key: _sort_key(allocations[key].sem))

@@ -54,3 +54,15 @@ def test_equal_samples_give_the_same_statistics_as_before():
     assert summary.mean == pytest.approx(ratio) == pytest.approx(np.mean(per_question))
     assert summary.sem == pytest.approx(np.std(per_question, ddof=1) / math.sqrt(30))
     assert len(summary.run_means) == 4
+
+
+def test_a_question_whose_samples_all_failed_gets_none_and_failures_count_toward_the_cap():
+    # question 2's first samples failed (no score); question 1 scored once but was drawn 4 times
+    values = {0: [1.0, 0.0], 1: [0.0], 2: [], 3: [0.0, 1.0]}
+    drawn = {0: 2, 1: 4, 2: 2, 3: 2}
+    allocation = allocate(values, AdaptiveRule(target_sem=0.001, max_samples=4, round_share=2.0), drawn=drawn)
+    # budget 8, but only questions 0 and 3 may take more: 2 each, up to the cap of 4 drawn
+    assert allocation.stop is None and allocation.extra == {0: 2, 3: 2}
+    # nothing left to draw: every question that scored is at the cap; the one that never scored stays out
+    capped = {q: 4 for q in values}
+    assert allocate(values, AdaptiveRule(0.001, 4), drawn=capped).stop is StopReason.MAX_SAMPLES
