@@ -318,10 +318,25 @@ def summarize_lm_eval_task(
         result.num_available,
     )
     summary.source = "lm-eval"
-    summary.aggregate_only = result.aggregate_only()
     summary.higher_is_better = result.higher_is_better
-    summary.lm_eval_results = result.rounds[0] if len(result.rounds) == 1 else None
+    if summary.failed:
+        _withhold_lm_evals_numbers(summary, result, f"{summary.failed} failed sample(s) of this task")
+    else:
+        summary.aggregate_only = result.aggregate_only()
+        summary.lm_eval_results = result.rounds[0] if len(result.rounds) == 1 else None
     return summary
+
+
+def _withhold_lm_evals_numbers(summary: TaskSummary, result: LmEvalTaskResult, failed: str) -> None:
+    """lm-eval aggregated over every document, the failed ones too (an empty output, a log-likelihood of
+    -inf): its own entry and the aggregates only it computes (perplexity, corpus BLEU, a group's) are not
+    reported; the mean metrics are our own over the scored samples. A rerun with --retry-failed asks the
+    failed samples again."""
+    summary.withheld = {
+        key: f"lm-eval counted the {failed} as answers; rerun with --retry-failed"
+        for key in result.aggregate_only()
+    }
+    summary.lm_eval_results = None
 
 
 def summarize_lm_eval_group(
@@ -345,6 +360,10 @@ def summarize_lm_eval_group(
     summary.num_available = result.num_available
     summary.num_questions = sum(leaves[t].num_questions for t in subtasks if t in leaves)
     summary.num_runs = len(rounds)
-    summary.aggregate_only = result.aggregate_only()
-    summary.lm_eval_results = rounds[0] if len(rounds) == 1 else None
+    failed = sum(leaves[t].failed for t in subtasks if t in leaves)  # counted in the subtasks' rows
+    if failed:
+        _withhold_lm_evals_numbers(summary, result, f"{failed} failed sample(s) of its subtasks")
+    else:
+        summary.aggregate_only = result.aggregate_only()
+        summary.lm_eval_results = rounds[0] if len(rounds) == 1 else None
     return summary

@@ -48,6 +48,8 @@ class TaskSummary:
     aggregate_only: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     higher_is_better: dict[str, bool] = field(default_factory=dict)
     lm_eval_results: dict[str, Any] | None = None  # lm-eval's own results entry (runs with N = 1)
+    # lm-eval's aggregates not reported, each with why (they counted failed samples as answers)
+    withheld: dict[str, str] = field(default_factory=dict)
     error: str | None = None  # the task could not run at all (e.g. its dataset is unreachable)
     judge: str | None = None  # judged tasks: the judge, or why they were not judged (--inference-only)
     statistics: list[TaskStatistic] = field(default_factory=list)  # judged tasks: LC win rate, bootstrap CIs
@@ -179,7 +181,19 @@ def write_samples(directory: Path, task: str, records: list[SampleRecord]) -> tu
 
 
 def _finite(value: float) -> float | None:
-    return None if math.isnan(value) else value
+    return None if not math.isfinite(value) else value
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every NaN or infinite float as None: JSON has no such numbers (Python would write
+    `NaN` or `Infinity`, which strict parsers reject). lm-eval's own entries may hold them."""
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def results_json(
@@ -205,6 +219,9 @@ def results_json(
             name, _, filt = key.partition(",")
             entry[key] = _finite(value)
             entry[f"{name}_stderr,{filt}"] = "N/A" if stderr is None else _finite(stderr)
+        for key in s.withheld:
+            name, _, filt = key.partition(",")
+            entry[key], entry[f"{name}_stderr,{filt}"] = None, "N/A"
         for stat in s.statistics:
             if (
                 stat.key not in s.metrics
@@ -215,23 +232,28 @@ def results_json(
         if s.judge is not None:
             entry["judge"] = s.judge
         results[s.task] = entry
-    return {
-        "results": results,
-        "versions": {s.task: s.version for s in ran},
-        "n-shot": {s.task: s.num_fewshot for s in ran},
-        "higher_is_better": {
-            s.task: {
-                **{k.split(",")[0]: s.higher_is_better.get(k, True) for k in [*s.metrics, *s.aggregate_only]},
-                **{t.key.split(",")[0]: t.higher_is_better for t in s.statistics},
-            }
-            for s in ran
-        },
-        "n-samples": {s.task: {"original": s.num_available, "effective": s.num_questions} for s in ran},
-        "errors": {s.task: s.error for s in summaries if s.error is not None},
-        "config": config,
-        "model_name": model_name,
-        "date": date,
-    }
+    return json_safe(
+        {
+            "results": results,
+            "versions": {s.task: s.version for s in ran},
+            "n-shot": {s.task: s.num_fewshot for s in ran},
+            "higher_is_better": {
+                s.task: {
+                    **{
+                        k.split(",")[0]: s.higher_is_better.get(k, True)
+                        for k in [*s.metrics, *s.aggregate_only]
+                    },
+                    **{t.key.split(",")[0]: t.higher_is_better for t in s.statistics},
+                }
+                for s in ran
+            },
+            "n-samples": {s.task: {"original": s.num_available, "effective": s.num_questions} for s in ran},
+            "errors": {s.task: s.error for s in summaries if s.error is not None},
+            "config": config,
+            "model_name": model_name,
+            "date": date,
+        }
+    )
 
 
 def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict[str, Any]:
@@ -271,7 +293,7 @@ def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict
         if s.statistics and s.metrics:
             body["headline_interval"] = HEADLINE_INTERVAL
         tasks[s.task] = body
-    return {"run": run_info, "tasks": tasks}
+    return json_safe({"run": run_info, "tasks": tasks})
 
 
 def _pass_at_k_json(table: PassAtKTable | None) -> dict[str, Any]:
@@ -330,6 +352,8 @@ def render_table(summaries: list[TaskSummary], footer: str | None = None) -> str
             table.add_row(
                 s.task, key, "1", str(s.num_questions), _fmt(value, 4), stderr_text, "-", "-", str(s.failed)
             )
+        for key in s.withheld:
+            table.add_row(s.task, key, "1", str(s.num_questions), "withheld", "-", "-", "-", str(s.failed))
         for stat in s.statistics:
             table.add_row(
                 s.task,

@@ -158,6 +158,8 @@ def _evaluate_round(
         output.group_subtasks[group] = list(evaluated.get("group_subtasks", {}).get(group, []))
     for plan in plans:
         for leaf_name, leaf in tasks[plan.name].leaves.items():
+            if round_index > 0 and leaf_name not in output.sampled:
+                continue  # evaluated again only as part of its group: one draw, kept from the first round
             described = describe_leaf(leaf_name, leaf, evaluated)
             if leaf_name in results:
                 results[leaf_name].rounds.extend(described.rounds)

@@ -15,8 +15,10 @@ from evaluators.lm_eval_tasks import (
     LmEvalTaskResult,
     records_from_round,
     resolve_task_name,
+    summarize_lm_eval_group,
     summarize_lm_eval_task,
 )
+from evaluators.report import render_table, results_json, summary_json
 
 
 def _gsm8k_entry(doc_id: int, filt: str, hit: float) -> dict:
@@ -111,6 +113,37 @@ def test_metrics_lm_eval_aggregates_otherwise_are_reported_as_lm_eval_computed_t
         rounds=[{"alias": "wiki", "word_perplexity,none": 94.6, "word_perplexity_stderr,none": "N/A"}],
     )
     assert result.aggregate_only() == {"word_perplexity,none": (94.6, None)}
+
+
+def test_lm_evals_own_numbers_that_counted_a_failed_sample_are_withheld_with_why():
+    # lm-eval saw the failed document as an empty answer (or a log-likelihood of -inf): perplexity inf
+    result = LmEvalTaskResult(
+        name="wiki",
+        version="1",
+        num_fewshot=0,
+        num_available=2,
+        output_type="loglikelihood_rolling",
+        mean_metrics=["exact_match,none"],
+        higher_is_better={"word_perplexity,none": False},
+        rounds=[{"alias": "wiki", "word_perplexity,none": float("inf"), "exact_match,none": 0.0}],
+    )
+    entries = [_gsm8k_entry(0, "none", 1.0), _gsm8k_entry(1, "none", 0.0)]
+    executions = {0: _execution(), 1: _execution("VLLMValidationError: too long")}
+    summary = summarize_lm_eval_task(result, records_from_round("wiki", entries, 0, executions), num_runs=1)
+    assert summary.failed == 1 and summary.lm_eval_results is None and summary.aggregate_only == {}
+    assert "1 failed sample(s)" in summary.withheld["word_perplexity,none"]
+    assert summary.metrics["exact_match,none"].mean == 1.0  # ours: the scored document only
+    group = summarize_lm_eval_group(
+        "all", [{"acc,none": 0.4, "acc_stderr,none": 0.1}], ["wiki"], {"wiki": summary}
+    )
+    assert group.lm_eval_results is None and set(group.withheld) == {"acc,none"}
+    # results.json: the withheld as null, lm-eval's entry not copied; strict JSON (no Infinity, no NaN)
+    text = json.dumps(results_json([summary, group], {}, "m", 0.0), allow_nan=False)
+    written = json.loads(text)["results"]
+    assert written["wiki"]["word_perplexity,none"] is None and written["all"]["acc,none"] is None
+    assert written["wiki"]["exact_match,none"] == 1.0
+    json.dumps(summary_json([summary, group], {}), allow_nan=False)
+    assert "withheld" in render_table([summary, group])
 
 
 @dataclass

@@ -229,9 +229,11 @@ def test_rerun_reuses_everything_and_an_unreachable_dataset_fails_alone(ours, lo
 
 
 def test_mean_at_n_for_a_generative_lm_eval_task(tmp_path, local_tasks, shared_gsm8k):
-    # gsm8k_mean4_local (repeats: 4) is greedy by its own temperature: its samples are one draw
+    # gsm8k_mean4_local (repeats: 4) is greedy by its own temperature: its samples are one draw. The group
+    # holds a sampled subtask (gsm8k_local) and a log-likelihood one (gsm8k_mc_local), evaluated again
+    # with the group in the second round
     config = tmp_path / "n2.yaml"
-    config.write_text("tasks: [gsm8k, gsm8k_local, gsm8k_mc_local, gsm8k_repeats_local, "
+    config.write_text("tasks: [gsm8k, gsm8k_group_local, gsm8k_repeats_local, "
                       "{name: gsm8k_mean4_local, temperature: 0}]\n")  # fmt: skip
     done = rayeval(
         "run", "--config", str(config), "--include-path", str(local_tasks),
@@ -251,7 +253,12 @@ def test_mean_at_n_for_a_generative_lm_eval_task(tmp_path, local_tasks, shared_g
     assert tasks["gsm8k"]["source"] == "rayeval" and tasks["gsm8k"]["num_samples"] == 8  # native, same run
     assert tasks["gsm8k_local"]["source"] == "lm-eval"
     assert tasks["gsm8k_mc_local"]["num_runs"] == 1  # log-likelihoods do not vary between samples
-    assert tasks["gsm8k_mc_local"]["num_samples"] == 4
+    assert tasks["gsm8k_mc_local"]["num_samples"] == 4  # its records kept once, not once per round
+    choices = records(tmp_path / "n2" / "samples" / "SmolLM2-135M-Instruct" / "gsm8k_mc_local.jsonl")
+    assert sorted((r["doc_id"], r["sample_index"]) for r in choices) == [(d, 0) for d in range(4)]
+    mc_acc = tasks["gsm8k_mc_local"]["metrics"]["acc,none"]
+    assert mc_acc["n"] == 1 and mc_acc["std_across_runs"] is None and "pass_at_k" not in mc_acc
+    assert tasks["gsm8k_group_local"]["num_runs"] == 2  # the group's aggregate, one per round
     # `repeats: 2` draws twice per question and sample: 4 questions x 2 samples x 2 repeats distinct requests
     repeated = records(tmp_path / "n2" / "samples" / "SmolLM2-135M-Instruct" / "gsm8k_repeats_local.jsonl")
     draws = [r["request_id"].split(",") for r in repeated]
