@@ -18,7 +18,7 @@ class RunRecord:
 
     name: str
     params: dict[str, str]
-    metrics: dict[str, float]  # "<task>/<metric>" and "<task>/<metric>_sem", "..._ci95_low", "..._ci95_high"
+    metrics: dict[str, float]  # `metric_name` and its "_sem", "_ci95_low", "_ci95_high"
     files: list[Path]  # summary.json, results.json, the per-sample Parquet files
 
     @classmethod
@@ -27,7 +27,7 @@ class RunRecord:
         metrics: dict[str, float] = {}
         for task, body in summary.get("tasks", {}).items():
             for key, metric in body.get("metrics", {}).items():
-                base = f"{task}/{key.partition(',')[0]}"
+                base = metric_name(task, key)
                 for suffix, value in (("", metric.get("mean")), ("_sem", metric.get("sem")),
                                       ("_ci95_low", (metric.get("ci95") or [None])[0]),
                                       ("_ci95_high", (metric.get("ci95") or [None, None])[1])):  # fmt: skip
@@ -38,6 +38,13 @@ class RunRecord:
         files = [p for p in (run_dir / "summary.json", run_dir / "results.json") if p.is_file()]
         files += sorted(run_dir.glob("samples/*/*.parquet"))
         return cls(name, params, metrics, files)
+
+
+def metric_name(task: str, key: str) -> str:
+    """A tracker's name for a task's "metric,filter": task/metric for lm-eval's `none` filter, else
+    task/metric/filter, so two filters of one metric (GSM8K's strict and flexible match) stay apart."""
+    metric, _, filt = key.partition(",")
+    return f"{task}/{metric}" if filt in ("", "none") else f"{task}/{metric}/{filt}"
 
 
 class Exporter(Protocol):

@@ -97,3 +97,18 @@ def test_an_unreachable_tracking_server_is_refused_before_anything_runs(tmp_path
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"the tracking server at {uri} does not answer" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_two_filters_of_one_metric_are_logged_apart(tmp_path):
+    # GSM8K's exact_match under its strict and flexible filters: one name each (plain; no tracker)
+    from cluster.exporters import RunRecord
+
+    metrics = {"exact_match,strict-match": 0.2, "exact_match,flexible-extract": 0.45, "acc,none": 0.5}
+    body = {
+        key: {"mean": mean, "sem": 0.01, "ci95": [mean - 0.02, mean + 0.02]} for key, mean in metrics.items()
+    }
+    (tmp_path / "summary.json").write_text(json.dumps({"tasks": {"gsm8k": {"metrics": body}}}))
+    logged = RunRecord.of_folder(tmp_path, "run").metrics
+    assert logged["gsm8k/exact_match/strict-match"] == 0.2
+    assert logged["gsm8k/exact_match/flexible-extract"] == 0.45
+    assert logged["gsm8k/acc"] == 0.5 and logged["gsm8k/acc_sem"] == 0.01 and len(logged) == 12
