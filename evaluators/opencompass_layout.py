@@ -6,9 +6,12 @@ fine-tuning loop among them):
     <work_dir>/<timestamp>/predictions/<abbr>/<dataset>.json         {"0": {origin_prompt, prediction, gold}}
 
 Scores are in OpenCompass's percent scale (rayeval's fraction x 100). With N samples a question, a metric is
-mean@N (the mean over every sample, as OpenCompass averages its runs) and `pass@k` is the unbiased estimator
-over the questions' N samples. A question's `correct` holds one verdict per sample, so a reader that calls a
-question right only when every sample is (RD-Agent's) lists exactly the questions some sample got wrong.
+mean@N (summary.json's: each question's mean over its scored samples, then over questions) and `pass@k` is
+the unbiased estimator over the questions' scored samples, as summary.json's pass@k: a failed sample (an
+engine error, a prompt over the context length) is in neither, and a k some question has fewer scored samples
+than is not written; nor is pass@k of a metric that is not 0/1 per sample. A question's `correct` holds one
+verdict per sample, a failed one counted not correct, so a reader that calls a question right only when every
+sample is (RD-Agent's) lists exactly the questions some sample got wrong or failed.
 """
 
 from __future__ import annotations
@@ -103,8 +106,12 @@ def dataset_result(
             "prediction": samples[0]["output"],
             "gold": samples[0]["target"],
         }
+    scored = [
+        [s["scores"][names.correct_by] for s in q if _scored(s, names.correct_by)]
+        for q in by_question.values()
+    ]
     for k in sorted(set(pass_k)):
-        value = _pass_at(k, [d["correct"] for d in result.details])
+        value = _pass_at(k, scored)
         if value is not None:
             metrics[f"pass@{k}"] = 100.0 * value
     return result
@@ -172,11 +179,16 @@ def _correct(record: Mapping[str, Any], metric: str) -> bool:
     return not record.get("error") and record.get("scores", {}).get(metric) == 1.0
 
 
-def _pass_at(k: int, verdicts: list[list[bool]]) -> float | None:
-    """The mean over questions of the unbiased pass@k; None where a question has fewer than k samples."""
-    if not verdicts or any(len(v) < k for v in verdicts):
+def _scored(record: Mapping[str, Any], metric: str) -> bool:
+    return not record.get("error") and isinstance(record.get("scores", {}).get(metric), int | float)
+
+
+def _pass_at(k: int, scores: list[list[float]]) -> float | None:
+    """The mean over questions of the unbiased pass@k from each question's scored samples; None where a
+    question has fewer than k of them, or a score is not 0 or 1."""
+    if not scores or any(len(q) < k for q in scores) or any(x not in (0.0, 1.0) for q in scores for x in q):
         return None
-    return sum(pass_at_k(len(v), sum(v), k) for v in verdicts) / len(verdicts)
+    return sum(pass_at_k(len(q), int(sum(q)), k) for q in scores) / len(scores)
 
 
 def _write_json(path: Path, value: Any) -> None:

@@ -193,9 +193,11 @@ def _run(config: Any) -> None:
     from cluster.api import evaluate
 
     result = evaluate(config, progress=False)
-    if result.requests_failed:  # OpenCompass, too, scores a failed sample as wrong
-        log.warning("%d samples failed, scored as wrong (reasons: %s/summary.json)", result.requests_failed,
-                    result.run_dir)  # fmt: skip
+    if result.requests_failed:
+        log.warning(
+            "%d samples failed: left out of accuracy and pass@k, listed among the wrong answers (reasons: "
+            "%s/summary.json)", result.requests_failed, result.run_dir,
+        )  # fmt: skip
 
 
 def _results_base(workspace_path: str, result_subdir: str) -> Path:
