@@ -71,10 +71,11 @@ def paired_difference(a: list[ScoredItem], b: list[ScoredItem]) -> PairedDiffere
     low, high = difference - half, difference + half
     if counts_successes(a) and counts_successes(b):  # two proportions: their difference lies in [-1, 1]
         low, high = max(low, -1.0), min(high, 1.0)
-    if sem > 0:
+    if sem > 1e-12 * max(1.0, abs(difference)):  # beyond rounding: equal differences leave ~1e-17
         p_value = t_two_sided_p(difference / sem, n - 1)
-    else:  # every question moved by the same amount: certain if it moved at all
-        p_value = 1.0 if difference == 0 else 0.0
+    else:  # every question moved by the same amount: the exact sign-flip test's p, as the t-test has none.
+        # Of the 2**n ways to flip the differences' signs, two (all +, all -) are as far from 0 as these.
+        p_value = 1.0 if difference == 0 else min(1.0, 2.0 ** (1 - n))
     return PairedDifference(mean_a, mean_b, difference, sem, low, high, p_value, n, only)
 
 

@@ -113,15 +113,19 @@ def ratio_statistic(
     *,
     rounds: int = 1000,
     seed: int = 0,
-    estimator: str = "weighted mean sum(value)/sum(weight) over all judged samples",
+    estimator: str = "weighted mean over questions of each question's mean over its judged samples",
     higher_is_better: bool = True,
 ) -> TaskStatistic:
-    """sum(values)/sum(weights) with a question-level bootstrap; questions of zero weight are dropped."""
+    """The weighted mean over questions, each question once (its values' and weights' means over its
+    samples), as the task's mean counts it (`evaluators.stats.question_scores`), with a question-level
+    bootstrap; questions of zero weight are dropped. With as many samples in every question this is
+    sum(values)/sum(weights); a question whose samples failed in part does not count less."""
     index, num_questions = question_index(questions)
+    samples = np.bincount(index, minlength=num_questions)
     q_value = np.bincount(index, weights=np.asarray(values, dtype=float), minlength=num_questions)
     q_weight = np.bincount(index, weights=np.asarray(weights, dtype=float), minlength=num_questions)
     keep = q_weight > 0
-    q_value, q_weight = q_value[keep], q_weight[keep]
+    q_value, q_weight = q_value[keep] / samples[keep], q_weight[keep] / samples[keep]
 
     def estimate(counts: np.ndarray) -> np.ndarray:
         return row_sums(counts, q_value) / row_sums(counts, q_weight)
@@ -150,7 +154,8 @@ def metric_statistic(
         [score.weight for _, score in scored],
         rounds=rounds,
         seed=seed,
-        estimator=estimator or f"mean of '{key}' over {len(scored)} judged samples (weighted as scored)",
+        estimator=estimator
+        or f"mean of '{key}' over the questions of {len(scored)} judged samples (weighted as scored)",
     )
 
 

@@ -524,3 +524,16 @@ def test_healthbench_reports_its_reference_aggregate_beside_the_per_sample_clip(
     stats = {s.key: s for s in HealthBench().statistics(items)}
     assert stats["score,none"].value == pytest.approx((0 + 0.2 + 0.9 + 1.0) / 4)
     assert stats["score_mean_then_clipped,none"].value == pytest.approx(sum(unclipped) / 4)
+
+
+def test_the_bootstrap_row_counts_each_question_once_as_the_mean_row_does():
+    # N = 4; question 0 (always won) lost 3 of its 4 samples to judge failures: it still counts as one
+    # question, so the bootstrapped win rate equals the task's mean, (1 + 0 + 0.5) / 3
+    from evaluators.stats import ScoredItem, summarize
+
+    data = {0: [1.0], 1: [0.0] * 4, 2: [0.5] * 4}
+    questions = [q for q, values in data.items() for _ in values]
+    values = [2 * v for vs in data.values() for v in vs]  # each sample weighs 2 (both orders)
+    statistic = ratio_statistic("win_rate,none", questions, values, [2.0] * len(values), rounds=200)
+    items = [ScoredItem(q, r, 2 * v, 2.0) for q, vs in data.items() for r, v in enumerate(vs)]
+    assert statistic.value == pytest.approx(summarize(items, 4).mean) == pytest.approx(0.5)

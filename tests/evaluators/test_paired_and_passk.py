@@ -76,12 +76,15 @@ def test_paired_difference_equals_scipy_paired_t_test():
 
 
 def test_pairing_removes_question_difficulty():
-    """B is A plus 0.1 on every question: unpaired, question spread hides it; paired, it is certain."""
+    """B is A plus 0.1 on every question: unpaired, question spread hides it; paired, it is as sure as ten
+    questions can make it (no spread for a t-test: the exact sign-flip test, 2 of the 2**10 sign sets)."""
     a = {q: [q / 10] for q in range(10)}
     b = {q: [q / 10 + 0.1] for q in range(10)}
     result = paired_difference(items(a), items(b))
     assert result.difference == pytest.approx(0.1) and result.sem == pytest.approx(0.0, abs=1e-12)
-    assert result.p_value < 1e-100
+    assert result.p_value == pytest.approx(2 / 2**10)
+    two = paired_difference(items({0: [0.0], 1: [0.0]}), items({0: [1.0], 1: [1.0]}))
+    assert (two.difference, two.sem, two.p_value) == (1.0, 0.0, 0.5)  # two questions prove little
     assert stats.ttest_ind([v[0] for v in b.values()], [v[0] for v in a.values()]).pvalue > 0.4
 
 
