@@ -79,6 +79,22 @@ def points_from_run(
                            _num(m.get("std_across_runs")), int(m.get("n", 1)), int(m.get("questions", 0)),
                            chosen.name if chosen else "")
             )  # fmt: skip
+        points += _other_points(series, step, task, body, chosen.name if chosen else "")
+    return points
+
+
+def _other_points(series: str, step: int, task: str, body: dict, judge: str) -> list[CurvePoint]:
+    """A task's numbers beside its mean metrics: lm-eval's aggregates other than a mean (perplexity, a
+    group's accuracy) and a judged task's statistics (bootstraps, the LC win rate)."""
+    questions, runs, nan = int(body.get("num_questions") or 0), int(body.get("num_runs") or 1), math.nan
+    points = [
+        CurvePoint(series, step, task, key, _num(value), _num(stderr), nan, nan, nan, 1, questions, judge)
+        for key, (value, stderr) in (body.get("aggregate_only") or {}).items()
+    ]
+    for key, stat in (body.get("statistics") or {}).items():
+        low, high = (_num(v) for v in stat.get("ci95") or [None, None])
+        points.append(CurvePoint(series, step, task, f"{key} (bootstrap)", _num(stat.get("value")),
+                                 _num(stat.get("std")), low, high, nan, runs, questions, judge))  # fmt: skip
     return points
 
 

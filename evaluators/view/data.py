@@ -46,7 +46,8 @@ def run_page_data(run_dir: Path, judge: str | None = None) -> dict[str, Any]:
         tasks.append({
             "name": name, "version": body.get("version"), "failed": body.get("failed", 0),
             "failure_reasons": body.get("failure_reasons", {}), "num_runs": body.get("num_runs"),
-            "judge": samples.judges.get(name), "metrics": [_metric_row(k, m) for k, m in body.get("metrics", {}).items()],
+            "judge": samples.judges.get(name),
+            "metrics": [*(_metric_row(k, m) for k, m in body.get("metrics", {}).items()), *_other_rows(body)],
         })  # fmt: skip
     records = {
         task: [_record_json(r) for r in sorted(rows, key=lambda r: r.sort_key)]
@@ -154,6 +155,25 @@ def _metric_row(key: str, metric: dict[str, Any]) -> dict[str, Any]:
         "questions": metric.get("questions"), "pass_at_k": metric.get("pass_at_k", {}),
         "definition": f"{definition}. {method}" if definition else method,
     }  # fmt: skip
+
+
+def _other_rows(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's numbers beside its mean metrics, as the results table shows them: lm-eval's aggregates
+    other than a mean (perplexity, a group's), the judged tasks' statistics (bootstraps, the LC win rate),
+    and lm-eval's numbers withheld for counting failed samples."""
+    n, questions = body.get("num_runs"), body.get("num_questions")
+    rows = []
+    for key, (value, stderr) in (body.get("aggregate_only") or {}).items():
+        rows.append({"key": key, "mean": _finite(value), "sem": _finite(stderr), "ci95": [None, None], "n": 1,
+                     "questions": questions, "pass_at_k": {}, "definition": "as lm-eval aggregates it"})  # fmt: skip
+    for key, stat in (body.get("statistics") or {}).items():
+        rows.append({"key": f"{key} (bootstrap)", "mean": _finite(stat.get("value")), "sem": _finite(stat.get("std")),
+                     "ci95": [_finite(v) for v in stat.get("ci95") or [None, None]], "n": n,
+                     "questions": questions, "pass_at_k": {}, "definition": stat.get("method", "")})  # fmt: skip
+    for key, why in (body.get("withheld") or {}).items():
+        rows.append({"key": f"{key} (withheld)", "mean": None, "sem": None, "ci95": [None, None], "n": 1,
+                     "questions": questions, "pass_at_k": {}, "definition": why})  # fmt: skip
+    return rows
 
 
 def _record_json(record: Any) -> dict[str, Any]:

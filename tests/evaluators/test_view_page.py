@@ -68,3 +68,29 @@ def test_a_run_judged_twice_shows_the_latest_judge_or_the_one_asked_for(tmp_path
     assert asked["tasks"][0]["judge"] == "openai:first"
     assert asked["tasks"][0]["metrics"][0]["mean"] == 0.25
     assert {s["verdicts"]["ab"] for s in asked["samples"]["t"]} == {"openai:first"}
+
+
+def test_the_page_shows_every_number_the_results_table_shows(tmp_path):
+    # lm-eval's non-mean aggregates, a judged task's bootstrap statistic and a withheld number, from the
+    # summary.json rayeval writes (evaluators.report), beside the mean metrics
+    from evaluators.judging.base import TaskStatistic
+    from evaluators.report import TaskSummary, render_table, summary_json
+    from evaluators.view.data import run_page_data
+
+    wiki = TaskSummary("wiki", "2", 0, 62, 62, 62, 1, 0, {}, source="lm-eval")
+    wiki.aggregate_only = {"word_perplexity,none": (21.3, None)}
+    group = TaskSummary("group", "", 0, 100, 100, 100, 1, 3, {}, source="lm-eval")
+    group.withheld = {"acc,none": "lm-eval counted the 3 failed sample(s) of its subtasks as answers"}
+    judged = TaskSummary("alpaca_eval", "2", 0, 10, 10, 20, 2, 0, {})
+    judged.statistics = [TaskStatistic("length_controlled_win_rate,none", 0.41, 0.05, 0.3, 0.5, "LC", True)]
+    (tmp_path / "samples" / "m").mkdir(parents=True)
+    (tmp_path / "samples" / "m" / "wiki.jsonl").write_text("")
+    (tmp_path / "summary.json").write_text(json.dumps(summary_json([wiki, group, judged], {"run_id": "r"})))
+    shown = {t["name"]: {m["key"]: m for m in t["metrics"]} for t in run_page_data(tmp_path)["tasks"]}
+    assert shown["wiki"]["word_perplexity,none"]["mean"] == 21.3
+    assert shown["group"]["acc,none (withheld)"]["mean"] is None
+    assert "3 failed" in shown["group"]["acc,none (withheld)"]["definition"]
+    lc = shown["alpaca_eval"]["length_controlled_win_rate,none (bootstrap)"]
+    assert (lc["mean"], lc["sem"], lc["ci95"]) == (0.41, 0.05, [0.3, 0.5])
+    table = render_table([wiki, group, judged])
+    assert "21.3" in table and "withheld" in table and "0.4100" in table

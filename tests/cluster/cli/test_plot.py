@@ -99,3 +99,24 @@ def test_judged_curves_name_their_judge_and_never_mix_two(tmp_path, capsys):
     assert main(["plot", str(rl), "--output", str(out), "--allow-different-judges"]) == 0
     rows = list(csv.DictReader((out / "sweep_summary.csv").open()))
     assert {(r["step"], r["judge"]) for r in rows} == {("100", "openai:strict"), ("200", "openai:lenient")}
+
+
+def test_a_perplexity_and_a_bootstrap_statistic_are_curves_too(tmp_path):
+    # summary.json as rayeval writes it: lm-eval's perplexity (no mean metric) and a judged task's LC win rate
+    import json
+
+    from evaluators.judging.base import TaskStatistic
+    from evaluators.report import TaskSummary, summary_json
+
+    wiki = TaskSummary("wiki", "2", 0, 62, 62, 62, 1, 0, {}, source="lm-eval")
+    wiki.aggregate_only = {"word_perplexity,none": (21.3, 0.4)}
+    judged = TaskSummary("alpaca_eval", "2", 0, 10, 10, 20, 2, 0, {})
+    judged.statistics = [TaskStatistic("length_controlled_win_rate,none", 0.41, 0.05, 0.3, 0.5, "LC", True)]
+    run = tmp_path / "step_100"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(summary_json([wiki, judged], {"run_id": "step_100"})))
+    points = {(p.task, p.metric): p for p in points_from_run(run, "sft", 100)}
+    perplexity = points[("wiki", "word_perplexity,none")]
+    assert (perplexity.mean, perplexity.sem, perplexity.questions) == (21.3, 0.4, 62)
+    lc = points[("alpaca_eval", "length_controlled_win_rate,none (bootstrap)")]
+    assert (lc.mean, lc.sem, lc.ci95_low, lc.ci95_high, lc.n) == (0.41, 0.05, 0.3, 0.5, 2)
