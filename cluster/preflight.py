@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from pathlib import Path
 
 import psutil
 
+from cluster.addresses import check_address_reachable
 from cluster.config import RunMode
 from cluster.judging import check_judge, judged_task_names, local_judge_replicas
 from cluster.models import check_context_length, resolve_model
@@ -252,23 +252,3 @@ def check_judge_inputs(plan: RunPlan) -> None:
     judge = plan.config.judge
     if judge.kind == "local" and plan.config.mode is not RunMode.INFERENCE_ONLY and judged_task_names(plan):
         resolve_model(judge.target, materialise=False, label=f"--judge {judge.model}")
-
-
-def check_address_reachable(address: str | None, timeout_s: float = 5.0) -> None:
-    """A host:port given as --address answers within seconds (Ray itself retries for minutes before failing).
-
-    `auto` and `local` are Ray's to resolve; the address's format was checked with the config.
-    """
-    if not address or address in ("auto", "local"):
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise EvalInputError(
-            f"--address {address}: nothing answers at {host}:{port} ({reason}). Check the address (the head's "
-            "GCS port, 6379 by default, or ray://host:10001 for Ray client) and that `ray start --head` runs "
-            "there; leave --address out to start a local cluster."
-        ) from None

@@ -15,6 +15,7 @@ import ray
 from ray.exceptions import AuthenticationError
 
 from cluster import timeline
+from cluster.addresses import check_address_reachable
 from cluster.engines import ReplicaPlan
 from cluster.errors import ClusterError, first_line
 from cluster.head_env import head_env_assignments
@@ -144,6 +145,7 @@ def _connect(address: str, verbose: bool, attempts: int = 3, pause_s: float = 5.
     to three times, seconds apart: the client server of a head started without cluster.head_env's variables at
     times fails to start the session's own server ("Initialization failure from server": that server dies as
     it is forked, ray-project/ray#63202) and succeeds on a later try; the final error names the head's fix."""
+    check_address_reachable(address)  # Ray would retry an address where nothing answers for minutes
     token = enable_token_auth()
     if token:
         log.info("using the Ray auth token from %s", token)

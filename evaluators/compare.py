@@ -62,6 +62,10 @@ class CompareOptions:
     allow_different_judges: bool = False
     allow_different_prompts: bool = False
 
+    def __post_init__(self) -> None:
+        if not 0 < self.level < 1:
+            raise EvalInputError(f"--level must be between 0 and 1 (got {self.level:g}); 0.05 is usual.")
+
 
 def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False) -> RunSamples:
     """A finished run's per-sample records and metrics; a judged task's come from one judge's verdicts

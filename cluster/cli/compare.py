@@ -23,23 +23,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--level", type=float, default=0.05, help="family-wise error level (default 0.05)")
     p.add_argument("--output", type=Path, metavar="FILE", help="also write the comparison as JSON here")
     add_judge_choice(p, "A and B")
+    add_prompt_choice(p)
+
+
+def add_prompt_choice(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-different-prompts", action="store_true",
                    help="pair questions by doc_id even where the two runs asked them with different prompts")  # fmt: skip
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from evaluators.compare import CompareOptions, compare_runs, comparison_json, load_run, render_comparison
-    from evaluators.errors import EvalInputError
-
-    if not 0 < args.level < 1:
-        raise EvalInputError(f"--level must be between 0 and 1 (got {args.level:g}); 0.05 is usual.")
+    from cluster.cli.output_paths import output_file, written
     from cluster.storage import readable_folder
+    from evaluators.compare import CompareOptions, compare_runs, comparison_json, load_run, render_comparison
 
+    options = CompareOptions(args.level, args.allow_different_judges, args.allow_different_prompts)
+    output = output_file(args.output, "--output") if args.output else None
     folder_a, folder_b = readable_folder(args.run_a), readable_folder(args.run_b)
     a, b = load_run(folder_a, args.judge), load_run(folder_b, args.judge)
-    options = CompareOptions(args.level, args.allow_different_judges, args.allow_different_prompts)
     rows = compare_runs(a, b, options)
     print(render_comparison(a, b, rows, args.level), end="")
-    if args.output:
-        args.output.write_text(json.dumps(comparison_json(a, b, rows, args.level), indent=1))
+    if output:
+        with written(output, "--output"):
+            output.write_text(json.dumps(comparison_json(a, b, rows, args.level), indent=1))
     return 0

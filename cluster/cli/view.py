@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cluster.cli.compare import add_prompt_choice
+
 EPILOG = """examples:
   rayeval view runs/qwen-gsm8k                 # runs/qwen-gsm8k/report/index.html
   rayeval view runs/sweep-sft --open           # a sweep: curves by step, each step's page linked
@@ -39,11 +41,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a run judged by several judges: whose verdicts to show (default: the latest judge's, as in "
         "summary.json); a comparison pairs this judge's verdicts, as `rayeval compare --judge`",
     )
+    p.add_argument(
+        "--allow-different-judges",
+        action="store_true",
+        help="a comparison: pair a judged task's verdicts even where A and B were judged by different judges",
+    )
+    add_prompt_choice(p)
     p.set_defaults(handler=cmd_view)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
+    from cluster.cli.output_paths import output_folder
     from cluster.storage import readable_folder
+    from evaluators.compare import CompareOptions
     from evaluators.errors import EvalInputError
     from evaluators.view import is_sweep_folder, write_comparison_report, write_run_report, write_sweep_report
 
@@ -51,6 +61,12 @@ def cmd_view(args: argparse.Namespace) -> int:
         raise EvalInputError(
             f"rayeval view takes one folder, or two run folders to compare (got {len(args.folders)})"
         )
+    options = CompareOptions(args.level, args.allow_different_judges, args.allow_different_prompts)
+    if args.out and len(args.folders) == 1:
+        raise EvalInputError(
+            "--out is where a comparison's page goes; a run's or a sweep's page goes in its folder's report/"
+        )
+    out = output_folder(args.out, "--out") if args.out else None
     folders = [Path(readable_folder(f)) for f in args.folders]
     for folder in folders:
         if not folder.is_dir():
@@ -58,7 +74,7 @@ def cmd_view(args: argparse.Namespace) -> int:
                 f"{folder} is not a folder: give a run folder (with summary.json) or a sweep's"
             )
     if len(folders) == 2:
-        page = write_comparison_report(folders[0], folders[1], args.out, args.level, args.judge)
+        page = write_comparison_report(folders[0], folders[1], out, options, args.judge)
     elif is_sweep_folder(folders[0]):
         page = write_sweep_report(folders[0])
     else:

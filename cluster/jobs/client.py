@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from ray.exceptions import AuthenticationError
 from ray.job_submission import JobDetails, JobStatus, JobSubmissionClient
 
+from cluster.addresses import check_address_reachable
 from cluster.errors import ClusterError, first_line
 from cluster.jobs.auth import TOKEN_HELP, enable_token_auth
 
@@ -89,6 +90,8 @@ class JobsClient:
     def __init__(self, address: str | None) -> None:
         self.address = dashboard_address(address)
         self.token_source = enable_token_auth()
+        if "://" not in self.address:  # a GCS address: Ray asks it for the dashboard, retrying for a minute
+            check_address_reachable(self.address)
         with self._reported(), _address_variables_unset():
             self.client = JobSubmissionClient(self.address)
 

@@ -127,8 +127,13 @@ def _fsspec_filesystem(uri: str, arrow_problem: str) -> tuple[pyarrow.fs.FileSys
         filesystem, path = fsspec.core.url_to_fs(uri)
     except (ImportError, ValueError) as exc:
         raise EvalInputError(
-            f"--output-dir {uri}: neither pyarrow nor fsspec can open this URI (pyarrow: {arrow_problem}; "
-            f"fsspec: {exc}). pyarrow opens s3://, gs:// and hdfs://; fsspec opens others once their package "
-            "is installed (e.g. adlfs for az://)."
+            f"{uri}: neither pyarrow nor fsspec can open this URI (pyarrow: {arrow_problem}; fsspec: {exc}). "
+            "pyarrow opens s3://, gs:// and hdfs://; fsspec opens others once their package is installed "
+            "(e.g. adlfs for az://)."
+        ) from None
+    except OSError as exc:  # fsspec's file systems that connect when made (ftp://, sftp://)
+        raise EvalInputError(
+            f"{uri}: fsspec could not reach it ({type(exc).__name__}: {exc}). Check the host in the URI, "
+            "or give a local folder or an object store's URI (s3://, gs://)."
         ) from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), str(path).rstrip("/")

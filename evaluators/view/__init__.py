@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evaluators.compare import CompareOptions
 from evaluators.view.data import comparison_page_data, run_page_data, sweep_page_data
 from evaluators.view.page import render_page, write_page
 
@@ -43,8 +44,12 @@ def write_sweep_report(sweep_dir: Path) -> Path:
 
 
 def write_comparison_report(
-    run_a: Path, run_b: Path, out: Path | None = None, level: float = 0.05, judge: str | None = None
+    run_a: Path,
+    run_b: Path,
+    out: Path | None = None,
+    options: CompareOptions | None = None,
+    judge: str | None = None,
 ) -> Path:
     """The comparison page, by default `run_a`/report/compare-<run_b's folder>/index.html."""
     folder = out or run_a / REPORT_FOLDER / f"compare-{run_b.name}"
-    return write_page(folder, comparison_page_data(run_a, run_b, level, judge))
+    return write_page(folder, comparison_page_data(run_a, run_b, options or CompareOptions(), judge))

@@ -117,12 +117,13 @@ def sweep_page_data(sweep_dir: Path, step_pages: dict[int, str]) -> dict[str, An
 
 
 def comparison_page_data(
-    run_a: Path, run_b: Path, level: float = 0.05, judge: str | None = None
+    run_a: Path, run_b: Path, options: CompareOptions, judge: str | None = None
 ) -> dict[str, Any]:
     """Two runs' paired comparison (compare's numbers, Holm-adjusted) and the questions where they differ; a
     judged task pairs `judge`'s verdicts (as `rayeval compare --judge`)."""
     a, b = load_run(run_a, judge), load_run(run_b, judge)
-    rows = compare_runs(a, b, CompareOptions(level))
+    rows = compare_runs(a, b, options)
+    level = options.level
     differing: list[dict[str, Any]] = []
     for task in sorted(set(a.records) & set(b.records)):
         first_a, first_b = first_record(a.records[task]), first_record(b.records[task])

@@ -233,11 +233,13 @@ function renderCompare() {
   const rows = c.metrics.map((m) => el("tr", { "data-task": m.task, "data-metric": m.metric },
     el("td", { text: m.task }), el("td", { text: m.metric }), el("td", { "data-col": "mean_a", text: fmt(m.mean_a) }),
     el("td", { "data-col": "mean_b", text: fmt(m.mean_b) }), el("td", { "data-col": "difference", text: fmt(m.difference) }),
-    el("td", { text: `[${fmt(m.ci95[0])}, ${fmt(m.ci95[1])}]` }), el("td", { text: fmt(m.p_value) }),
-    el("td", { "data-col": "p_adjusted", text: fmt(m.p_adjusted) }), el("td", { text: m.beyond_noise ? "yes" : "no" }),
-    el("td", { text: m.better || "-" })));
-  body.append(table(["task", "metric", "A", "B", "B - A", "CI95", "p", "p (Holm)", "beyond noise", "better"], rows,
-    { id: "results" }));
+    el("td", { "data-col": "sem", text: fmt(m.sem) }), el("td", { text: `[${fmt(m.ci95[0])}, ${fmt(m.ci95[1])}]` }),
+    el("td", { text: fmt(m.p_value) }), el("td", { "data-col": "p_adjusted", text: fmt(m.p_adjusted) }),
+    el("td", { text: m.beyond_noise ? "yes" : "no" }), el("td", { text: m.better || "-" }),
+    el("td", { "data-col": "questions", text: count(m.questions) + (m.questions_in_one_run_only
+      ? ` (+${m.questions_in_one_run_only} in one run only)` : "") })));
+  body.append(table(["task", "metric", "A", "B", "B - A", "SE", "CI95", "p", "p (Holm)", "beyond noise", "better",
+    "questions paired"], rows, { id: "results" }));
   const diff = section("Questions where the two differ", "differing");
   const counter = el("span", { id: "match-count" });
   const holder = el("div", { id: "samples" });

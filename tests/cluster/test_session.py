@@ -152,6 +152,7 @@ def test_connect_tries_a_ray_client_session_again_when_its_server_fails_to_start
 
     monkeypatch.setattr("cluster.session.ray.init", flaky_init)
     monkeypatch.setattr("cluster.session.ray.is_initialized", lambda: False)
+    monkeypatch.setattr("cluster.session.check_address_reachable", lambda address: None)  # no host "head"
     monkeypatch.setattr("cluster.session.time.sleep", lambda _s: None)
     assert cluster.connect("ray://head:10001") is True
     assert calls == ["ray://head:10001"] * 3  # two failed starts, then the session
@@ -175,6 +176,7 @@ def test_a_ray_client_session_that_does_not_start_is_named_with_the_heads_fix(
     `ray.init` returns only once the warning (its time shortened to 0.5 s) is out, as long as that takes."""
     monkeypatch.setattr("cluster.session.CLIENT_START_WARNING_S", 0.5)
     monkeypatch.setattr("cluster.session.ray.is_initialized", lambda: False)
+    monkeypatch.setattr("cluster.session.check_address_reachable", lambda address: None)  # no host "head"
     warned = threading.Event()
     warn = session._warn_slow_client_start
     monkeypatch.setattr("cluster.session._warn_slow_client_start", lambda *args: (warn(*args), warned.set()))
@@ -220,3 +222,18 @@ def test_a_dry_run_on_a_cluster_plans_on_the_clusters_device_not_the_laptops():
         head.stop()
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert "replicas  1 x {1 CPU, 1 GPU} for 1 engine worker(s) on gpu" in planned.stdout
+
+
+def test_an_address_where_nothing_answers_fails_within_seconds_for_every_command(capsys):
+    """Ray retries a GCS or Ray-client address where nothing listens for a minute or more; every command that
+    joins a cluster (pools, down, attach, jobs by GCS address, a dry run) asks first, for seconds."""
+    import time
+
+    from cluster.cli import main
+
+    for argv in (["pools"], ["down", "p"], ["attach", "r1"], ["jobs", "list"], ["run", "--dry-run"]):
+        address = "ray://127.0.0.1:1" if argv[0] == "attach" else "127.0.0.1:1"
+        started = time.monotonic()
+        assert main([*argv, "--address", address]) == 2, argv
+        assert "nothing answers at 127.0.0.1:1" in capsys.readouterr().err, argv
+        assert time.monotonic() - started < 10, argv

@@ -214,6 +214,8 @@ def test_the_sweeps_page_draws_each_curve_and_compares_two_steps(served, tmp_pat
             assert cells["p_adjusted"] == (
                 f"{metric['p_adjusted']:.4f}" if metric["p_adjusted"] is not None else "n/a"
             )
+            assert cells["sem"] == (f"{metric['sem']:.4f}" if metric["sem"] is not None else "n/a")
+            assert cells["questions"].split()[0] == str(metric["questions"])
         assert {int(p.get_attribute("data-doc")) for p in css(browser, ".pair")} == differing
         screenshot(browser, "comparison")
 
