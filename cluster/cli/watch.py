@@ -7,7 +7,6 @@ import argparse
 from cluster.cli.run import print_timeline, run_config
 from cluster.cli.sweep import add_checkpoint_run_arguments, print_outcomes, refuse_ray_client
 from cluster.config import parse_duration
-from evaluators.errors import EvalInputError
 
 EPILOG = """examples:
   rayeval watch runs/sft --model Qwen/Qwen2.5-0.5B-Instruct --tasks ifeval --limit 200 --until-idle 2h
@@ -32,10 +31,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=cmd_watch)
     p.add_argument("--every", type=_positive_int, metavar="N", help="only steps that are multiples of N")
-    p.add_argument("--until-idle", type=_duration("--until-idle"), metavar="DURATION",
-                   help="stop once no new checkpoint completed for this long, e.g. 30m (default: until stopped)")  # fmt: skip
-    p.add_argument("--poll-interval", type=_duration("--poll-interval"), default=5.0, metavar="DURATION",
-                   help="how often to look for new checkpoints (default 5s)")  # fmt: skip
+    p.add_argument("--until-idle", type=_duration("--until-idle", off=True), metavar="DURATION",
+                   help="stop once no new checkpoint completed for this long, e.g. 30m (default, or off: until "
+                   "stopped)")  # fmt: skip
+    p.add_argument("--poll-interval", type=_duration("--poll-interval", positive=True), default=5.0,
+                   metavar="DURATION", help="how often to look for new checkpoints (default 5s)")  # fmt: skip
     p.add_argument("--settle", type=_duration("--settle"), default=30.0, metavar="DURATION",
                    help="a checkpoint without a trainer's marker is complete once its files have not changed "
                    "for this long (default 30s)")  # fmt: skip
@@ -48,12 +48,17 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-def _duration(flag: str):  # noqa: ANN202 - an argparse type
-    def parse(text: str) -> float:
+def _duration(flag: str, off: bool = False, positive: bool = False):  # noqa: ANN202 - an argparse type
+    """Seconds; with `off`, None for off (no limit); with `positive`, above 0."""
+
+    def parse(text: str) -> float | None:
         try:
-            return parse_duration(text, flag)
+            seconds = parse_duration(text, flag, off)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+        if positive and seconds <= 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be above 0 (got {text!r}), e.g. {flag} 5s")
+        return None if off and seconds == 0 else seconds
 
     return parse
 
@@ -64,11 +69,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     config = run_config(args)
     refuse_ray_client(config, "watch")
-    if args.dry_run:
-        raise EvalInputError(
-            "rayeval watch has no --dry-run: `rayeval sweep CKPT_DIR --dry-run` shows the plan."
-        )
     options = WatchOptions(args.every, args.until_idle, args.poll_interval, args.settle, args.lora_merge)
+    if args.dry_run:
+        from cluster.sweep import describe_watch
+
+        print(describe_watch(config, args.checkpoint_dir, options), end="")
+        return 0
     result = watch_checkpoints(config, args.checkpoint_dir, options, errorbar=ErrorBar(args.errorbar), verbose=args.verbose,
                    progress=not args.no_progress, retry_failed=args.retry_failed, on_batch=print_outcomes)  # fmt: skip
     print(f"watch ended: {len(result.steps)} step(s) evaluated in {result.root}")

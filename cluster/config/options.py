@@ -19,7 +19,7 @@ from cluster.config.values import (
     ENV_NAME,
     check_listen_host,
     check_ray_address,
-    parse_duration,
+    duration_value,
     parse_gen_kwargs,
 )
 from evaluators.errors import EvalInputError
@@ -308,9 +308,9 @@ class ClusterOptions(Strict):
     coordinator_idle_timeout_s: float = Field(
         3600.0,
         gt=0,
-        description="a Ray-client run's coordinator exits this many seconds after its run ended when no client "
-        "has fetched the result (its files stay; a rerun of the run id reads them back)",
-        json_schema_extra=cli("--coordinator-idle-timeout", "S"),
+        description="a Ray-client run's coordinator exits this long after its run ended when no client has "
+        "fetched the result (its files stay; a rerun of the run id reads them back) (e.g. 1h, 600)",
+        json_schema_extra=cli("--coordinator-idle-timeout", "DURATION"),
     )
     warm_pools: bool = Field(
         True,
@@ -369,7 +369,12 @@ class ClusterOptions(Strict):
     @field_validator("keep_warm_s", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        return parse_duration(value, "--keep-warm") if isinstance(value, str) else value
+        return duration_value(value, "--keep-warm")
+
+    @field_validator("coordinator_idle_timeout_s", mode="before")
+    @classmethod
+    def _idle_duration(cls, value: Any) -> Any:
+        return duration_value(value, "--coordinator-idle-timeout", off=False)
 
     @field_validator("forward_env")
     @classmethod
@@ -488,8 +493,8 @@ class EndpointOptions(Strict):
     timeout_s: float = Field(
         600.0,
         gt=0,
-        description="seconds per attempt before it counts as a timeout and is retried",
-        json_schema_extra=cli("--endpoint-timeout", "S"),
+        description="time per attempt before it counts as a timeout and is retried (e.g. 10m, 600)",
+        json_schema_extra=cli("--endpoint-timeout", "DURATION"),
     )
 
     tokenizer: str | None = Field(
@@ -502,6 +507,11 @@ class EndpointOptions(Strict):
 
     _base_url = field_validator("base_url")(_check_http_url)
     _key_env = field_validator("api_key_env")(_check_env_name)
+
+    @field_validator("timeout_s", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> Any:
+        return duration_value(value, "--endpoint-timeout", off=False)
 
 
 class JudgeOptions(Strict):
@@ -553,8 +563,8 @@ class JudgeOptions(Strict):
     timeout_s: float = Field(
         60.0,
         gt=0,
-        description="API judges: seconds per attempt before it counts as a timeout and is retried",
-        json_schema_extra=cli("--judge-timeout", "S"),
+        description="API judges: time per attempt before it counts as a timeout and is retried (e.g. 1m, 60)",
+        json_schema_extra=cli("--judge-timeout", "DURATION"),
     )
     second_pass_pause_s: float = Field(
         5.0,
@@ -588,6 +598,11 @@ class JudgeOptions(Strict):
 
     _base_url = field_validator("base_url")(_check_http_url)
     _key_env = field_validator("api_key_env")(_check_env_name)
+
+    @field_validator("timeout_s", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> Any:
+        return duration_value(value, "--judge-timeout", off=False)
 
     @property
     def kind(self) -> Literal["local", "openai"] | None:
@@ -729,7 +744,7 @@ class RunConfig(Strict):
     @field_validator("sync_interval_s", mode="before")
     @classmethod
     def _sync_duration(cls, value: Any) -> Any:
-        return parse_duration(value, "--sync-interval") if isinstance(value, str) else value
+        return duration_value(value, "--sync-interval", off=False)
 
     @field_validator("output_dir")
     @classmethod
@@ -873,7 +888,7 @@ class PoolConfig(Strict):
     @field_validator("idle_timeout_s", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        return parse_duration(value, "--idle-timeout") if isinstance(value, str) else value
+        return duration_value(value, "--idle-timeout", off=False)
 
     @model_validator(mode="after")
     def _engine_model(self) -> PoolConfig:

@@ -17,20 +17,35 @@ HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
 RAY_ADDRESS = re.compile(r"^(?:ray://)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})$")
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:d|h|m|min|s)?)+$")  # 90, 90s, 30m, 30min, 1h30m, 1.5h
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(d|h|min|m|s)?")
+_UNIT_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_OFF = ("off", "no", "none", "0")
 
 
-def parse_duration(text: str, flag: str) -> float:
-    """Seconds from `90`, `90s`, `30m`, `2h`, `1d`; 0 for `off` or `0`. ValueError names the flag."""
-    if text.strip().lower() in ("off", "no", "none", "0"):
-        return 0.0
-    match = _DURATION.match(text.lower())
-    if match is None:
+def parse_duration(text: str, flag: str, off: bool = True) -> float:
+    """Seconds from `90`, `90s`, `30m` (or `30min`), `2h`, `1d`, `1h30m`; 0 for `off` (or `0`) where `off`
+    is allowed, a ValueError naming the flag where it is not. A bare number is seconds."""
+    compact = text.strip().lower().replace(" ", "")
+    if compact in _OFF:
+        if off:
+            return 0.0
+        raise ValueError(f"{flag} cannot be {text!r} here: give a duration, e.g. {flag} 30m")
+    if not compact or _DURATION.match(compact) is None or compact[0] == ".":
+        either = ", or off" if off else ""
         raise ValueError(
-            f"'{text}' is not a duration: write seconds or a number with s, m, h or d ({flag} 30m), or off"
+            f"'{text}' is not a duration: write seconds or numbers with s, m, h or d ({flag} 30m, "
+            f"{flag} 1h30m){either}"
         )
-    return float(match[1]) * _UNIT_S[match[2] or "s"]
+    parts = _DURATION_PART.findall(compact)
+    if len(parts) > 1 and any(not unit for _, unit in parts):
+        raise ValueError(f"'{text}' is not a duration: give each number of {flag} its unit, e.g. 1h30m")
+    return sum(float(number) * _UNIT_S[unit or "s"] for number, unit in parts)
+
+
+def duration_value(value: Any, flag: str, off: bool = True) -> Any:
+    """A setting's duration as given (a string, parsed as `parse_duration`) or already in seconds."""
+    return parse_duration(value, flag, off) if isinstance(value, str) else value
 
 
 def check_ray_address(value: str) -> None:

@@ -16,6 +16,6 @@ _EXPORTS = {
         "draw_curves",
     ),
     "arrivals": ("ArrivalWatcher",),
-    "watch": ("WatchOptions", "WatchResult", "watch_checkpoints"),
+    "watch": ("WatchOptions", "WatchResult", "watch_checkpoints", "check_watch", "describe_watch"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -53,21 +53,24 @@ class ArrivalWatcher:
     every: int | None = None  # only steps that are multiples of this
     _seen: dict[Path, tuple[float, FilesState]] = field(default_factory=dict)
 
-    def complete(self, now: float | None = None) -> list[Checkpoint]:
-        """The checkpoints complete now, by step (a folder not yet a checkpoint is simply not there yet)."""
-        now = time.monotonic() if now is None else now
+    def found(self) -> list[Checkpoint]:
+        """The checkpoints there now, complete or not, by step (of `every`'s multiples)."""
         try:
             found = find_checkpoints(self.run_dir)
         except EvalInputError:
             if not self.run_dir.is_dir():
                 raise
             return []  # none yet
+        return [c for c in found if not self.every or c.step % self.every == 0]
+
+    def complete(self, now: float | None = None) -> list[Checkpoint]:
+        """The checkpoints complete now, by step (a folder not yet a checkpoint is simply not there yet)."""
+        now = time.monotonic() if now is None else now
+        found = self.found()
         verl_step = verl_saved_step(self.run_dir)
         marked = verl_step is not None or any((c.path / HF_TRAINER_MARKER).is_file() for c in found)
         ready = []
         for checkpoint in found:
-            if self.every and checkpoint.step % self.every:
-                continue
             if marked:
                 done = (checkpoint.path / HF_TRAINER_MARKER).is_file() or (
                     verl_step is not None and checkpoint.step <= verl_step

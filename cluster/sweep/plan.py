@@ -116,7 +116,7 @@ def build_sweep_plan(
     full = [c for c in checkpoints if c.kind is CheckpointKind.FULL]
     base_config = config if adapters else _with_model(config, str(full[0].path))
     base = build_plan(base_config, materialise_model=materialise_model)
-    _check_judge(base)
+    check_sweep_judge(base)
     plan = SweepPlan(checkpoint_dir, root, [], [], lora_merge, remote, list(config.log_to))
     # a merged adapter runs as a full checkpoint: the engines' LoRA rank does not limit it, the merge's does
     max_lora_rank = None if lora_merge else config.model.max_lora_rank
@@ -162,7 +162,8 @@ def _with_model(config: RunConfig, path: str) -> RunConfig:
     return changed
 
 
-def _check_judge(plan: RunPlan) -> None:
+def check_sweep_judge(plan: RunPlan) -> None:
+    """Judged tasks need an API judge: a sweep (or watch) runs no local judge beside its engines."""
     if judged_task_names(plan) and plan.config.judge.kind == "local":
         raise EvalInputError(
             "rayeval sweep does not run a local judge beside its engines: each step would start its own. Judge "

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.config import RunConfig
+from cluster.plan import RunPlan, build_plan
 from cluster.preflight import check_lora_loglikelihoods
 from cluster.session import ray_session
 from cluster.sweep.arrivals import ArrivalWatcher, FilesState, files_state
-from cluster.sweep.plan import MAX_LORAS, SweepPlan, build_sweep_plan, sweep_folder
+from cluster.sweep.plan import MAX_LORAS, SweepPlan, build_sweep_plan, check_sweep_judge, sweep_folder
 from cluster.sweep.runner import SweepEngines, SweepResult, check_sweep, finished_steps, sweep_steps
 from evaluators.curves import ErrorBar
 
@@ -58,6 +59,7 @@ def watch_checkpoints(
     on_batch: Callable[[SweepResult], None] = lambda _: None,
 ) -> WatchResult:
     """Evaluate checkpoints under `checkpoint_dir` as they complete until idle for `options.until_idle_s`."""
+    check_watch(config)
     root, remote = sweep_folder(config, checkpoint_dir)
     if remote is not None:  # the steps finished before, wherever the watch ran then
         from cluster.storage import local_copy
@@ -93,6 +95,31 @@ def watch_checkpoints(
             if options.until_idle_s is not None and time.monotonic() - idle_since >= options.until_idle_s:
                 return result
             time.sleep(options.poll_s)
+
+
+def check_watch(config: RunConfig) -> RunPlan:
+    """What a watch can check before any checkpoint completes, so a mistyped task, a missing dataset or a
+    judge a sweep cannot run fails now rather than at the first checkpoint, hours into training: the run as
+    planned on --model (the embedded default where none is given; each step's own plan comes later)."""
+    plan = build_plan(config, materialise_model=False)
+    check_sweep_judge(plan)
+    return plan
+
+
+def describe_watch(config: RunConfig, checkpoint_dir: Path, options: WatchOptions) -> str:
+    """The dry run: the checks above, then the sweep of the checkpoints there now (each evaluated once
+    complete), or that none is there yet, and how the watch polls."""
+    check_watch(config)
+    found = ArrivalWatcher(checkpoint_dir, options.settle_s, options.every).found()
+    until = "until stopped" if options.until_idle_s is None else f"until idle for {options.until_idle_s:g} s"
+    polling = f"rayeval watch: polls {checkpoint_dir} every {options.poll_s:g} s, {until}"
+    if not found:
+        return f"{polling}; no checkpoint there yet: the tasks, data and judge check out.\n"
+    steps = [c.step for c in found]
+    plan = build_sweep_plan(
+        config, checkpoint_dir, steps, materialise_model=False, lora_merge=options.lora_merge
+    )
+    return f"{polling}; the checkpoints there now, each evaluated once complete:\n{plan.describe()}"
 
 
 def _start_engines(stack: ExitStack, plan: SweepPlan, verbose: bool) -> SweepEngines:

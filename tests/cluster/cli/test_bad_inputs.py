@@ -185,6 +185,15 @@ CASES = [
     Case("address-port-out-of-range", "run --dry-run --address 10.0.0.5:99999", 2, ("is '10.0.0.5:99999'", "not a Ray address")),
     Case("address-unreachable", "run --address 127.0.0.1:1", 2,
          ("--address 127.0.0.1:1: nothing answers", "`ray start --head`", "leave --address out"), run_folder=True),
+    Case("pools-address-unreachable", "pools --address 127.0.0.1:1", 2, ("--address 127.0.0.1:1: nothing answers",)),
+    # --- durations, output paths, watch -----------------------------------------------------------------
+    Case("duration-cannot-be-off", "run --dry-run --sync-interval off", 2,
+         ("--sync-interval cannot be 'off' here", "e.g. --sync-interval 30m")),
+    Case("duration-without-unit", "run --dry-run --judge-timeout 1h30", 2, ("give each number of --judge-timeout its unit",)),
+    Case("compare-output-is-a-folder", "compare {tmp}/a {tmp}/b --output {tmp}", 2, ("--output", "is a folder: give a file path",)),
+    Case("plot-output-is-a-file", "plot {tmp}/runs --output {tmp}/taken", 2, ("is a file, not a folder",), files={"taken": "x"}),
+    Case("watch-task-typo", "watch {tmp}/ckpts --tasks ifevl", 2, ("Unknown task 'ifevl'", "ifeval"), files={"ckpts/.keep": ""}),
+    Case("watch-poll-interval-zero", "watch {tmp}/ckpts --poll-interval 0", 2, ("--poll-interval cannot be '0' here",)),
 ]  # fmt: skip
 
 

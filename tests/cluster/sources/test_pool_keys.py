@@ -18,6 +18,7 @@ from cluster.engines.warm import (
     free_name,
     model_files_fingerprint,
 )
+from evaluators.errors import EvalInputError
 
 
 def settings(**options: object):
@@ -118,8 +119,23 @@ def test_durations_read_as_people_write_them():
     assert [parse_duration(text, "--x") for text in ("90", "90s", "30m", "2h", "1d", "1.5m", "off", "0")] == [
         90, 90, 1800, 7200, 86400, 90, 0, 0,
     ]  # fmt: skip
-    with pytest.raises(ValueError, match="'soon' is not a duration.*--x 30m"):
+    assert [parse_duration(text, "--x") for text in ("30min", "1h30m", "1d 2h")] == [1800, 5400, 93600]
+    with pytest.raises(ValueError, match="'soon' is not a duration.*--x 30m.*or off"):
         parse_duration("soon", "--x")
+    with pytest.raises(ValueError, match="give each number of --x its unit, e.g. 1h30m"):
+        parse_duration("1h30", "--x")  # 30 seconds or 30 minutes? Said, not guessed
+    with pytest.raises(ValueError, match="--x cannot be 'off' here"):
+        parse_duration("off", "--x", off=False)  # where off means nothing, it is not offered either
+
+
+def test_every_duration_setting_reads_the_same_way():
+    # a timeout given as a duration; a setting that cannot be off says so rather than "should be > 0"
+    config = build_config({}, {"judge.timeout_s": "1m", "endpoint.timeout_s": "10m",
+                               "cluster.coordinator_idle_timeout_s": "1h30m"}, "t")  # fmt: skip
+    assert (config.judge.timeout_s, config.endpoint.timeout_s) == (60, 600)
+    assert config.cluster.coordinator_idle_timeout_s == 5400
+    with pytest.raises(EvalInputError, match="--sync-interval cannot be 'off' here"):
+        build_config({}, {"sync_interval_s": "off"}, "t")
 
 
 def test_a_run_keeps_its_engines_warm_by_default_only_on_a_cluster_it_did_not_start(monkeypatch):
