@@ -40,6 +40,9 @@ CPU_MAX_NUM_SEQS = 64
 DEFAULT_KEEP_WARM_S = 600.0  # a run on a `ray start` cluster leaves its engines warm this long
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)  # the max_lora_rank values vLLM takes (--max-lora-rank)
+
+
 class OutputLayout(StrEnum):
     """Folder layouts a run writes: rayeval's own always, another tool's beside it where asked."""
 
@@ -124,7 +127,7 @@ class ModelOptions(Strict):
         "any engine starts, applied per request by vLLM's multi-LoRA engine",
         json_schema_extra=cli("--lora", "PATH"),
     )
-    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256] = Field(
+    max_lora_rank: Literal[LORA_RANKS] = Field(
         16,
         description="the largest adapter rank the engines accept (vLLM's max_lora_rank)",
         json_schema_extra=cli("--max-lora-rank", "R"),

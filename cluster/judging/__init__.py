@@ -6,7 +6,13 @@ dispatcher (with a second pass for transient failures), and the judged samples t
 from cluster._lazy import lazy_exports
 
 _EXPORTS = {
-    "rules": ("judged_task_names", "check_judge", "local_judge_replicas", "core_slots"),
+    "rules": (
+        "judged_task_names",
+        "check_judge",
+        "check_judge_settings",
+        "local_judge_replicas",
+        "core_slots",
+    ),
     "backends": (
         "JudgeBackend",
         "LocalJudgeBackend",

@@ -9,6 +9,7 @@ from cluster.config import RunMode
 from evaluators.errors import EvalInputError
 
 if TYPE_CHECKING:
+    from cluster.config import RunConfig
     from cluster.plan import RunPlan
 
 
@@ -19,21 +20,28 @@ def judged_task_names(plan: RunPlan) -> list[str]:
 
 
 def check_judge(plan: RunPlan) -> None:
-    """Judged tasks need a judge unless the run only generates; say so before any engine starts."""
+    """Judged tasks need a judge unless the run only generates, and an API judge its key; say so before any
+    engine starts."""
     judged = judged_task_names(plan)
-    mode = plan.config.mode
-    if mode is RunMode.JUDGE_ONLY and plan.config.judge.model is None:
+    check_judge_settings(plan.config, judged)
+    if judged and plan.config.mode is not RunMode.INFERENCE_ONLY and plan.config.judge.kind == "openai":
+        from cluster.endpoints import ApiSettings, read_api_key
+
+        read_api_key(ApiSettings.from_options(plan.config.judge))
+
+
+def check_judge_settings(config: RunConfig, judged: list[str]) -> None:
+    """The config's part of `check_judge` (what `rayeval validate` checks too): with `judged` tasks, a judge
+    unless the run only generates; with --judge-only, a judge and judged tasks."""
+    mode = config.mode
+    if mode is RunMode.JUDGE_ONLY and config.judge.model is None:
         raise EvalInputError("--judge-only needs --judge local:PATH_OR_ID or --judge openai:MODEL.")
     if mode is RunMode.JUDGE_ONLY and not judged:
         raise EvalInputError(
             "--judge-only was given, but the run has no judged task (alpaca_eval, arena_hard, healthbench, "
             "writingbench). Pass --tasks with the judged tasks of that run."
         )
-    if judged and mode is not RunMode.INFERENCE_ONLY and plan.config.judge.kind == "openai":
-        from cluster.endpoints import ApiSettings, read_api_key
-
-        read_api_key(ApiSettings.from_options(plan.config.judge))
-    if judged and mode is RunMode.FULL and plan.config.judge.model is None:
+    if judged and mode is RunMode.FULL and config.judge.model is None:
         raise EvalInputError(
             f"Task(s) {', '.join(judged)} are scored by a judge model: pass --judge local:PATH_OR_ID (a judge on "
             "this cluster's engine replicas) or --judge openai:MODEL (an OpenAI-compatible API, key from "

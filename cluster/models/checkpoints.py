@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from cluster.config import LORA_RANKS
 from cluster.models.tensors import CheckpointTensors, safetensors_header
 from evaluators.errors import EvalInputError
 from sharding.requests import Adapter
@@ -139,6 +140,12 @@ def adapter_problem(adapter: Path, base_model: Path, max_lora_rank: int | None) 
     weights (`--lora-merge`), so neither its rank nor what vLLM's LoRA layers cannot do limits it. Every
     reason names the file or value and the fix."""
     config_file = adapter / "adapter_config.json"
+    if not config_file.is_file():
+        whole = " (it holds a full model's config.json: give it as --model instead)"
+        return (
+            f"{adapter} holds no adapter_config.json, so it is not a LoRA adapter folder (the folder peft's "
+            f"save_pretrained writes){whole if (adapter / 'config.json').is_file() else ''}"
+        )
     try:
         config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -187,10 +194,13 @@ def _served_problem(config: dict[str, Any], config_file: Path, max_lora_rank: in
     patterns = config.get("rank_pattern") or {}
     rank = max([config["r"], *(v for v in patterns.values() if isinstance(v, int))])
     if rank > max_lora_rank:
-        return (
-            f"{config_file}: rank {rank} is above the engine's max_lora_rank {max_lora_rank}; raise --max-lora-rank "
-            "(or merge it: rayeval sweep --lora-merge)"
+        merge = "merge it into the weights (rayeval sweep --lora-merge, or peft's merge_and_unload)"
+        fix = (
+            f"raise --max-lora-rank to {min(r for r in LORA_RANKS if r >= rank)}, or {merge}"
+            if rank <= max(LORA_RANKS)
+            else f"vLLM serves ranks up to {max(LORA_RANKS)}: {merge}"
         )
+        return f"{config_file}: rank {rank} is above the engine's max_lora_rank {max_lora_rank}; {fix}"
     for setting, what in _NOT_SERVED.items():
         if config.get(setting):
             return f"{config_file}: vLLM does not serve {what}; merge it into the weights (rayeval sweep --lora-merge)"
@@ -226,6 +236,8 @@ def load_adapter(path: str, base_model: Path, max_lora_rank: int | None) -> Adap
     """The adapter at `path`, checked against the replicas' base model (an EvalInputError says why not), with a
     digest of its config and weights; `max_lora_rank` as `adapter_problem` takes it."""
     folder = Path(path).expanduser()
+    if folder.is_file():
+        raise EvalInputError(f"--lora {path} is a file: give the folder that holds it ({folder.parent}).")
     if not folder.is_dir():
         raise EvalInputError(f"--lora {path}: no such folder. Give the folder peft's save_pretrained wrote.")
     problem = adapter_problem(folder, base_model, max_lora_rank)

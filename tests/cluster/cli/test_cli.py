@@ -77,6 +77,17 @@ def test_validate_names_each_bad_field(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "`num_samples`" in err and "`model.max_model_len`" in err and "`cluster.replicaz`" in err
     assert "Traceback" not in err
+    # a valid config's problems, all named at once: a task typo, a missing data file, a judged task without a
+    # judge, a context longer than the model reads
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("tasks: [ifevl, {name: gsm8k, data_path: /no/such.jsonl}, alpaca_eval]\n"
+                     "model:\n  max_model_len: 100000\n")  # fmt: skip
+    assert main(["validate", str(wrong)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "has 4 problem(s)" in err and "Unknown task 'ifevl'" in err and "/no/such.jsonl does not exist" in err
+    )
+    assert "scored by a judge model" in err and "--max-model-len 100000 is longer than" in err
     good = tmp_path / "good.yaml"
     good.write_text("tasks: [ifeval]\nnum_samples: 2\n")
     assert main(["validate", str(good)]) == 0
