@@ -90,14 +90,14 @@ def allocate(
     length, say) recur, and without a score it has no variance to weigh."""
     sem = clustered_sem(values) if sem is None else sem
     variances = question_variances(values)
-    within = sum(variances[q] / len(v) for q, v in values.items() if v) / max(1, len(values)) ** 2
+    scored = {q: len(v) for q, v in values.items() if v}  # the questions the SEM is over
+    within = sum(variances[q] / n for q, n in scored.items()) / max(1, len(scored)) ** 2
     floor = math.sqrt(max(0.0, sem**2 - within)) if not math.isnan(sem) else float("nan")
     if not math.isnan(sem) and sem <= rule.target_sem:
         return Allocation(sem, stop=StopReason.TARGET_REACHED, floor_sem=floor)
     drawn = drawn or {}
-    scored = {q: len(v) for q, v in values.items() if v}
     headroom = {q: rule.max_samples - max(n, drawn.get(q, n)) for q, n in scored.items()}
-    budget = max(1, round(rule.round_share * len(values)))
+    budget = max(1, round(rule.round_share * len(scored)))
     gains = [(-_gain(variances[q], n), q) for q, n in scored.items() if headroom[q] > 0]
     heapq.heapify(gains)
     extra: dict[int, int] = {}

@@ -67,7 +67,7 @@ def points_from_run(
         ) from None
     points = []
     for task, body in tasks.items():
-        if latest_judge and not body.get("metrics"):
+        if latest_judge and not any(body.get(k) for k in ("metrics", "aggregate_only", "statistics")):
             continue  # not scored by the latest invocation (--inference-only): nothing of its own to draw
         chosen = choose_judge(run_dir, task, judge or (body.get("judge") if latest_judge else None))
         if chosen is not None:

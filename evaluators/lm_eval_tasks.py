@@ -342,7 +342,8 @@ def _withhold_lm_evals_numbers(summary: TaskSummary, result: LmEvalTaskResult, f
 def summarize_lm_eval_group(
     name: str, rounds: list[dict[str, Any]], subtasks: list[str], leaves: Mapping[str, TaskSummary]
 ) -> TaskSummary:
-    """A group's aggregate as lm-eval computed it (MMLU's overall accuracy, say), beside its subtasks' rows."""
+    """A group's aggregate as lm-eval computed it (MMLU's overall accuracy, say), beside its subtasks' rows;
+    `subtasks`: the leaf tasks under it, through any subgroups."""
     result = LmEvalTaskResult(
         name=name,
         version="",
@@ -362,7 +363,7 @@ def summarize_lm_eval_group(
     summary.num_runs = len(rounds)
     failed = sum(leaves[t].failed for t in subtasks if t in leaves)  # counted in the subtasks' rows
     if failed:
-        _withhold_lm_evals_numbers(summary, result, f"{failed} failed sample(s) of its subtasks")
+        _withhold_lm_evals_numbers(summary, result, f"{failed} failed sample(s) of its tasks")
     else:
         summary.aggregate_only = result.aggregate_only()
         summary.lm_eval_results = rounds[0] if len(rounds) == 1 else None

@@ -117,6 +117,19 @@ def dataset_result(
     return result
 
 
+def aggregate_result(task: str, summary: Mapping[str, Any], percent: set[str]) -> DatasetResult:
+    """A task whose numbers lm-eval aggregates itself (a group's accuracy, a perplexity): those numbers, in
+    percent where the metric is one the run's tasks report in percent (a group's accuracy over its
+    subtasks'), as they are otherwise; nothing where they were withheld or not computed."""
+    values = {k: v[0] for k, v in (summary.get("aggregate_only") or {}).items() if v and v[0] is not None}
+    names = DatasetNames(task, {key: key.partition(",")[0] for key in values}, next(iter(values), ""))
+    metrics = {
+        names.metrics[key]: (100.0 * value if names.metrics[key] in percent else value)
+        for key, value in values.items()
+    }
+    return DatasetResult(names, str(summary.get("version", "")), metrics)
+
+
 def write_layout(
     work_dir: Path, abbr: str, results: list[DatasetResult], timestamp: str | None = None
 ) -> Path:
@@ -184,8 +197,9 @@ def _scored(record: Mapping[str, Any], metric: str) -> bool:
 
 
 def _pass_at(k: int, scores: list[list[float]]) -> float | None:
-    """The mean over questions of the unbiased pass@k from each question's scored samples; None where a
-    question has fewer than k of them, or a score is not 0 or 1."""
+    """The mean over questions of the unbiased pass@k from each question's scored samples, over the
+    questions that have any (as summary.json's); None where one has fewer than k, or a score is not 0 or 1."""
+    scores = [q for q in scores if q]
     if not scores or any(len(q) < k for q in scores) or any(x not in (0.0, 1.0) for q in scores for x in q):
         return None
     return sum(pass_at_k(len(q), int(sum(q)), k) for q in scores) / len(scores)
@@ -201,7 +215,14 @@ def layout_of_run(run_dir: Path, work_dir: Path, abbr: str, pass_k: Iterable[int
     under `work_dir`; the new timestamped folder is returned."""
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     results = []
+    percent = {
+        key.partition(",")[0] for entry in summary["tasks"].values() for key in entry.get("metrics") or {}
+    }
     for task, entry in summary["tasks"].items():
+        if not entry.get("metrics"):  # a group's aggregate (MMLU's), a perplexity: lm-eval's own numbers
+            aggregate = aggregate_result(task, entry, percent)
+            results += [aggregate] if aggregate.metrics else []
+            continue
         files = sorted((run_dir / "samples").glob(f"*/{task}.jsonl"))
         records = [
             json.loads(line) for path in files for line in path.read_text(encoding="utf-8").splitlines()

@@ -201,8 +201,9 @@ def results_json(
 ) -> dict[str, Any]:
     """lm-eval's results.json layout: `results[task]["metric,filter"]` and `"metric_stderr,filter"`.
 
-    lm-eval tasks run once (N = 1) carry lm-eval's own entry unchanged, so the numbers equal lm-eval's.
-    Otherwise mean metrics are our mean@N with the question-clustered SEM as their stderr.
+    lm-eval tasks run once (N = 1) without failed samples carry lm-eval's own entry unchanged, so the numbers
+    equal lm-eval's. Otherwise mean metrics are our mean@N with the question-clustered SEM as their stderr, and
+    the numbers lm-eval computed over failed samples are null (`TaskSummary.withheld`).
     """
     results: dict[str, dict[str, Any]] = {}
     ran = [s for s in summaries if s.error is None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +41,17 @@ class RunRecord:
         return cls(name, params, metrics, files)
 
 
+TRACKER_UNSAFE = re.compile(r"[^\w.\- :/]")
+
+
 def metric_name(task: str, key: str) -> str:
     """A tracker's name for a task's "metric,filter": task/metric for lm-eval's `none` filter, else
     task/metric/filter, so two filters of one metric (GSM8K's strict and flexible match) stay apart."""
     metric, _, filt = key.partition(",")
-    return f"{task}/{metric}" if filt in ("", "none") else f"{task}/{metric}/{filt}"
+    name = f"{task}/{metric}" if filt in ("", "none") else f"{task}/{metric}/{filt}"
+    return TRACKER_UNSAFE.sub(
+        "_", name
+    )  # MLflow takes letters, digits and _ - . / : and spaces (maj@8: maj_8)
 
 
 class Exporter(Protocol):

@@ -99,9 +99,17 @@ def run_lm_eval_tasks(
             leaves[name].one_draw = greedy_note(n)
         output.summaries.append(leaves[name])
     for group, rounds in output.group_rounds.items():
-        subtasks = output.group_subtasks.get(group, [])
-        output.summaries.append(summarize_lm_eval_group(group, rounds, subtasks, leaves))
+        under = _leaves_under(group, output.group_subtasks)
+        output.summaries.append(summarize_lm_eval_group(group, rounds, under, leaves))
     return output
+
+
+def _leaves_under(group: str, subtasks: dict[str, list[str]]) -> list[str]:
+    """The leaf tasks under a group, through its subgroups (MMLU's children are mmlu_stem and the others)."""
+    leaves = []
+    for child in subtasks.get(group, []):
+        leaves += _leaves_under(child, subtasks) if child in subtasks else [child]
+    return leaves
 
 
 def _drop(

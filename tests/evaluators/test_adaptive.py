@@ -66,3 +66,12 @@ def test_a_question_whose_samples_all_failed_gets_none_and_failures_count_toward
     # nothing left to draw: every question that scored is at the cap; the one that never scored stays out
     capped = {q: 4 for q in values}
     assert allocate(values, AdaptiveRule(0.001, 4), drawn=capped).stop is StopReason.MAX_SAMPLES
+
+
+def test_questions_that_never_scored_do_not_enlarge_the_round_or_the_floor():
+    scored = {0: [1.0, 0.0], 1: [1.0, 1.0], 2: [0.0, 0.0], 3: [1.0, 0.0]}
+    with_unscored = scored | {q: [] for q in range(4, 8)}
+    rule = AdaptiveRule(target_sem=0.001, max_samples=8, round_share=0.5)
+    alone, beside = allocate(scored, rule), allocate(with_unscored, rule)
+    assert sum(beside.extra.values()) == sum(alone.extra.values()) == 2
+    assert beside.floor_sem == pytest.approx(alone.floor_sem) and beside.sem == pytest.approx(alone.sem)

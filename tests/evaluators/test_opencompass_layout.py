@@ -47,3 +47,39 @@ def test_a_failed_sample_is_in_neither_accuracy_nor_pass_at_k():
 def test_no_pass_at_k_for_a_metric_that_is_not_zero_or_one():
     records = [_record(doc, sample, 0.5) for doc in range(2) for sample in range(2)]
     assert set(_layout(records, [1, 2])) == {"accuracy"}
+
+
+def test_a_question_none_of_whose_samples_scored_is_left_out_of_pass_at_k_as_in_summary_json():
+    records = [_record(0, 0, 1.0), _record(0, 1, 0.0), _record(1, 0, 1.0), _record(1, 1, 1.0),
+               _record(2, 0, None, "VLLMValidationError: too long"), _record(2, 1, None, "VLLMValidationError: too long")]  # fmt: skip
+    metrics = _layout(records, [1, 2])
+    assert metrics["pass@1"] == pytest.approx(75.0) and metrics["pass@2"] == pytest.approx(100.0)
+
+
+def test_a_groups_and_a_perplexitys_own_numbers_are_datasets_of_the_layout(tmp_path):
+    import json
+
+    from evaluators.opencompass_layout import layout_of_run, read_accuracy_summary
+
+    (tmp_path / "samples" / "m").mkdir(parents=True)
+    row = {
+        "doc_id": 0,
+        "sample_index": 0,
+        "prompt": "p",
+        "output": "o",
+        "target": "t",
+        "scores": {"acc,none": 1.0},
+    }
+    (tmp_path / "samples" / "m" / "mmlu_a.jsonl").write_text(json.dumps(row) + "\n")
+    tasks = {
+        "mmlu_a": {"version": "1", "metrics": {"acc,none": {"mean": 1.0}}},
+        "mmlu": {
+            "metrics": {},
+            "aggregate_only": {"acc,none": [0.61, 0.01]},
+        },  # a group: percent, as its subtasks
+        "wiki": {"metrics": {}, "aggregate_only": {"word_perplexity,none": [21.3, None]}},  # as it is
+        "withheld_group": {"metrics": {}, "withheld": {"acc,none": "lm-eval counted 1 failed sample"}},
+    }
+    (tmp_path / "summary.json").write_text(json.dumps({"tasks": tasks}))
+    written = read_accuracy_summary(layout_of_run(tmp_path, tmp_path / "oc", "m"))
+    assert written == {"mmlu_a": {"acc": 100.0}, "mmlu": {"acc": 61.0}, "wiki": {"word_perplexity": 21.3}}

@@ -120,3 +120,5 @@ def test_a_perplexity_and_a_bootstrap_statistic_are_curves_too(tmp_path):
     assert (perplexity.mean, perplexity.sem, perplexity.questions) == (21.3, 0.4, 62)
     lc = points[("alpaca_eval", "length_controlled_win_rate,none (bootstrap)")]
     assert (lc.mean, lc.sem, lc.ci95_low, lc.ci95_high, lc.n) == (0.41, 0.05, 0.3, 0.5, 2)
+    # a sweep's own step (the latest judge's numbers) keeps them too
+    assert {(p.task, p.metric) for p in points_from_run(run, "sft", 100, latest_judge=True)} == set(points)

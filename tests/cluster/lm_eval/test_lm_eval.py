@@ -311,3 +311,12 @@ def test_lm_eval_simple_evaluate_with_the_registered_rayeval_model(tmp_path, loc
     through_api = json.loads(line.removeprefix("RESULT "))
     through_cli = json.loads((ours / "results.json").read_text())["results"]["gsm8k_mc_local"]
     assert through_api == through_cli
+
+
+def test_a_groups_leaves_are_found_through_its_subgroups():
+    """MMLU's children are groups (mmlu_stem, ...): its failures and questions are its leaves' (plain)."""
+    from cluster.lm_eval.runs import _leaves_under
+
+    subtasks = {"mmlu": ["mmlu_stem", "mmlu_other"], "mmlu_stem": ["mmlu_physics", "mmlu_math"],
+                "mmlu_other": ["mmlu_law"]}  # fmt: skip
+    assert _leaves_under("mmlu", subtasks) == ["mmlu_physics", "mmlu_math", "mmlu_law"]
