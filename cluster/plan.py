@@ -247,6 +247,11 @@ def _selected_samples(
     available = len(samples)
     if test_range := options.test_range or config.test_range:
         samples = [samples[i] for i in DatasetRange.parse(test_range).indices(available)]
+        if not samples:
+            raise EvalInputError(
+                f"--test-range {test_range} selects none of {task.name}'s {available} questions: give a slice "
+                f"that holds some, e.g. [:{min(100, available)}]"
+            )
     limit = options.limit or default_limit
     return (samples[:limit] if limit is not None else samples), available
 
@@ -316,6 +321,12 @@ def check_fewshot_pools(task_plans: list[TaskPlan]) -> None:
         pool_docs = {_doc_key(s.doc) for s in t.fewshot_pool}
         overlap = any(_doc_key(s.doc) in pool_docs for s in t.samples)
         usable = len(t.fewshot_pool) - int(overlap)
+        if t.num_fewshot > usable and not t.fewshot_pool and not t.options.fewshot_path:
+            raise EvalInputError(
+                f"Task '{t.task.name}' has no few-shot examples (its prompt is the question alone), so "
+                f"--num-fewshot {t.num_fewshot} cannot apply: leave it out (0), or give the task a fewshot_path "
+                "of examples."
+            )
         if t.num_fewshot > usable:
             source = t.options.fewshot_path or "the task's default few-shot data"
             raise EvalInputError(

@@ -29,6 +29,7 @@ def preflight(plan: RunPlan) -> None:
     """Every check of this module; the cluster address last, since it touches the network."""
     check_context_length(plan.model, plan.config.model.max_model_len)
     warn_replies_end_at_the_context(plan)
+    warn_lm_eval_options_unused(plan)
     check_endpoint(plan)
     check_lora_loglikelihoods(plan)
     check_adaptive(plan)
@@ -50,6 +51,27 @@ def warn_replies_end_at_the_context(plan: RunPlan) -> None:
             "--max-tokens %d is not below --max-model-len %d: each reply ends where its prompt and it fill the "
             "%d-token context, before %d tokens. Raise --max-model-len or lower --max-tokens to set the limit.",
             max_tokens, context, context, max_tokens,
+        )  # fmt: skip
+
+
+def warn_lm_eval_options_unused(plan: RunPlan) -> None:
+    """A warning: lm-eval's prompt and generation flags apply to lm-eval's tasks only, and the run has none."""
+    options = plan.config.lm_eval
+    given = [
+        flag
+        for flag, value in (
+            ("--system-instruction", options.system_instruction),
+            ("--gen-kwargs", options.gen_kwargs),
+            ("--apply-chat-template", options.apply_chat_template),
+        )
+        if value
+    ]
+    if given and not plan.lm_eval_tasks:
+        log.warning(
+            "lm-eval's prompt and generation flags (%s) apply to lm-eval's tasks only, and this run has none (%s: "
+            "rayeval's own, prompted as their benchmarks are; their sampling flags are --temperature, "
+            "--max-tokens, --top-p).",
+            ", ".join(given), ", ".join(t.task.name for t in plan.tasks),
         )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from evaluators.errors import EvalInputError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rayeval", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     commands = (
         run,
@@ -52,6 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     for command in commands:
         command.add_parser(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"rayeval {version('rayeval')}"
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "rayeval (not installed: run from its source folder)"
 
 
 def configure_logging(verbose: bool) -> None:

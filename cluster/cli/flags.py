@@ -114,6 +114,20 @@ def add_config_flags(
             group.add_argument(spec.flag, dest=spec.dest, **kwargs)
 
 
+ENGINE_MODEL_HELP = (
+    "model folder or HF hub id whose engines to start (default: the embedded SmolLM2-135M-Instruct); not an "
+    "openai:NAME endpoint"
+)
+
+
+def set_help(parser: argparse.ArgumentParser, flag: str, text: str, metavar: str | None = None) -> None:
+    """Say what a shared setting's flag means for this command (a pool or a Serve app starts engines: its
+    --model is never an endpoint)."""
+    (action,) = [a for a in parser._actions if flag in a.option_strings]
+    action.help = text
+    action.metavar = metavar or action.metavar
+
+
 def flag_names(schema: type[BaseModel] = RunConfig) -> dict[str, str]:
     """Each setting's flag by its dotted path (`sampling.temperature` → `--temperature`), for messages."""
     return {spec.dest: spec.flag for spec in config_flags(schema)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from cluster.cli.flags import GROUPS, add_config_flags, flag_names, overrides
+from cluster.cli.flags import ENGINE_MODEL_HELP, GROUPS, add_config_flags, flag_names, overrides, set_help
 from cluster.cli.front_paths import WARM_CLI_ENV, enabled
 from cluster.config import COMMAND_LINE, PoolConfig, build_config, load_config_file
 
@@ -48,8 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     groups = {key: up.add_argument_group(title, text) for key, (title, text) in POOL_GROUPS.items()}
     add_config_flags(groups, PoolConfig, skip=NOT_POOL_SETTINGS)
-    (address,) = [action for action in up._actions if "--address" in action.option_strings]
-    address.help = ADDRESS_HELP  # a pool lives on a running cluster: no local one is started for it
+    set_help(
+        up, "--address", ADDRESS_HELP
+    )  # a pool lives on a running cluster: no local one is started for it
+    set_help(up, "--model", ENGINE_MODEL_HELP, "PATH_OR_HF_ID")
     groups["pool"].add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs")
     groups["pool"].add_argument(
         "--no-warm-cli",

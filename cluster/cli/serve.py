@@ -7,7 +7,7 @@ import argparse
 import threading
 from typing import TYPE_CHECKING
 
-from cluster.cli.flags import GROUPS, add_config_flags, flag_names, overrides
+from cluster.cli.flags import ENGINE_MODEL_HELP, GROUPS, add_config_flags, flag_names, overrides, set_help
 from cluster.config import COMMAND_LINE, ServeConfig, build_config, load_config_file
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     groups = {key: p.add_argument_group(title, text) for key, (title, text) in SERVE_GROUPS.items()}
     add_config_flags(groups, ServeConfig, skip=NOT_SERVE_SETTINGS)
+    set_help(p, "--model", ENGINE_MODEL_HELP, "PATH_OR_HF_ID")
     manage = groups["serve"].add_mutually_exclusive_group()
     manage.add_argument("--status", action="store_true", help="print the application's state and exit")
     manage.add_argument("--shutdown", action="store_true", help="delete the application and exit")

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cluster.cli.flags import overrides
 from cluster.cli.run import add_run_arguments, print_timeline, run_config
+from cluster.config import RunMode
 from evaluators.errors import EvalInputError
 
 if TYPE_CHECKING:
@@ -54,7 +56,20 @@ def add_checkpoint_run_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
 
 
-def refuse_ray_client(config: RunConfig, command: str) -> None:
+def checkpoint_run_config(args: argparse.Namespace, command: str) -> RunConfig:
+    """A sweep's or watch's run settings. Neither re-judges (--judge-only): each step is a run folder of its
+    own, judged again as a run."""
+    if overrides(args).get("mode") == RunMode.JUDGE_ONLY:
+        raise EvalInputError(
+            f"rayeval {command} does not re-judge: each step is a run folder of its own. Judge one again with "
+            "`rayeval run --judge-only --judge MODEL --output-dir SWEEP_FOLDER --run-id step_N`."
+        )
+    config = run_config(args)
+    _refuse_ray_client(config, command)
+    return config
+
+
+def _refuse_ray_client(config: RunConfig, command: str) -> None:
     """`sweep` and `watch` coordinate where they are started: through a Ray client they go as a job."""
     if (config.cluster.address or "").startswith("ray://"):
         raise EvalInputError(
@@ -78,8 +93,7 @@ def _steps(text: str) -> list[int]:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from cluster.sweep import build_sweep_plan
 
-    config = run_config(args)
-    refuse_ray_client(config, "sweep")
+    config = checkpoint_run_config(args, "sweep")
     plan = build_sweep_plan(
         config,
         args.checkpoint_dir,

@@ -38,10 +38,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except EvalInputError as exc:
             problems.append(str(exc))
     problems = list(dict.fromkeys(problems))  # one task folder missing is one problem, however many tasks
-    if problems:
-        raise EvalInputError(
-            f"{args.config} has {len(problems)} problem(s):\n" + "\n".join(f"- {p}" for p in problems)
-        )
+    if len(problems) == 1:
+        raise EvalInputError(problems[0])
+    if problems:  # one paragraph, as every error: the problems numbered
+        numbered = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
+        raise EvalInputError(f"{args.config} has {len(problems)} problems: {numbered}")
     names = ", ".join(t.name + ("" if t.enabled else " (disabled)") for t in config.tasks)
     print(
         f"{args.config} is valid: tasks {names}; {config.cluster.replicas} replica(s); N={config.num_samples}"

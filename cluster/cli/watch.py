@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from cluster.cli.run import print_timeline, run_config
-from cluster.cli.sweep import add_checkpoint_run_arguments, print_outcomes, refuse_ray_client
+from cluster.cli.run import print_timeline
+from cluster.cli.sweep import add_checkpoint_run_arguments, checkpoint_run_config, print_outcomes
 from cluster.config import parse_duration
 
 EPILOG = """examples:
@@ -67,8 +67,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from cluster.sweep import WatchOptions, watch_checkpoints
     from evaluators.curves import ErrorBar
 
-    config = run_config(args)
-    refuse_ray_client(config, "watch")
+    config = checkpoint_run_config(args, "watch")
     options = WatchOptions(args.every, args.until_idle, args.poll_interval, args.settle, args.lora_merge)
     if args.dry_run:
         from cluster.sweep import describe_watch

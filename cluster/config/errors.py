@@ -44,6 +44,8 @@ def _describe_problem(item: Mapping[str, Any], flags: Mapping[str, str]) -> str:
     if item["type"] == "missing":
         return f"{named} is required but missing"
     message = str(item["msg"]).removeprefix("Value error, ")
+    if not loc:  # a rule over several settings: its message names them (--pass-k, --num-samples)
+        return message
     message = message[:1].lower() + message[1:] + _type_hint(item, loc)
     if isinstance(item["input"], (list, dict)):
         return f"{named}: {message}"  # a whole section or list: the message says which part

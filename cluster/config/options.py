@@ -84,7 +84,8 @@ def _check_test_range(value: str | None) -> str | None:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no setting takes inf or nan (a temperature of inf passed, and failed in the engine)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class TaskOptions(Strict):
@@ -239,7 +240,11 @@ class SamplingOptions(Strict):
         json_schema_extra=cli("--max-tokens", "N"),
     )
     seed: int = Field(
-        1234, description="base seed; sample i of a question uses seed+i", json_schema_extra=cli("--seed")
+        1234,
+        ge=0,
+        lt=2**63 - 2**20,  # seed + sample index stays a 64-bit integer, as the engines take it
+        description="base seed; sample i of a question uses seed+i",
+        json_schema_extra=cli("--seed"),
     )
     target_sem: float | None = Field(
         None,
@@ -401,7 +406,8 @@ class LmEvalOptions(Strict):
     )
     apply_chat_template: bool = Field(
         False,
-        description="render lm-eval prompts with the model's chat template (default off, as in lm-eval)",
+        description="render lm-eval tasks' prompts with the model's chat template (default off, as in lm-eval; "
+        "rayeval's own tasks: --chat-template)",
         json_schema_extra=cli("--apply-chat-template"),
     )
     fewshot_as_multiturn: bool | None = Field(
@@ -410,11 +416,15 @@ class LmEvalOptions(Strict):
         json_schema_extra=cli("--fewshot-as-multiturn"),
     )
     system_instruction: str | None = Field(
-        None, description="system prompt", json_schema_extra=cli("--system-instruction", "TEXT")
+        None,
+        description="lm-eval tasks: a system prompt (rayeval's own tasks render their prompts as their "
+        "benchmark does)",
+        json_schema_extra=cli("--system-instruction", "TEXT"),
     )
     gen_kwargs: str | None = Field(
         None,
-        description="override generate_until tasks' generation kwargs, e.g. temperature=0.7,do_sample=True",
+        description="lm-eval tasks: override generate_until tasks' generation kwargs, e.g. "
+        "temperature=0.7,do_sample=True (rayeval's own tasks take --temperature, --max-tokens...)",
         json_schema_extra=cli("--gen-kwargs", "K=V,..."),
     )
     max_gen_toks: int = Field(
@@ -820,13 +830,25 @@ class RunConfig(Strict):
         if given and self.output_layout is not OutputLayout.OPENCOMPASS:
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
             raise ValueError(f"{flags} set(s) the OpenCompass layout: add --output-layout opencompass")
-        too_many = [
-            k for k in self.pass_k if k < 1 or (isinstance(self.num_samples, int) and k > self.num_samples)
-        ]
+        if any(k < 1 for k in self.pass_k):
+            raise ValueError(
+                f"--pass-k {min(self.pass_k)}: k counts samples, so it is at least 1 (e.g. --pass-k 1)"
+            )
+        too_many = [k for k in self.pass_k if isinstance(self.num_samples, int) and k > self.num_samples]
         if too_many:
             raise ValueError(
-                f"--pass-k {too_many[0]} needs at least {too_many[0]} samples a question (and k >= 1): raise "
-                f"--num-samples (now {self.num_samples}) or lower k"
+                f"--pass-k {too_many[0]} needs at least {too_many[0]} samples a question: raise --num-samples "
+                f"(now {self.num_samples}) or lower k"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _adaptive_room(self) -> RunConfig:
+        target, most = self.sampling.target_sem, self.sampling.max_samples
+        if target is not None and isinstance(self.num_samples, int) and most <= self.num_samples:
+            raise ValueError(
+                f"--max-samples {most} leaves adaptive N (--target-sem {target:g}) no sample to add after the first "
+                f"--num-samples {self.num_samples}: raise --max-samples above it, or leave --target-sem out"
             )
         return self
 

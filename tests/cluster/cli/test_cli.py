@@ -85,7 +85,7 @@ def test_validate_names_each_bad_field(capsys, tmp_path):
     assert main(["validate", str(wrong)]) == 2
     err = capsys.readouterr().err
     assert (
-        "has 4 problem(s)" in err and "Unknown task 'ifevl'" in err and "/no/such.jsonl does not exist" in err
+        "has 4 problems: (1) " in err and "Unknown task 'ifevl'" in err and "/no/such.jsonl does not exist" in err
     )
     assert "scored by a judge model" in err and "--max-model-len 100000 is longer than" in err
     good = tmp_path / "good.yaml"
