@@ -37,6 +37,7 @@ def preflight(plan: RunPlan) -> None:
     check_output_location(plan.config.output_dir)
     check_batched_tokens(plan)
     check_local_replicas(plan)
+    check_local_gpus(plan)
     check_kv_cache_fits(plan)
     check_trackers(plan.config.log_to)
     check_address_reachable(plan.config.cluster.address)
@@ -221,6 +222,21 @@ def check_batched_tokens(plan: RunPlan) -> None:
             f"{model.max_model_len}: on CPU a prompt is prefilled in one engine step, so a step must hold "
             f"max_model_len tokens. Raise --max-num-batched-tokens to at least {model.max_model_len}, lower "
             "--max-model-len, or leave --max-num-batched-tokens out."
+        )
+
+
+def check_local_gpus(plan: RunPlan) -> None:
+    """--device gpu on the local cluster rayeval starts needs a GPU here (Ray would wait for one that never
+    comes: the replicas' placement timeout, minutes)."""
+    if plan.config.cluster.address is not None or plan.device != "gpu" or plan.model.endpoint:
+        return
+    from cluster.engines.devices import local_gpus_visible
+
+    if not local_gpus_visible():
+        raise EvalInputError(
+            "--device gpu, but this machine has no GPU that torch can use (or a CPU build of torch), and without "
+            "--address rayeval starts a local cluster of this machine. Leave --device out (auto: CPU here), or "
+            "pass --address of a cluster with GPUs."
         )
 
 
