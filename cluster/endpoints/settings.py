@@ -131,10 +131,12 @@ _REASON_VALUES = frozenset(reason.value for reason in FailureReason)
 
 def read_api_key(settings: ApiSettings) -> str:
     """The API key from the environment of the driver; the actors get it from here, never from their own.
-    The model's own endpoint at a `base_url` may go without one (a local server takes any key)."""
+    An endpoint at a `base_url` of the user's (the model's or the judge's) may go without one: a local server
+    such as `rayeval serve` without --api-key-env takes any key; one that wants a key answers 401, which the
+    run reports. OpenAI's own API (no base_url) always needs it."""
     name = settings.api_key_env
     value = os.environ.get(name, "").strip()
-    if not value and settings.user is ApiUser.MODEL and settings.base_url is not None:
+    if not value and settings.base_url is not None:
         return NO_KEY
     if not value:
         state = "is empty" if name in os.environ else "is not set"
