@@ -72,6 +72,11 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
     (`evaluators.verdicts.choose_judge`: `judge` where given, else the run's only one; with `latest_judge`,
     where none is named, the judge of the run's latest invocation, whose numbers summary.json holds)."""
     summary = _read_summary(run_dir)
+    if not any(run_dir.glob("samples/*/*.jsonl")):
+        raise EvalInputError(
+            f"{run_dir} holds no sample records (samples/<model>/<task>.jsonl): a run writes them as it goes; is "
+            "it a run folder copied without its samples?"
+        )
     records, metrics, directions, judges, judge_summaries = {}, {}, {}, {}, {}
     for task, body in summary.get("tasks", {}).items():
         found = sorted(run_dir.glob(f"samples/*/{task}.jsonl"))[:1]

@@ -33,12 +33,7 @@ def run_page_data(run_dir: Path, judge: str | None = None) -> dict[str, Any]:
     """A finished run folder as the run page's data. A judged task shows `judge`'s verdicts and numbers, else
     those of the run's latest judge (the one summary.json's numbers come from); each task names its judge."""
     summary = _summary(run_dir)
-    if not any(run_dir.glob("samples/*/*.jsonl")):
-        raise EvalInputError(
-            f"{run_dir} holds no sample records (samples/<model>/<task>.jsonl): a run writes them as it goes; is "
-            "it a run folder copied without its samples?"
-        )
-    samples = load_run(run_dir, judge, latest_judge=True)
+    samples = load_run(run_dir, judge, latest_judge=True)  # says so where the folder holds no samples
     tasks = []
     for name, body in summary.get("tasks", {}).items():
         if judge is not None:  # the asked judge's numbers (else summary.json's: the latest judge's)
