@@ -11,11 +11,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cluster.config import DEMO_LIMIT, DEMO_MAX_TOKENS, RunConfig, TaskOptions
+from cluster.config import DEMO_LIMIT, DEMO_MAX_TOKENS, RunConfig, RunMode, TaskOptions
 from cluster.engines.devices import local_gpus_visible
 from cluster.engines.placement import ReplicaPlan, replica_plan
 from cluster.models import ResolvedModel, cache_root, load_adapter, resolve_model
 from evaluators.errors import EvalInputError
+from evaluators.judging.base import JudgeTask
 from evaluators.lm_eval_tasks import LmEvalCatalog, resolve_task_name
 from evaluators.ranges import DatasetRange
 from evaluators.tasks.base import Sample, Task
@@ -141,7 +142,11 @@ class RunPlan:
                 f"task      {t.name:<10} lm-eval task; its data and requests are built when the run starts"
                 f" (limit={t.limit}, fewshot={'task default' if t.num_fewshot is None else t.num_fewshot})"
             )
-        if self.config.judge.model:
+        judged = any(isinstance(t.task, JudgeTask) for t in self.tasks)
+        if self.config.judge.model and (not judged or self.config.mode is RunMode.INFERENCE_ONLY):
+            why = "--inference-only" if judged else "no judged task in this run"
+            lines.append(f"judge     {self.config.judge.model}: not started ({why})")
+        elif self.config.judge.model:
             j = self.config.judge
             lines.append(
                 f"judge     {j.model} x{j.replicas}"
