@@ -120,6 +120,7 @@ def test_judge_plan_and_a_missing_api_key(capsys, monkeypatch):
     assert "judge     openai:gpt-4.1-mini x1 at api.openai.com, 2.5 req/s, 8 in flight" in out
     assert "sk-secret-value" not in out
     assert main([*argv[:-1], "--inference-only", "--dry-run"]) == 0  # no judge needed to only generate
+    assert "judge     openai:gpt-4.1-mini: not started (--inference-only)" in capsys.readouterr().out
 
 
 @pytest.mark.slow
