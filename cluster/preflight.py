@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import psutil
@@ -30,6 +31,7 @@ def preflight(plan: RunPlan) -> None:
     check_context_length(plan.model, plan.config.model.max_model_len)
     warn_replies_end_at_the_context(plan)
     warn_lm_eval_options_unused(plan)
+    warn_keep_warm_on_a_local_cluster(plan)
     check_endpoint(plan)
     check_lora_loglikelihoods(plan)
     check_adaptive(plan)
@@ -74,6 +76,20 @@ def warn_lm_eval_options_unused(plan: RunPlan) -> None:
             "--max-tokens, --top-p).",
             ", ".join(given), ", ".join(t.task.name for t in plan.tasks),
         )  # fmt: skip
+
+
+def warn_keep_warm_on_a_local_cluster(plan: RunPlan) -> None:
+    """A warning: --keep-warm leaves engines for the next run on the cluster, but the local cluster a command
+    starts (no --address, no open Ray session) goes away when it exits, the engines with it."""
+    cluster = plan.config.cluster
+    ray = sys.modules.get("ray")
+    in_session = ray is not None and ray.is_initialized()
+    if cluster.keep_warm_s and not cluster.address and not in_session and not plan.model.endpoint:
+        log.warning(
+            "--keep-warm keeps engines on a cluster that outlives the command, but this run starts a local one "
+            "that stops when it exits. Start a cluster (`ray start --head`) and pass --address auto, or use "
+            "`rayeval up` there."
+        )
 
 
 def check_trackers(log_to: list[str]) -> None:
