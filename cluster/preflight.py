@@ -42,7 +42,7 @@ def preflight(plan: RunPlan) -> None:
     check_local_gpus(plan)
     check_kv_cache_fits(plan)
     check_trackers(plan.config.log_to)
-    check_address_reachable(plan.config.cluster.address)
+    check_address_reachable(plan.config.cluster.address, starts_local=True)
 
 
 def warn_replies_end_at_the_context(plan: RunPlan) -> None:
@@ -179,9 +179,17 @@ def endpoint_tokenizer_ids(plan: RunPlan, names: str) -> list[int]:
 
 
 def check_adaptive(plan: RunPlan) -> None:
-    """Adaptive N draws more samples where answers vary: greedy tasks (temperature 0) never vary."""
-    if plan.config.sampling.target_sem is None:
+    """Adaptive N draws more samples where answers vary: greedy tasks (temperature 0) never vary. A cap that
+    leaves no sample to add is said (a warning: a saved run's config stays loadable)."""
+    sampling = plan.config.sampling
+    if sampling.target_sem is None:
         return
+    if sampling.max_samples <= plan.config.num_samples:
+        log.warning(
+            "--max-samples %d is not above the %d samples a question gets first, so adaptive N (--target-sem %g) "
+            "adds none: raise --max-samples.",
+            sampling.max_samples, plan.config.num_samples, sampling.target_sem,
+        )  # fmt: skip
     greedy = [t.task.name for t in plan.tasks if t.sampling.temperature == 0]
     if greedy:
         raise EvalInputError(

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cluster.cli.judge_choice import add_judge_choice
+from cluster.cli.judge_choice import add_judge_choice, add_prompt_choice
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,11 +26,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_prompt_choice(p)
 
 
-def add_prompt_choice(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--allow-different-prompts", action="store_true",
-                   help="pair questions by doc_id even where the two runs asked them with different prompts")  # fmt: skip
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
     from cluster.cli.output_paths import output_file, written
     from cluster.storage import readable_folder
@@ -44,5 +39,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(render_comparison(a, b, rows, args.level), end="")
     if output:
         with written(output, "--output"):
+            output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(json.dumps(comparison_json(a, b, rows, args.level), indent=1))
     return 0

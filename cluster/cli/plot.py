@@ -35,12 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from cluster.cli.output_paths import output_folder
+    from cluster.cli.output_paths import output_folder, written
     from cluster.storage import readable_folder
     from evaluators.curves import ErrorBar, check_one_judge, plot_curves, points_from_run, write_tables
 
-    if args.output.exists() and not args.output.is_dir():
-        output_folder(args.output, "--output")  # says the file is in the way, before any run is read
+    output = output_folder(args.output, "--output")  # before any run is read
     folders = [readable_folder(run) for run in args.runs]
     points = [
         point
@@ -51,9 +50,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise EvalInputError("The runs given hold no scored metric to draw.")
     if not args.allow_different_judges:
         check_one_judge(points)
-    output_folder(args.output, "--output")
-    csv_path, md_path = write_tables(points, args.output)
-    for path in [*plot_curves(points, args.output, ErrorBar(args.errorbar)), csv_path, md_path]:
+    with written(output, "--output"):
+        csv_path, md_path = write_tables(points, output)
+        pngs = plot_curves(points, output, ErrorBar(args.errorbar))
+    for path in [*pngs, csv_path, md_path]:
         print(path)
     return 0
 

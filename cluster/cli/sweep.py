@@ -59,12 +59,15 @@ def add_checkpoint_run_arguments(p: argparse.ArgumentParser) -> None:
 def checkpoint_run_config(args: argparse.Namespace, command: str) -> RunConfig:
     """A sweep's or watch's run settings. Neither re-judges (--judge-only): each step is a run folder of its
     own, judged again as a run."""
-    if overrides(args).get("mode") == RunMode.JUDGE_ONLY:
-        raise EvalInputError(
-            f"rayeval {command} does not re-judge: each step is a run folder of its own. Judge one again with "
-            "`rayeval run --judge-only --judge MODEL --output-dir SWEEP_FOLDER --run-id step_N`."
-        )
+    refusal = EvalInputError(
+        f"rayeval {command} does not re-judge: each step is a run folder of its own. Judge one again with "
+        "`rayeval run --judge-only --judge MODEL --output-dir SWEEP_FOLDER --run-id step_N`."
+    )
+    if overrides(args).get("mode") == RunMode.JUDGE_ONLY:  # before run_config, which would ask for --run-id
+        raise refusal
     config = run_config(args)
+    if config.mode is RunMode.JUDGE_ONLY:  # from a config file
+        raise refusal
     _refuse_ray_client(config, command)
     return config
 

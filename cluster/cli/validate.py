@@ -73,12 +73,12 @@ def _checks(config: RunConfig, file: str) -> list[Callable[[], None]]:
 def _check_task(config: RunConfig, file: str, task, judged: list[str]) -> None:  # noqa: ANN001
     from cluster.plan import lm_eval_catalog
     from evaluators.data import check_source
-    from evaluators.judging.tasks import JUDGE_TASKS
+    from evaluators.judging.base import JudgeTask
     from evaluators.lm_eval_tasks import resolve_task_name
     from evaluators.tasks.registry import TASKS
 
     resolved = resolve_task_name(task.name, TASKS, lm_eval_catalog(config.lm_eval.include_path))
-    if task.enabled and resolved.source == "native" and resolved.name in JUDGE_TASKS:
+    if task.enabled and resolved.source == "native" and issubclass(TASKS[resolved.name], JudgeTask):
         judged.append(resolved.name)
     for path in (task.data_path, task.fewshot_path):
         if path and resolved.source == "lm_eval":

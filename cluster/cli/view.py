@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.cli.compare import add_prompt_choice
+from cluster.cli.judge_choice import add_judge_choice, add_prompt_choice
 
 EPILOG = """examples:
   rayeval view runs/qwen-gsm8k                 # runs/qwen-gsm8k/report/index.html
@@ -35,23 +35,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--level", type=float, default=0.05, help="a comparison's significance level (default 0.05)"
     )
-    p.add_argument(
-        "--judge",
-        metavar="NAME",
-        help="a run judged by several judges: whose verdicts to show (default: the latest judge's, as in "
+    add_judge_choice(
+        p,
+        "A and B",
+        judge_help="a run judged by several judges: whose verdicts to show (default: the latest judge's, as in "
         "summary.json); a comparison pairs this judge's verdicts, as `rayeval compare --judge`",
-    )
-    p.add_argument(
-        "--allow-different-judges",
-        action="store_true",
-        help="a comparison: pair a judged task's verdicts even where A and B were judged by different judges",
     )
     add_prompt_choice(p)
     p.set_defaults(handler=cmd_view)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from cluster.cli.output_paths import output_folder
+    from cluster.cli.output_paths import output_folder, written
     from cluster.storage import readable_folder
     from evaluators.compare import CompareOptions
     from evaluators.errors import EvalInputError
@@ -74,7 +69,8 @@ def cmd_view(args: argparse.Namespace) -> int:
                 f"{folder} is not a folder: give a run folder (with summary.json) or a sweep's"
             )
     if len(folders) == 2:
-        page = write_comparison_report(folders[0], folders[1], out, options, args.judge)
+        with written(out or folders[0], "--out"):
+            page = write_comparison_report(folders[0], folders[1], out, options, args.judge)
     elif is_sweep_folder(folders[0]):
         page = write_sweep_report(folders[0])
     else:

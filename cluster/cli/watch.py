@@ -31,9 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=cmd_watch)
     p.add_argument("--every", type=_positive_int, metavar="N", help="only steps that are multiples of N")
-    p.add_argument("--until-idle", type=_duration("--until-idle", off=True), metavar="DURATION",
-                   help="stop once no new checkpoint completed for this long, e.g. 30m (default, or off: until "
-                   "stopped)")  # fmt: skip
+    p.add_argument("--until-idle", type=_duration("--until-idle", off_is_none=True), metavar="DURATION",
+                   help="stop once no new checkpoint completed for this long, e.g. 30m; 0: as soon as none is "
+                   "waiting (default, or off: until stopped)")  # fmt: skip
     p.add_argument("--poll-interval", type=_duration("--poll-interval", positive=True), default=5.0,
                    metavar="DURATION", help="how often to look for new checkpoints (default 5s)")  # fmt: skip
     p.add_argument("--settle", type=_duration("--settle"), default=30.0, metavar="DURATION",
@@ -48,17 +48,20 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-def _duration(flag: str, off: bool = False, positive: bool = False):  # noqa: ANN202 - an argparse type
-    """Seconds; with `off`, None for off (no limit); with `positive`, above 0."""
+def _duration(flag: str, off_is_none: bool = False, positive: bool = False):  # noqa: ANN202 - an argparse type
+    """Seconds (0 allowed); with `off_is_none`, None for `off` (no limit), while 0 stays 0 s; with `positive`,
+    above 0 (and no `off`)."""
 
     def parse(text: str) -> float | None:
+        if off_is_none and text.strip().lower() in ("off", "no", "none"):
+            return None
         try:
-            seconds = parse_duration(text, flag, off)
+            seconds = parse_duration(text, flag, off=not positive)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         if positive and seconds <= 0:
             raise argparse.ArgumentTypeError(f"{flag} must be above 0 (got {text!r}), e.g. {flag} 5s")
-        return None if off and seconds == 0 else seconds
+        return seconds
 
     return parse
 

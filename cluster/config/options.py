@@ -40,7 +40,9 @@ CPU_MAX_NUM_SEQS = 64
 DEFAULT_KEEP_WARM_S = 600.0  # a run on a `ray start` cluster leaves its engines warm this long
 
 
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)  # the max_lora_rank values vLLM takes (--max-lora-rank)
+# the max_lora_rank values vLLM 0.32 takes (its LoRAConfig's MaxLoRARanks; an older vLLM on a GPU may stop at
+# 256, and its own check says so when the engine starts)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class OutputLayout(StrEnum):
@@ -241,8 +243,8 @@ class SamplingOptions(Strict):
     )
     seed: int = Field(
         1234,
-        ge=0,
-        lt=2**63 - 2**20,  # seed + sample index stays a 64-bit integer, as the engines take it
+        ge=0,  # vLLM reads a seed of -1 as "unseeded"
+        lt=2**32 - 2**20,  # lm-eval seeds numpy with it (below 2**32), the engines seed + sample index
         description="base seed; sample i of a question uses seed+i",
         json_schema_extra=cli("--seed"),
     )
@@ -289,7 +291,7 @@ class ClusterOptions(Strict):
         json_schema_extra=cli("--cpus-per-worker", "N"),
     )
     placement_timeout_s: float = Field(
-        120.0, gt=0, description="seconds to wait for the replicas' placement groups"
+        120.0, gt=0, description="how long to wait for the replicas' placement groups (e.g. 120, 5m)"
     )
     replica_restarts: int = Field(
         2,
@@ -383,6 +385,11 @@ class ClusterOptions(Strict):
     @classmethod
     def _idle_duration(cls, value: Any) -> Any:
         return duration_value(value, "--coordinator-idle-timeout", off=False)
+
+    @field_validator("placement_timeout_s", mode="before")
+    @classmethod
+    def _placement_duration(cls, value: Any) -> Any:
+        return duration_value(value, "cluster.placement_timeout_s", off=False)
 
     @field_validator("forward_env")
     @classmethod
@@ -582,9 +589,9 @@ class JudgeOptions(Strict):
     second_pass_pause_s: float = Field(
         5.0,
         ge=0,
-        description="API judges: judgments that still failed after every retry are asked once more after S quiet "
-        "seconds at the end of judging, so a short outage costs no sample",
-        json_schema_extra=cli("--judge-second-pass-pause", "S"),
+        description="API judges: judgments that still failed after every retry are asked once more after this "
+        "long quiet at the end of judging, so a short outage costs no sample (e.g. 5s, 1m; 0 or off: at once)",
+        json_schema_extra=cli("--judge-second-pass-pause", "DURATION"),
     )
     max_tokens: int | None = Field(
         None,
@@ -616,6 +623,11 @@ class JudgeOptions(Strict):
     @classmethod
     def _timeout(cls, value: Any) -> Any:
         return duration_value(value, "--judge-timeout", off=False)
+
+    @field_validator("second_pass_pause_s", mode="before")
+    @classmethod
+    def _pause(cls, value: Any) -> Any:
+        return duration_value(value, "--judge-second-pass-pause")
 
     @property
     def kind(self) -> Literal["local", "openai"] | None:
@@ -839,16 +851,6 @@ class RunConfig(Strict):
             raise ValueError(
                 f"--pass-k {too_many[0]} needs at least {too_many[0]} samples a question: raise --num-samples "
                 f"(now {self.num_samples}) or lower k"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _adaptive_room(self) -> RunConfig:
-        target, most = self.sampling.target_sem, self.sampling.max_samples
-        if target is not None and isinstance(self.num_samples, int) and most <= self.num_samples:
-            raise ValueError(
-                f"--max-samples {most} leaves adaptive N (--target-sem {target:g}) no sample to add after the first "
-                f"--num-samples {self.num_samples}: raise --max-samples above it, or leave --target-sem out"
             )
         return self
 

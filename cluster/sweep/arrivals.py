@@ -55,22 +55,25 @@ class ArrivalWatcher:
 
     def found(self) -> list[Checkpoint]:
         """The checkpoints there now, complete or not, by step (of `every`'s multiples)."""
+        return [c for c in self._all() if not self.every or c.step % self.every == 0]
+
+    def _all(self) -> list[Checkpoint]:
         try:
-            found = find_checkpoints(self.run_dir)
+            return find_checkpoints(self.run_dir)
         except EvalInputError:
             if not self.run_dir.is_dir():
                 raise
             return []  # none yet
-        return [c for c in found if not self.every or c.step % self.every == 0]
 
     def complete(self, now: float | None = None) -> list[Checkpoint]:
-        """The checkpoints complete now, by step (a folder not yet a checkpoint is simply not there yet)."""
+        """The checkpoints complete now, by step (a folder not yet a checkpoint is simply not there yet). A
+        trainer that marks any of its checkpoints (of every step, not only `every`'s) marks them all."""
         now = time.monotonic() if now is None else now
-        found = self.found()
+        everything = self._all()
         verl_step = verl_saved_step(self.run_dir)
-        marked = verl_step is not None or any((c.path / HF_TRAINER_MARKER).is_file() for c in found)
+        marked = verl_step is not None or any((c.path / HF_TRAINER_MARKER).is_file() for c in everything)
         ready = []
-        for checkpoint in found:
+        for checkpoint in (c for c in everything if not self.every or c.step % self.every == 0):
             if marked:
                 done = (checkpoint.path / HF_TRAINER_MARKER).is_file() or (
                     verl_step is not None and checkpoint.step <= verl_step

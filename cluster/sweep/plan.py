@@ -162,11 +162,11 @@ def _with_model(config: RunConfig, path: str) -> RunConfig:
     return changed
 
 
-def check_sweep_judge(plan: RunPlan) -> None:
+def check_sweep_judge(plan: RunPlan, command: str = "sweep") -> None:
     """Judged tasks need an API judge: a sweep (or watch) runs no local judge beside its engines."""
     if judged_task_names(plan) and plan.config.judge.kind == "local":
         raise EvalInputError(
-            "rayeval sweep does not run a local judge beside its engines: each step would start its own. Judge "
-            "through an API (--judge openai:MODEL, or a served judge's --judge-base-url), or sweep with "
+            f"rayeval {command} does not run a local judge beside its engines: each step would start its own. "
+            f"Judge through an API (--judge openai:MODEL, or a served judge's --judge-base-url), or {command} with "
             "--inference-only and judge each step folder later with rayeval run --judge-only."
         )

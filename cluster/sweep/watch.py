@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.addresses import check_address_reachable
 from cluster.config import RunConfig
 from cluster.plan import RunPlan, build_plan
 from cluster.preflight import check_lora_loglikelihoods
@@ -102,7 +103,7 @@ def check_watch(config: RunConfig) -> RunPlan:
     judge a sweep cannot run fails now rather than at the first checkpoint, hours into training: the run as
     planned on --model (the embedded default where none is given; each step's own plan comes later)."""
     plan = build_plan(config, materialise_model=False)
-    check_sweep_judge(plan)
+    check_sweep_judge(plan, "watch")
     return plan
 
 
@@ -110,6 +111,7 @@ def describe_watch(config: RunConfig, checkpoint_dir: Path, options: WatchOption
     """The dry run: the checks above, then the sweep of the checkpoints there now (each evaluated once
     complete), or that none is there yet, and how the watch polls."""
     check_watch(config)
+    check_address_reachable(config.cluster.address)  # the watch itself joins it when it starts
     found = ArrivalWatcher(checkpoint_dir, options.settle_s, options.every).found()
     until = "until stopped" if options.until_idle_s is None else f"until idle for {options.until_idle_s:g} s"
     polling = f"rayeval watch: polls {checkpoint_dir} every {options.poll_s:g} s, {until}"

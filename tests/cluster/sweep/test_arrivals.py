@@ -60,3 +60,15 @@ def test_every_keeps_the_multiples(tmp_path: Path):
         adapter(run / f"step_{step}")
         (run / f"step_{step}" / "trainer_state.json").write_text("{}")
     assert steps(ArrivalWatcher(run, settle_s=0, every=100), 0) == [100, 200]
+
+
+def test_a_marker_on_a_step_every_leaves_out_still_decides_for_the_others(tmp_path: Path):
+    # --every 20: checkpoint-10 is left out, but its trainer_state.json says the trainer marks its checkpoints,
+    # so checkpoint-20 (no marker yet: still being saved) is not taken as settled
+    run = tmp_path / "hf"
+    (adapter(run / "checkpoint-10") / "trainer_state.json").write_text("{}")
+    adapter(run / "checkpoint-20")
+    watcher = ArrivalWatcher(run, settle_s=0, every=20)
+    assert steps(watcher, 100) == [] and [c.step for c in watcher.found()] == [20]
+    (run / "checkpoint-20" / "trainer_state.json").write_text("{}")
+    assert steps(watcher, 101) == [20]
