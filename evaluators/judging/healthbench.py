@@ -139,7 +139,8 @@ class HealthBench(JudgeTask):
         return stats
 
     def _reference_clipping(self, items: list[JudgedItem], seed: int) -> TaskStatistic:
-        """HealthBench's own aggregate: the mean of the unclipped scores, clipped to [0, 1] once."""
+        """HealthBench's own aggregate: the mean of the unclipped scores, clipped to [0, 1] once; each
+        question counts once (its samples' mean), as every other number of the task does."""
         import numpy as np
 
         from evaluators.judging.statistics import bootstrap_statistic, question_index, row_sums
@@ -147,10 +148,10 @@ class HealthBench(JudgeTask):
         scored = [i for i in items if "unclipped_score" in i.judged.features]
         index, num_questions = question_index([i.question for i in scored])
         q_sum = np.bincount(index, weights=[i.judged.features["unclipped_score"] for i in scored])
-        q_count = np.bincount(index).astype(float)
+        q_mean = q_sum / np.bincount(index)
 
         def estimate(counts: np.ndarray) -> np.ndarray:
-            return np.clip(row_sums(counts, q_sum) / row_sums(counts, q_count), 0.0, 1.0)
+            return np.clip(row_sums(counts, q_mean) / counts.sum(axis=-1), 0.0, 1.0)
 
         return bootstrap_statistic(
             "score_mean_then_clipped,none",
@@ -158,7 +159,7 @@ class HealthBench(JudgeTask):
             estimate,
             rounds=self.bootstrap_rounds,
             seed=seed,
-            estimator="HealthBench's aggregate: mean of the unclipped per-sample scores, clipped to [0, 1]",
+            estimator="HealthBench's aggregate: mean over questions of the unclipped scores, clipped to [0, 1]",
         )
 
 
