@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster import timeline
@@ -189,6 +190,8 @@ def _apply_data_paths(config: RunConfig, data_paths: list[str] | None) -> None:
     given: dict[str, str] = {}
     for entry in data_paths or []:
         name, sep, path = entry.partition("=")
+        if sep and len(tasks) == 1 and name not in {t.name for t in tasks} and Path(entry).exists():
+            sep = ""  # a bare path that holds '=' (data/split=test.jsonl)
         if not sep:
             if len(tasks) != 1:
                 raise EvalInputError(

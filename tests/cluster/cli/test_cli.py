@@ -265,3 +265,11 @@ def test_help_and_dry_run_import_neither_ray_vllm_torch_the_ifeval_checkers_nor_
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert "model     SmolLM2-135M-Instruct" in done.stdout and "on cpu" in done.stdout
+
+
+def test_a_bare_data_path_may_hold_an_equals_sign(capsys, tmp_path, shared_gsm8k):
+    # one task, and a file whose name has '=' (as partitioned datasets name theirs): read as the path
+    data = tmp_path / "split=test.jsonl"
+    data.write_bytes(open(shared_gsm8k, "rb").read())
+    assert main(["run", "--tasks", "gsm8k", "--data-path", str(data), "--limit", "2", "--dry-run"]) == 0
+    assert "gsm8k      samples=2" in capsys.readouterr().out
