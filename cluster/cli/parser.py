@@ -23,8 +23,9 @@ class Parser(argparse.ArgumentParser):
         """As argparse's, but flags no command takes are named with the command's help, not the top one."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            command = getattr(parsed, "command", None)
-            where = f"{self.prog} {command}" if command else self.prog
+            # the innermost command's help lists its flags (`rayeval jobs logs --help`)
+            words = [getattr(parsed, name, None) for name in ("command", "action")]
+            where = " ".join([self.prog, *(w for w in words if isinstance(w, str))])
             self.exit(
                 2,
                 f"rayeval: error: unrecognized arguments: {' '.join(extras)}. `{where} --help` lists every flag "
