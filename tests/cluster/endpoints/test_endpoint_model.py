@@ -23,7 +23,7 @@ ANSWER = "Hello. This answer has two sentences."
 KEY_ENV = "RAYEVAL_TEST_ENDPOINT_KEY"
 
 
-def test_a_local_endpoint_needs_no_key_but_a_hosted_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_endpoint_at_a_base_url_needs_no_key_but_openais_does(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(KEY_ENV, raising=False)
     local = ApiSettings(
         model="m", base_url="http://127.0.0.1:8000/v1", api_key_env=KEY_ENV, user=ApiUser.MODEL
@@ -32,9 +32,11 @@ def test_a_local_endpoint_needs_no_key_but_a_hosted_one_does(monkeypatch: pytest
     hosted = ApiSettings(model="gpt-x", api_key_env=KEY_ENV, user=ApiUser.MODEL)
     with pytest.raises(EvalInputError, match=f"model endpoint 'gpt-x'.*{KEY_ENV}.*--api-key-env"):
         read_api_key(hosted)
+    # a judge alike: one served at a base URL without a key (rayeval serve on loopback) takes any
     judge = ApiSettings(model="m", base_url="http://127.0.0.1:8000/v1", api_key_env=KEY_ENV)
-    with pytest.raises(EvalInputError, match="--judge-api-key-env"):
-        read_api_key(judge)  # a judge always needs its key
+    assert read_api_key(judge) == NO_KEY
+    with pytest.raises(EvalInputError, match="API judge 'gpt-x'.*--judge-api-key-env"):
+        read_api_key(ApiSettings(model="gpt-x", api_key_env=KEY_ENV))
 
 
 @pytest.mark.parametrize(
