@@ -110,7 +110,7 @@ def test_a_good_adapter_passes_and_each_broken_one_says_why(tmp_path, adapter, b
     assert "rank 64 is above the engine's max_lora_rank 16; raise --max-lora-rank to 64" in broken(
         "rank", edit_config(r=64)
     )
-    assert "vLLM serves ranks up to 256: merge it" in broken("rank-512", edit_config(r=512))
+    assert "vLLM serves ranks up to 512: merge it" in broken("rank-1024", edit_config(r=1024))
     assert "holds no adapter_config.json" in broken("config", lambda f: (f / "adapter_config.json").unlink())
     assert "base_model_name_or_path is 'Qwen/Qwen2.5-7B'" in broken(
         "base", edit_config(base_model_name_or_path="Qwen/Qwen2.5-7B")
