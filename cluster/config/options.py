@@ -90,6 +90,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+def _duration_setting(field: str, flag: str, off: bool = True) -> Any:
+    """A before-validator reading setting `field` as a duration (`duration_value`; `off` as there), so each
+    duration setting takes 90, 30m, 1h30m alike in one line."""
+
+    def parse(value: Any) -> Any:
+        return duration_value(value, flag, off)
+
+    return field_validator(field, mode="before")(parse)
+
+
 class TaskOptions(Strict):
     """One task's entry in `tasks:`; its options override the run's for this task."""
 
@@ -376,20 +386,11 @@ class ClusterOptions(Strict):
             value = DEFAULT_KEEP_WARM_S if self.address else 0.0
         return value if value > 0 else None
 
-    @field_validator("keep_warm_s", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> Any:
-        return duration_value(value, "--keep-warm")
+    _duration = _duration_setting("keep_warm_s", "--keep-warm")
 
-    @field_validator("coordinator_idle_timeout_s", mode="before")
-    @classmethod
-    def _idle_duration(cls, value: Any) -> Any:
-        return duration_value(value, "--coordinator-idle-timeout", off=False)
+    _idle_duration = _duration_setting("coordinator_idle_timeout_s", "--coordinator-idle-timeout", off=False)
 
-    @field_validator("placement_timeout_s", mode="before")
-    @classmethod
-    def _placement_duration(cls, value: Any) -> Any:
-        return duration_value(value, "cluster.placement_timeout_s", off=False)
+    _placement_duration = _duration_setting("placement_timeout_s", "cluster.placement_timeout_s", off=False)
 
     @field_validator("forward_env")
     @classmethod
@@ -528,10 +529,7 @@ class EndpointOptions(Strict):
     _base_url = field_validator("base_url")(_check_http_url)
     _key_env = field_validator("api_key_env")(_check_env_name)
 
-    @field_validator("timeout_s", mode="before")
-    @classmethod
-    def _timeout(cls, value: Any) -> Any:
-        return duration_value(value, "--endpoint-timeout", off=False)
+    _timeout = _duration_setting("timeout_s", "--endpoint-timeout", off=False)
 
 
 class JudgeOptions(Strict):
@@ -619,15 +617,9 @@ class JudgeOptions(Strict):
     _base_url = field_validator("base_url")(_check_http_url)
     _key_env = field_validator("api_key_env")(_check_env_name)
 
-    @field_validator("timeout_s", mode="before")
-    @classmethod
-    def _timeout(cls, value: Any) -> Any:
-        return duration_value(value, "--judge-timeout", off=False)
+    _timeout = _duration_setting("timeout_s", "--judge-timeout", off=False)
 
-    @field_validator("second_pass_pause_s", mode="before")
-    @classmethod
-    def _pause(cls, value: Any) -> Any:
-        return duration_value(value, "--judge-second-pass-pause")
+    _pause = _duration_setting("second_pass_pause_s", "--judge-second-pass-pause")
 
     @property
     def kind(self) -> Literal["local", "openai"] | None:
@@ -766,10 +758,7 @@ class RunConfig(Strict):
         json_schema_extra=cli("--run-id", "ID", group="output"),
     )
 
-    @field_validator("sync_interval_s", mode="before")
-    @classmethod
-    def _sync_duration(cls, value: Any) -> Any:
-        return duration_value(value, "--sync-interval", off=False)
+    _sync_duration = _duration_setting("sync_interval_s", "--sync-interval", off=False)
 
     @field_validator("output_dir")
     @classmethod
@@ -912,10 +901,7 @@ class PoolConfig(Strict):
         json_schema_extra=cli("--lora-slots", "N", group="pool"),
     )
 
-    @field_validator("idle_timeout_s", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> Any:
-        return duration_value(value, "--idle-timeout", off=False)
+    _duration = _duration_setting("idle_timeout_s", "--idle-timeout", off=False)
 
     @model_validator(mode="after")
     def _engine_model(self) -> PoolConfig:
