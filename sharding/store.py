@@ -23,6 +23,15 @@ from sharding.requests import Completion
 log = logging.getLogger(__name__)
 
 
+def record_key(line: bytes) -> str | None:
+    """The request id of one journal line; None for a line that holds no readable record."""
+    try:
+        key = json.loads(line).get("request_id")
+    except (ValueError, AttributeError):
+        return None
+    return key if isinstance(key, str) else None
+
+
 class StoreInUse(Exception):
     """Another process holds the store: two writers would interleave and duplicate work."""
 

@@ -6,8 +6,10 @@ append-only journals: while the run goes on, each push uploads only the lines ad
 part object `NAME.parts/START-END` (byte offsets into the journal), so a crash loses at most what was added
 since the last push. At the end every file is uploaded whole and a journal's parts are deleted. A pull
 assembles each journal from its whole object and the parts after it (by offset, so a part that the whole
-object already holds is skipped), and keeps a local journal that is longer than the store's (one that
-could not be uploaded); other files are taken from the store.
+object already holds is skipped), and keeps a local journal that holds the store's and more (one that could
+not be uploaded); a local journal that is not the store's journal or its start (another node's run went on
+from the store since) gives way to the store's, with its own records the store lacks appended (nothing
+computed is lost, and no request gets two records). Other files are taken from the store.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from cluster.storage.location import RemoteFolder
 from cluster.storage.probe import StorageError, explain
+from sharding.store import record_key
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -121,8 +124,9 @@ class FolderMirror:
             self._parts_sent.add(relative)
         target = self.local / relative
         self._journal_sent[relative] = end
-        if target.exists() and target.stat().st_size >= end:
-            return 0  # this node's journal holds at least as much (an upload that had failed)
+        local_size = target.stat().st_size if target.exists() else None
+        if local_size is not None and end == 0:
+            return 0  # nothing of it on the store: this node's journal as it is
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(target.name + ".tmp")
         with temporary.open("wb") as out:
@@ -130,6 +134,20 @@ class FolderMirror:
                 self._copy_from(f"{self._base}/{relative}", out, 0)
             for part, skip in chain:
                 self._copy_from(part.path, out, skip)
+        if local_size is not None and _same_start(target, temporary, min(local_size, end)):
+            if local_size >= end:  # this node's journal holds the store's and more (an upload that failed)
+                temporary.unlink()
+                return 0
+        elif local_size is not None:  # another node's run went on from the store since this copy was made
+            kept = _append_lines_it_lacks(temporary, target)
+            log.warning(
+                "%s/%s: this node's copy (%s) differs from the store's, where another run went on: the store's "
+                "records are taken, with %d of this node's that it lacks",
+                self.remote.uri,
+                relative,
+                target,
+                kept,
+            )
         temporary.replace(target)
         return 1
 
@@ -229,6 +247,32 @@ class FolderMirror:
             # the whole journal is up: a part left behind is skipped by every pull (its bytes are in it)
             log.warning("could not delete %s%s on the store: %s", relative, PARTS_SUFFIX, exc)
         self._parts_sent.discard(relative)
+
+
+def _same_start(first: Path, second: Path, size: int) -> bool:
+    """Whether two files' first `size` bytes are equal."""
+    with first.open("rb") as one, second.open("rb") as other:
+        while size > 0:
+            want = min(CHUNK, size)
+            chunk = one.read(want)
+            if chunk != other.read(want) or len(chunk) < want:
+                return False
+            size -= want
+    return True
+
+
+def _append_lines_it_lacks(journal: Path, other: Path) -> int:
+    """Append to `journal` the complete lines of `other` whose record (its request id: the journals are
+    result stores, `sharding.store`) `journal` lacks; returns how many. `journal`'s own bytes stay first,
+    as they are on the store."""
+    have = {key for line in journal.read_bytes().splitlines() if (key := record_key(line)) is not None}
+    raw = other.read_bytes()
+    lines = raw[: raw.rfind(b"\n") + 1].splitlines()
+    extra = [line for line in lines if (key := record_key(line)) is not None and key not in have]
+    if extra:
+        with journal.open("ab") as out:  # the store's ends on a newline: only complete lines are pushed
+            out.write(b"".join(line + b"\n" for line in extra))
+    return len(extra)
 
 
 def _complete_lines_end(handle: BinaryIO, size: int) -> int:

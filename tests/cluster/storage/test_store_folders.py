@@ -4,6 +4,7 @@ bad --output-dir ending in exit 2 with one message before anything starts."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -85,6 +86,42 @@ def test_a_pull_keeps_a_longer_local_journal_and_skips_parts_the_whole_one_holds
     assert (writer.local / JOURNAL).read_text() == "a\nb\nc\nd\n"
     again.push(final=True)
     assert store_env.read("keep/run")[JOURNAL] == b"a\nb\nc\nd\n"
+
+
+def record(request_id: str, text: str) -> bytes:
+    return json.dumps({"request_id": request_id, "text": text}).encode() + b"\n"
+
+
+def test_a_stale_copy_on_a_node_gives_way_to_the_store_and_adds_only_the_records_it_lacks(
+    store_env: ObjectStore, tmp_path: Path
+):
+    """Node A uploads r0-r2, writes r3-r5 and is killed; node B resumes from the store, generates r3 (its
+    own sample) and r6 and finishes; the same command again on A must neither keep A's copy (which lacks
+    r6) nor splice it after the store's bytes (a torn line, r6 dropped), nor give r3 a second record."""
+    node_a = mirror_at(store_env, "stale/run", tmp_path / "a")
+    (node_a.local / "cache").mkdir(parents=True)
+    (node_a.local / JOURNAL).write_bytes(b"".join(record(f"r{i}", "a") for i in range(3)))
+    node_a.push(final=False)
+    with (node_a.local / JOURNAL).open("ab") as journal:
+        journal.write(b"".join(record(f"r{i}", "a, longer than b's") for i in range(3, 6)))
+    node_b = mirror_at(store_env, "stale/run", tmp_path / "b")
+    node_b.pull()
+    with (node_b.local / JOURNAL).open("ab") as journal:
+        journal.write(record("r3", "b") + record("r6", "b"))
+    node_b.push(final=True)
+
+    again = mirror_at(store_env, "stale/run", node_a.local)
+    assert again.pull() == 1
+    lines = (node_a.local / JOURNAL).read_bytes().splitlines()
+    records = [json.loads(line) for line in lines]  # every line readable
+    assert [(r["request_id"], r["text"]) for r in records] == [
+        ("r0", "a"), ("r1", "a"), ("r2", "a"), ("r3", "b"), ("r6", "b"),
+        ("r4", "a, longer than b's"), ("r5", "a, longer than b's"),
+    ]  # fmt: skip
+    again.push(final=False)  # the records the store lacked go up as a part after its bytes
+    assembled = mirror_at(store_env, "stale/run", tmp_path / "c")
+    assembled.pull()
+    assert (assembled.local / JOURNAL).read_bytes() == (node_a.local / JOURNAL).read_bytes()
 
 
 def test_the_probe_leaves_nothing_and_explains_a_store_that_refuses(s3: ObjectStore, monkeypatch, tmp_path):
