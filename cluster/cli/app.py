@@ -12,6 +12,7 @@ import sys
 from cluster import timeline
 from cluster.cli import (
     attach,
+    cache,
     compare,
     jobs,
     plot,
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         watch,
         serve,
         pools,
+        cache,
         submit,
         jobs,
         attach,

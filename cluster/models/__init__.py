@@ -14,7 +14,8 @@ _EXPORTS = {
         "check_hub_model",
     ),
     "prompts": ("PromptRenderer", "EndpointRenderer", "Renderer", "prompt_renderer"),
-    "default": ("DEFAULT_MODEL_NAME", "ensure_default_model", "default_model_dir", "cache_root"),
+    "default": ("DEFAULT_MODEL_NAME", "ensure_default_model", "default_model_dir"),
+    "cache": ("cache_root", "CacheKind", "CacheEntry", "list_entries", "prune", "mark_used"),
     "checkpoints": (
         "Checkpoint",
         "CheckpointKind",

@@ -275,7 +275,7 @@ def adapter_digest(files: dict[str, bytes]) -> str:
 def staged_adapter_dir(adapter: Adapter) -> Path:
     """Where an engine's node keeps its copy of an adapter that its own filesystem lacks at `adapter.path`
     (or holds other files at): under this node's rayeval cache, one folder per name and digest."""
-    from cluster.models.default import cache_root
+    from cluster.models.cache import cache_root
 
     return cache_root() / "adapters" / f"{adapter.name}-{adapter.digest}"
 
@@ -283,9 +283,14 @@ def staged_adapter_dir(adapter: Adapter) -> Path:
 def adapter_folder_here(adapter: Adapter) -> str | None:
     """The folder on this node holding the very adapter the run planned (the same digest): its own path, or
     the copy staged here; None where neither does. Called on the engine's node."""
-    for folder in (Path(adapter.path), staged_adapter_dir(adapter)):
+    from cluster.models.cache import mark_used
+
+    staged = staged_adapter_dir(adapter)
+    for folder in (Path(adapter.path), staged):
         found = adapter_files(folder) if (folder / "adapter_config.json").is_file() else {}
         if found and adapter_digest(found) == adapter.digest:
+            if folder == staged:  # the cache's copy; a user's own folder is left as it is
+                mark_used(folder)
             return str(folder)
     return None
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from pathlib import Path
 
+from cluster.models.cache import cache_root, mark_used
 from cluster.models.once import built_once
 from evaluators.errors import EvalInputError
 
@@ -19,10 +19,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("RAYEVAL_CACHE", Path.home() / ".cache" / "rayeval"))
 
 
 def default_model_dir() -> Path:
@@ -44,6 +40,7 @@ def ensure_default_model() -> Path:
     of one machine build it one at a time (a lock file beside it): the others wait, then find it built."""
     target = default_model_dir()
     if (target / "config.json").is_file():
+        mark_used(target)
         return target
     gguf = packaged_gguf()
     return built_once(
@@ -56,6 +53,7 @@ def default_model_here(path: str) -> str:
     resolved it to `path` (its folder there): `path` where this node has it there too, else this node's own
     copy, built on first use. A cluster's nodes need not have built it, or may keep it under another home."""
     if (Path(path) / "config.json").is_file():
+        mark_used(Path(path))
         return path
     return str(ensure_default_model())
 

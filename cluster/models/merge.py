@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.models.cache import mark_used
 from cluster.models.checkpoints import (
     ADAPTER_WEIGHTS,
     MergedFrom,
@@ -72,7 +73,7 @@ class MergePlan:
 
 def merged_cache() -> Path:
     """Where this machine keeps the checkpoints it merged: under its rayeval cache."""
-    from cluster.models.default import cache_root
+    from cluster.models.cache import cache_root
 
     return cache_root() / "merged"
 
@@ -87,6 +88,7 @@ def merged_checkpoint(
         Adapter(adapter.name, str(adapter.resolve()), digest), str(base), is_default_model(base)
     )
     if (target / "config.json").is_file():
+        mark_used(target)
         if merged_from_of(target) is None:  # merged before the record was kept: it is the same merge
             with contextlib.suppress(OSError):
                 write_merged_from(target, made_from)
@@ -109,6 +111,7 @@ def merged_folder_here(path: str) -> str | None:
     node's own copy of it (`merged_copy_here`) made before; None where neither is here."""
     for folder in (Path(path), merged_cache() / Path(path).name):
         if (folder / "config.json").is_file():
+            mark_used(folder)
             return str(folder)
     return None
 

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from cluster.models.default import cache_root
+from cluster.models.cache import cache_root
 from cluster.models.rendered import RenderedPrompts
 from cluster.models.resolve import ResolvedModel
 from evaluators.errors import EvalInputError

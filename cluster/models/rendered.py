@@ -18,6 +18,8 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from cluster.models.cache import mark_used
+
 log = logging.getLogger(__name__)
 
 # Files that hold weights or training state, not the tokenizer: left out of the digest (and never read).
@@ -73,6 +75,7 @@ class RenderedPrompts:
             db.execute("CREATE TABLE IF NOT EXISTS rendered (prompt TEXT PRIMARY KEY, text TEXT NOT NULL)")
             db.execute("CREATE TABLE IF NOT EXISTS facts (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
             self._db = db
+            mark_used(path)
         except (OSError, sqlite3.Error) as exc:
             self._give_up(exc)
 

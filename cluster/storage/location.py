@@ -9,20 +9,29 @@ role. A URI carrying a key is refused, since config.yaml and the logs record the
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
+from cluster.models.cache import staging_root
 from evaluators.errors import EvalInputError
 
 if TYPE_CHECKING:
     import pyarrow.fs
 
-STAGING_ENV = "RAYEVAL_STAGING_DIR"
 # query parameters of a pyarrow S3/GCS URI that carry a secret (pyarrow would accept them)
 SECRET_QUERY_KEYS = frozenset({"access_key", "secret_key", "session_token", "access_token"})
+
+
+def credentials_in(uri: str) -> str | None:
+    """Where a URI carries a credential (USER:PASSWORD@ or a secret query key), named without its value;
+    None where it carries none."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        return f"{parts.scheme}://USER:...@..."
+    secret = sorted(SECRET_QUERY_KEYS & set(parse_qs(parts.query)))
+    return f"its query's {', '.join(secret)}" if secret else None
 
 
 def is_remote(value: str | None) -> bool:
@@ -52,22 +61,15 @@ class RemoteFolder:
             raise EvalInputError(
                 f"{setting} {value}: the URI names no bucket or folder. Give one like s3://BUCKET/PREFIX."
             )
-        if parts.username or parts.password:
+        carried = credentials_in(value)
+        if carried is not None:
             raise EvalInputError(
-                f"{setting}: the URI carries credentials ({parts.scheme}://USER:...@...). They would be written "
-                "into the run's config.yaml and logs; give them the standard way on the node that writes "
-                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, the instance's role) and leave them out of "
-                "the URI."
+                f"{setting}: the URI carries a credential ({carried}), which would be written into the run's "
+                "config.yaml and logs; give it the standard way on the node that writes "
+                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, the instance's role) and leave it out of the URI."
             )
         if ".." in parts.path.split("/"):
             raise EvalInputError(f"{setting} {value}: a '..' in the URI's path; give the folder's own path.")
-        secret = sorted(SECRET_QUERY_KEYS & set(parse_qs(parts.query)))
-        if secret:
-            raise EvalInputError(
-                f"{setting}: the URI's query sets {', '.join(secret)}, a credential that would be written into "
-                "the run's config.yaml and logs; give it through the environment or ~/.aws on the node that "
-                "writes instead."
-            )
         return cls(value.rstrip("/"))
 
     @property
@@ -109,14 +111,6 @@ class RemoteFolder:
         if parts.query:
             base = base / f"query-{hashlib.sha256(parts.query.encode()).hexdigest()[:12]}"
         return base.joinpath(parts.netloc or "_", *[p for p in parts.path.split("/") if p])
-
-
-def staging_root() -> Path:
-    """Where this node stages folders of object storage: $RAYEVAL_STAGING_DIR, else rayeval's cache
-    (~/.cache/rayeval/storage). A pod whose home is small points it at a larger disk."""
-    from cluster.models import cache_root
-
-    return Path(os.environ.get(STAGING_ENV) or cache_root() / "storage").expanduser()
 
 
 def _fsspec_filesystem(uri: str, arrow_problem: str) -> tuple[pyarrow.fs.FileSystem, str]:
