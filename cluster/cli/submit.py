@@ -166,7 +166,24 @@ def job_command(given: list[str]) -> tuple[list[str], argparse.Namespace]:
             f"(got {' '.join(given) or 'nothing'}), e.g. `rayeval submit -- run --tasks gsm8k --limit 50`."
         )
     parsed = _command_parser().parse_args(command)  # a usage error exits 2 naming the flag, as on the cluster
+    _refuse_credentials(command)
     return command, parsed
+
+
+def _refuse_credentials(command: list[str]) -> None:
+    """Refuse a URI that carries a credential anywhere in the command: Ray keeps the command in the job's
+    record and shows it on the dashboard (the flag is named, never the value)."""
+    from cluster.storage.location import credentials_in
+
+    for before, token in zip(["", *command], command, strict=False):
+        flag, _, value = token.partition("=") if token.startswith("--") else (before, "", token)
+        carried = credentials_in(value) if "://" in value else None
+        if carried is not None:
+            raise EvalInputError(
+                f"rayeval submit: {flag or 'an argument'} carries a credential in its URI ({carried}); Ray keeps "
+                "the job's command in its record and shows it on the dashboard. Give the credential through the "
+                "environment (--env NAME forwards it sealed) and the URI without it."
+            )
 
 
 def _command_parser() -> argparse.ArgumentParser:

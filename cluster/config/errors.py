@@ -47,10 +47,16 @@ def _describe_problem(item: Mapping[str, Any], flags: Mapping[str, str]) -> str:
     if not loc:  # a rule over several settings: its message names them (--pass-k, --num-samples)
         return message
     message = message[:1].lower() + message[1:] + _type_hint(item, loc)
-    if isinstance(item["input"], (list, dict)):
-        return f"{named}: {message}"  # a whole section or list: the message says which part
+    if isinstance(item["input"], (list, dict)) or _carries_credential(item["input"]):
+        return f"{named}: {message}"  # a whole section or list: the message says which part; a secret: never
     value = repr(item["input"])
     return f"{named} is {value if len(value) <= 60 else value[:57] + '...'}: {message}"
+
+
+def _carries_credential(value: Any) -> bool:
+    from cluster.storage.location import credentials_in
+
+    return isinstance(value, str) and "://" in value and credentials_in(value) is not None
 
 
 def _prefixes(loc: tuple[Any, ...]) -> list[str]:

@@ -458,6 +458,13 @@ class LmEvalOptions(Strict):
 
 
 def _check_http_url(value: str | None) -> str | None:
+    from cluster.storage.location import credentials_in
+
+    if value is not None and credentials_in(value) is not None:
+        raise ValueError(
+            f"the URL carries a credential ({credentials_in(value)}), which config.yaml and the logs would record: "
+            "give the key through its variable (--api-key-env) and the URL without it"
+        )
     parsed = urlparse(value or "")
     if value is not None and (parsed.scheme not in ("http", "https") or not parsed.netloc):
         raise ValueError(

@@ -194,6 +194,15 @@ CASES = [
     Case("plot-output-is-a-file", "plot {tmp}/runs --output {tmp}/taken", 2, ("is a file, not a folder",), files={"taken": "x"}),
     Case("watch-task-typo", "watch {tmp}/ckpts --tasks ifevl", 2, ("Unknown task 'ifevl'", "ifeval"), files={"ckpts/.keep": ""}),
     Case("watch-poll-interval-zero", "watch {tmp}/ckpts --poll-interval 0", 2, ("--poll-interval cannot be '0' here",)),
+    # --- credentials in URIs: refused, and never echoed (SECRETY must not appear) ---------------------
+    Case("base-url-with-credentials", "run --dry-run --model openai:m --tasks gsm8k --base-url https://u:SECRETY@h/v1", 2,
+         ("(--base-url): the URL carries a credential (https://USER:...@...)", "--api-key-env")),
+    Case("submit-output-uri-with-credentials", "submit --address 127.0.0.1:1 -- run --tasks gsm8k --output-dir s3://K:SECRETY@b/e", 2,
+         ("--output-dir carries a credential in its URI", "job's command in its record", "--env NAME")),
+    Case("submit-query-credential", "submit --address 127.0.0.1:1 -- run --tasks gsm8k --output-dir=s3://b/e?secret_key=SECRETY", 2,
+         ("--output-dir carries a credential in its URI (its query's secret_key)",)),
+    Case("cache-prune-storage", "cache prune --kind storage", 2, ("staged run folders are never pruned", "remove one by hand")),
+    Case("cache-prune-bad-duration", "cache prune --unused-for 7days", 2, ("is not a duration", "--unused-for 30m")),
 ]  # fmt: skip
 
 
@@ -254,6 +263,7 @@ def test_bad_input_exits_2_naming_it_and_the_fix(case, tmp_path, shared_gsm8k, c
     for fragment in case.fragments:
         assert fragment in errors[0], f"{fragment!r} not in {errors[0]!r}"
     assert "Traceback" not in out + err and out == ""
+    assert "SECRETY" not in out + err, "a credential given in a URI was echoed"
     if run:
         assert _snapshot(run) == before, "the existing run folder changed"
 
