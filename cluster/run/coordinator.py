@@ -8,9 +8,11 @@ on the replicas through the result store, `records` scores completions as they a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -65,23 +67,35 @@ def run_evaluation(
     a sweep holds for its steps, the one this run must use."""
     started = time.perf_counter()
     paths = RunPaths.new(plan.config.output_dir, plan.config.run_id, plan.model_label)
-    sync = _open_sync(plan, paths)  # a folder on a store: what it holds comes here first (a resume)
     paths.make()
-    _save_config(plan, paths)
-    store = _open_store(paths)
-    if sync is not None:
-        sync.start(lambda: len(store.added_ids))
-    complete = False
-    try:
-        result, runner = _run_in_folder(
-            plan, paths, store, started, verbose, progress, retry_failed, shared, warm_pool
-        )
-        complete = True
-    finally:
+    with _folder_held(paths):  # before anything in it changes: a second run over it is refused untouched
+        sync = _open_sync(plan, paths)  # a folder on a store: what it holds comes here first (a resume)
+        _save_config(plan, paths)
+        store = _open_store(paths)
         if sync is not None:
-            sync.finish(complete)
+            sync.start(lambda: len(store.added_ids))
+        complete = False
+        try:
+            result, runner = _run_in_folder(
+                plan, paths, store, started, verbose, progress, retry_failed, shared, warm_pool
+            )
+            complete = True
+        finally:
+            if sync is not None:
+                sync.finish(complete)
     _fail_if_every_replica_died(runner, result, paths)
     return result
+
+
+@contextlib.contextmanager
+def _folder_held(paths: RunPaths) -> Iterator[None]:
+    from cluster.storage.folder_lock import FolderInUse, holding
+
+    try:
+        with holding(paths.root):
+            yield
+    except FolderInUse:
+        raise _in_use(paths) from None
 
 
 def _open_sync(plan: RunPlan, paths: RunPaths) -> RunFolderSync | None:
@@ -173,10 +187,14 @@ def _open_store(paths: RunPaths) -> ResultStore:
     try:
         return ResultStore(paths.cache)
     except StoreInUse:
-        raise EvalInputError(
-            f"The run folder {paths.root} is in use by another rayeval process. Wait for it to finish (it writes "
-            "the same results), or pass another --run-id."
-        ) from None
+        raise _in_use(paths) from None
+
+
+def _in_use(paths: RunPaths) -> EvalInputError:
+    return EvalInputError(
+        f"The run folder {paths.root} is in use by another rayeval process. Wait for it to finish (it writes "
+        "the same results), or pass another --run-id."
+    )
 
 
 def _prepare(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
+from cluster.storage.folder_lock import held_folders
 from cluster.storage.location import RemoteFolder
 from cluster.storage.probe import StorageError, explain
 from sharding.store import record_key
@@ -67,11 +68,17 @@ class FolderMirror:
         self._lock = threading.Lock()
 
     # ---- from the store -------------------------------------------------------------------------------
-    def pull(self) -> int:
+    def pull(self, leave_held: bool = True) -> int:
         """Bring the store's files here; returns how many were fetched. A folder not on the store yet is
-        empty, not an error."""
+        empty, not an error. `leave_held`: files in a folder whose run lock is held (a run on this node
+        writing them: cluster.storage.folder_lock) are left as they are; the run itself pulls with False."""
         import pyarrow.fs as pafs
 
+        busy = (
+            [folder.relative_to(self.local).as_posix() for folder in held_folders(self.local)]
+            if leave_held
+            else []
+        )
         with self._lock:
             try:
                 infos = self._filesystem.get_file_info(
@@ -92,8 +99,14 @@ class FolderMirror:
                         parts[journal].append(_Part(int(start), int(end), info.path))
                 elif not is_local_only(relative):
                     wholes[relative] = info
+            if busy:
+                log.info(
+                    "%s: leaving %s as the run writing it there has it", self.remote.uri, ", ".join(busy)
+                )
             fetched = 0
             for relative in sorted(set(wholes) | set(parts)):
+                if any(folder == "." or relative.startswith(folder + "/") for folder in busy):
+                    continue
                 try:
                     if is_journal(relative):
                         fetched += self._pull_journal(relative, wholes.get(relative), parts.get(relative, []))

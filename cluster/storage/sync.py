@@ -119,7 +119,7 @@ class RunFolderSync:
 def open_run_folder(remote: RemoteFolder, policy: SyncPolicy) -> RunFolderSync:
     """The run folder's sync, its store's files pulled into the local staging folder first."""
     mirror = FolderMirror(remote.staging, remote)
-    fetched = mirror.pull()
+    fetched = mirror.pull(leave_held=False)  # the run holds its folder's lock: its own pull
     if fetched:
         log.info("fetched %d files of %s into %s (resuming)", fetched, remote.uri, remote.staging)
     return RunFolderSync(mirror, policy)

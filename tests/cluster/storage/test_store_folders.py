@@ -12,6 +12,7 @@ import pytest
 
 from cluster.cli import main
 from cluster.storage import FolderMirror, RemoteFolder, StorageError, probe_writable, readable_folder
+from cluster.storage.folder_lock import FolderInUse, holding
 from tests.object_store import BUCKET, READER, ObjectStore
 from tests.ports import free_port
 
@@ -124,6 +125,47 @@ def test_a_stale_copy_on_a_node_gives_way_to_the_store_and_adds_only_the_records
     assert (assembled.local / JOURNAL).read_bytes() == (node_a.local / JOURNAL).read_bytes()
 
 
+def test_a_pull_leaves_the_files_of_a_folder_a_run_on_this_node_is_writing(
+    store_env: ObjectStore, tmp_path: Path
+):
+    """compare/plot/view (or a sweep's reader) pulling a store's folder on the node where a run writes one of
+    its run folders must not put the store's older files over the live ones."""
+    writer = mirror_at(store_env, "live/sweep", tmp_path / "first")
+    for step in ("step_1", "step_2"):
+        (writer.local / step).mkdir(parents=True)
+        (writer.local / step / "summary.json").write_text(f'{{"{step}": "as uploaded"}}')
+    writer.push(final=True)
+    node = mirror_at(store_env, "live/sweep", tmp_path / "node")
+    (node.local / "step_1").mkdir(parents=True)
+    (node.local / "step_1" / "summary.json").write_text('{"step_1": "being written"}')
+    with holding(node.local / "step_1"):
+        assert node.pull() == 1  # step_2 only
+        assert (node.local / "step_1" / "summary.json").read_text() == '{"step_1": "being written"}'
+        assert (node.local / "step_2" / "summary.json").read_text() == '{"step_2": "as uploaded"}'
+        with pytest.raises(FolderInUse):  # a second run over it: refused
+            with holding(node.local / "step_1"):
+                pass
+    assert node.pull() == 1  # once the run is gone, the store's copy comes
+
+
+def test_a_run_over_a_folder_in_use_is_refused_before_its_config_changes(tmp_path: Path, shared_gsm8k: Path):
+    from cluster.config import RunConfig
+    from cluster.plan import build_plan
+    from cluster.run.coordinator import run_evaluation
+    from evaluators.errors import EvalInputError
+
+    folder = tmp_path / "runs" / "r1"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("sampling: {temperature: 0.0}\n")
+    config = RunConfig.model_validate(
+        {"output_dir": str(tmp_path / "runs"), "run_id": "r1", "tasks": [{"name": "gsm8k", "data_path": str(shared_gsm8k)}],
+         "sampling": {"temperature": 0.7}}
+    )  # fmt: skip
+    with holding(folder), pytest.raises(EvalInputError, match="in use by another rayeval process"):
+        run_evaluation(build_plan(config))
+    assert (folder / "config.yaml").read_text() == "sampling: {temperature: 0.0}\n"
+
+
 def test_the_probe_leaves_nothing_and_explains_a_store_that_refuses(s3: ObjectStore, monkeypatch, tmp_path):
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
@@ -146,8 +188,8 @@ BAD_OUTPUT_DIRS = [
      ["access denied while writing a probe object", "credentials found on node"]),
     ("unreachable", f"s3://{BUCKET}/runs", {"AWS_ENDPOINT_URL": "http://127.0.0.1:{closed}"},
      ["cannot be reached", "AWS_ENDPOINT_URL"]),
-    ("key-in-uri", f"s3://AKIA:secret@{BUCKET}/runs", {}, ["carries credentials", "~/.aws"]),
-    ("key-in-query", f"s3://{BUCKET}/runs?secret_key=abc", {}, ["secret_key", "environment or ~/.aws"]),
+    ("key-in-uri", f"s3://AKIA:secret@{BUCKET}/runs", {}, ["carries a credential (s3://USER:...@...)", "~/.aws"]),
+    ("key-in-query", f"s3://{BUCKET}/runs?secret_key=abc", {}, ["carries a credential (its query's secret_key)", "~/.aws"]),
     ("unknown-scheme", "nosuchfs://bucket/runs", {}, ["neither pyarrow nor fsspec can open"]),
     ("no-bucket", "s3://", {}, ["names no bucket"]),
 ]  # fmt: skip
