@@ -136,6 +136,12 @@ def run_sweep(
 ) -> SweepResult:
     """Evaluate every step of the plan on the connected (or a local) Ray cluster and draw the curves."""
     check_sweep(plan)
+    if (
+        plan.remote is not None
+    ):  # the steps finished before, wherever that sweep ran: its curves draw them too
+        from cluster.storage import local_copy
+
+        local_copy(plan.remote)
     first = plan.steps[0].plan
     with ray_session(first.config.cluster.address, first.replica, first.config.cluster.replicas, verbose):
         engines = SweepEngines(verbose)

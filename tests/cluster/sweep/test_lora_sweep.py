@@ -121,6 +121,12 @@ def test_a_lora_sweep_scores_every_good_adapter_on_one_engine_per_replica(served
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(s3.read("sweeps/sweep")["sweep.json"])["engine_starts"] == 0
     assert "0 of 3 requests generated" in again.stdout
+    # one step only, from a third node: the curves it uploads keep the steps other sweeps finished
+    third = {**s3.env(), "RAYEVAL_STAGING_DIR": str(root.parent / "third-node")}
+    one = rayeval(*args, "--steps", "400", env=third)
+    assert one.returncode == 0, one.stderr[-3000:]
+    uploaded = s3.read("sweeps/sweep")["sweep_summary.csv"].decode().splitlines()
+    assert {line.split(",")[1] for line in uploaded[1:]} == {"100", "200", "400"}
 
 
 def test_merged_adapters_run_as_checkpoints_and_answer_as_served(lora_run, served, base_outputs, tmp_path):
