@@ -770,9 +770,9 @@ class RunConfig(Strict):
     @field_validator("output_dir")
     @classmethod
     def _output_location(cls, value: str) -> str:
-        from cluster.storage.location import RemoteFolder, is_remote
+        from cluster.storage.location import output_location
 
-        return RemoteFolder.parse(value).uri if is_remote(value) else value
+        return output_location(value)
 
     @model_validator(mode="before")
     @classmethod

@@ -9,6 +9,7 @@ role. A URI carrying a key is refused, since config.yaml and the logs record the
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,8 @@ from evaluators.errors import EvalInputError
 if TYPE_CHECKING:
     import pyarrow.fs
 
+# `s3:/bucket`, `gs:/b/p`: a scheme of two letters or more (not a drive letter) followed by one slash
+SCHEME_ONE_SLASH = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 # query parameters of a pyarrow S3/GCS URI that carry a secret (pyarrow would accept them)
 SECRET_QUERY_KEYS = frozenset({"access_key", "secret_key", "session_token", "access_token"})
 
@@ -43,9 +46,29 @@ def is_remote(value: str | None) -> bool:
 
 def local_path(value: str) -> Path:
     """A local --output-dir as a path: `file:///abs/path` is `/abs/path`, `~` expanded."""
-    if value.startswith("file://"):
+    if "://" in value and urlsplit(value).scheme.lower() == "file":
         return Path(urlsplit(value).path)
     return Path(value).expanduser()
+
+
+def output_location(value: str, setting: str = "--output-dir") -> str:
+    """An --output-dir as the run records it: a store's URI checked (its scheme in lower case), a local
+    path as given; a URI missing a slash or a file:// URI naming a host is refused, as either would write
+    somewhere other than meant (a local folder named `s3:`, or the host dropped)."""
+    if is_remote(value):
+        return RemoteFolder.parse(value, setting).uri
+    typo = SCHEME_ONE_SLASH.match(value)
+    if typo is not None:
+        raise EvalInputError(
+            f"{setting} {value}: a URI needs two slashes after its scheme ({typo['scheme']}://...); as given it "
+            f"would be a local folder named '{typo['scheme']}:'. Write {typo['scheme']}://{value[typo.end() :]}."
+        )
+    if "://" in value and urlsplit(value).netloc not in ("", "localhost"):
+        raise EvalInputError(
+            f"{setting} {value}: a file:// URI names a folder on this machine (file:///abs/path); this one names "
+            f"the host '{urlsplit(value).netloc}'. Give the path (file:///abs/path, or a plain path)."
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -70,7 +93,7 @@ class RemoteFolder:
             )
         if ".." in parts.path.split("/"):
             raise EvalInputError(f"{setting} {value}: a '..' in the URI's path; give the folder's own path.")
-        return cls(value.rstrip("/"))
+        return cls(parts.scheme.lower() + value[len(parts.scheme) :].rstrip("/"))  # S3:// is s3://
 
     @property
     def scheme(self) -> str:

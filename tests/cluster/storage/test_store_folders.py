@@ -192,7 +192,16 @@ BAD_OUTPUT_DIRS = [
     ("key-in-query", f"s3://{BUCKET}/runs?secret_key=abc", {}, ["carries a credential (its query's secret_key)", "~/.aws"]),
     ("unknown-scheme", "nosuchfs://bucket/runs", {}, ["neither pyarrow nor fsspec can open"]),
     ("no-bucket", "s3://", {}, ["names no bucket"]),
+    ("one-slash", f"s3:/{BUCKET}/runs", {}, ["two slashes after its scheme", f"Write s3://{BUCKET}/runs"]),
+    ("file-uri-with-host", "file://runs", {}, ["names the host 'runs'", "file:///abs/path"]),
 ]  # fmt: skip
+
+
+def test_an_upper_case_scheme_is_the_store_and_an_upper_case_file_uri_a_local_folder(store_env: ObjectStore):
+    from cluster.storage.location import local_path, output_location
+
+    assert output_location(f"S3://{BUCKET}/Runs/") == f"s3://{BUCKET}/Runs"
+    assert local_path("FILE:///tmp/runs") == Path("/tmp/runs")
 
 
 @pytest.mark.parametrize("case", BAD_OUTPUT_DIRS, ids=[c[0] for c in BAD_OUTPUT_DIRS])
