@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -193,6 +194,7 @@ def _run(config: Any) -> None:
     from cluster.api import evaluate
 
     result = evaluate(config, progress=False)
+    _check_every_task_ran(config, result)
     if result.requests_failed:
         log.warning(
             "%d samples failed: left out of accuracy and pass@k, listed among the wrong answers (reasons: "
@@ -244,14 +246,29 @@ def _run_together(configs: list[Any], in_turn: bool) -> None:
             # in turn, the first failure stops the round (the replicas would fail the next run the same way)
             if in_turn:
                 for plan in plans:
-                    run_evaluation(plan, progress=False, shared=shared)
+                    _check_every_task_ran(plan.config, run_evaluation(plan, progress=False, shared=shared))
                 return
             with ThreadPoolExecutor(len(plans), thread_name_prefix="candidate") as threads:
                 runs = [threads.submit(run_evaluation, plan, progress=False, shared=shared) for plan in plans]
-                for run in runs:
-                    run.result()
+                results = [run.result() for run in runs]
         finally:
             shared.close()
+        for plan, result in zip(plans, results, strict=True):
+            _check_every_task_ran(plan.config, result)
+
+
+def _check_every_task_ran(config: Any, result: Any) -> None:
+    """A benchmark whose task could not run at all (lm-eval failed to load or score it) is a failed call, as
+    RD-Agent's own run_benchmark makes it: the results folder its layout wrote holds no numbers for it and
+    is removed, so the next call runs it again instead of reading that folder as done."""
+    if not result.task_errors:
+        return
+    for folder in _finished_runs(Path(config.work_dir)):
+        shutil.rmtree(folder, ignore_errors=True)
+    raise ClusterError(
+        "; ".join(f"{task} could not run: {error}" for task, error in sorted(result.task_errors.items()))
+        + f" (the run's folder, kept for a rerun: {result.run_dir})"
+    )
 
 
 def _finished_runs(results_base: Path) -> list[Path]:

@@ -220,3 +220,27 @@ def test_an_adapter_with_modules_trained_whole_is_merged_first(tmp_path, adapter
 def test_bad_ranges_are_refused(tmp_path, adapter_copy):
     _refused(tmp_path, adapter_copy, "getpid\\(\\)\" is not a form a range may use",
              test_range="[:__import__('os').getpid()]")  # fmt: skip
+
+
+def test_a_benchmark_whose_task_could_not_run_fails_the_call_and_leaves_no_finished_folder(tmp_path):
+    """lm-eval failing to load or score a task ends the run with `task_errors` and no numbers for it; the
+    call must fail as RD-Agent's own does, and the layout's timestamped folder (RD-Agent's "done") must go,
+    or every later call would read its empty summary. The run result here is the dataclass rayeval returns,
+    built with such an error (causing one needs a broken lm-eval task on a live engine)."""
+    from cluster.config import RunConfig
+    from cluster.errors import ClusterError
+    from cluster.integrations.rdagent import _check_every_task_ran
+    from cluster.run.result import RunResult
+
+    done = tmp_path / "benchmark_results" / "20261207_001500"
+    (done / "summary").mkdir(parents=True)
+    config = RunConfig(work_dir=str(tmp_path / "benchmark_results"), output_layout="opencompass")
+
+    def result(task_errors: dict[str, str]) -> RunResult:
+        return RunResult(Path("RUN"), [], "", 0.0, 0.0, 0, 0, 0, 0, 0, task_errors=task_errors)
+
+    _check_every_task_ran(config, result({}))  # a run that ran its tasks: nothing happens
+    assert done.exists()
+    with pytest.raises(ClusterError, match="mmlu could not run: lm-eval could not load it"):
+        _check_every_task_ran(config, result({"mmlu": "lm-eval could not load it"}))
+    assert not done.exists()
