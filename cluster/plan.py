@@ -59,6 +59,14 @@ class LmEvalTaskPlan:
     options: TaskOptions
     limit: int | None
     num_fewshot: int | None  # None: the task's own
+    test_range: str | None = (
+        None  # applied to each leaf task's documents (OpenCompass's test_range per dataset)
+    )
+
+    @property
+    def selection(self) -> tuple[int | None, str | None]:
+        """Which documents of each leaf task run: tasks that select alike are evaluated together."""
+        return self.limit, self.test_range
 
 
 @dataclass(frozen=True)
@@ -291,13 +299,9 @@ def _lm_eval_plan(
             "(--data-path) do not apply. Copy the YAML, set `dataset_path: json` and "
             "`dataset_kwargs: {data_files: {test: PATH}}`, and pass its folder with --include-path."
         )
-    if options.test_range or config.test_range:
-        raise EvalInputError(
-            f"test_range selects questions of rayeval's own tasks; {name} runs through lm-eval, which takes "
-            "--limit only. Use --limit N (the first N), or give test_range in the entries of rayeval's tasks only."
-        )
     num_fewshot = options.num_fewshot if options.num_fewshot is not None else config.num_fewshot
-    return LmEvalTaskPlan(name, options, options.limit or default_limit, num_fewshot)
+    test_range = options.test_range or config.test_range
+    return LmEvalTaskPlan(name, options, options.limit or default_limit, num_fewshot, test_range)
 
 
 def _check_unique(names: list[str]) -> None:

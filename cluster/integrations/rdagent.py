@@ -38,7 +38,6 @@ SUPPORTED_BENCHMARKS: dict[str, str] = {
     "math": "minerva_math",
     "mmlu": "mmlu",
 }
-RAYEVAL_TASKS = {"gsm8k", "ifeval"}  # the rest go through lm-eval, which takes a count, not a range
 # RD-Agent's sampling for every benchmark (its configs/models.yaml `default`), unless `install` says otherwise.
 RDAGENT_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
@@ -143,11 +142,9 @@ def benchmark_config(
     entry: dict[str, Any] = {"name": task}
     if data := (settings.get("data_paths") or {}).get(benchmark_name):
         entry["data_path"] = str(data)
-    if test_range and task in RAYEVAL_TASKS:
+    if test_range:  # rayeval's tasks take it over their dataset; lm-eval's (math, mmlu) over each subtask's
         DatasetRange.parse(test_range)  # a bad range is refused before anything runs
         entry["test_range"] = test_range
-    elif test_range:
-        entry["limit"] = _leading_count(test_range, benchmark_name)
     values: dict[str, Any] = {
         "model": {"path": model, "lora": lora, "tensor_parallel_size": 1},
         "tasks": [entry],
@@ -309,19 +306,6 @@ def _merged(adapter: Path, base: str) -> str:
     digest = load_adapter(str(adapter), base_folder, None).digest
     log.info("merging the adapter %s into %s", adapter, base_folder)
     return str(merged_checkpoint(adapter, base_folder, digest))
-
-
-def _leading_count(test_range: str, benchmark: str) -> int:
-    """An lm-eval task takes a count: `[:N]` (or a range that is one over any dataset) becomes N."""
-    parsed = DatasetRange.parse(test_range)
-    if parsed.start is None and parsed.step is None and parsed.stop is not None:
-        big = parsed.indices(1 << 30)
-        if len(big) == len(parsed.indices(1 << 31)) and len(big) > 0:
-            return len(big)
-    raise EvalInputError(
-        f"{benchmark} runs through lm-eval, which takes the first N questions only: give test_range as '[:N]' "
-        f"(got {test_range!r})"
-    )
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """lm-eval tasks inside a rayeval run: lm-eval builds the requests and computes the metrics, our replicas answer.
 
 Each task is loaded on its own, so one whose dataset cannot be had fails alone and the others still run.
-Tasks that share a limit go to lm-eval's `simple_evaluate` together, so all their requests of one type reach
+Tasks that select their documents alike (a limit, a test_range applied to each leaf task, as OpenCompass
+applies it to each dataset) go to lm-eval's `simple_evaluate` together, so all their requests of one type reach
 the dispatcher as one batch. With N > 1 samples, generate_until tasks that sample are evaluated N times: the
 first round generates all N samples of every prompt in one dispatch, later rounds read theirs from the result
 store. A task whose generations are greedy runs once: its N samples would be one draw.
@@ -30,6 +31,7 @@ from evaluators.lm_eval_tasks import (
     summarize_lm_eval_group,
     summarize_lm_eval_task,
 )
+from evaluators.ranges import DatasetRange
 from evaluators.records import SampleRecord
 from evaluators.report import TaskSummary, greedy_note, unavailable_task
 from evaluators.sentence_splitting import offline_loaded_checkers
@@ -75,14 +77,12 @@ def run_lm_eval_tasks(
         ]
         if not this_round:
             break
-        for limit, same_limit in _by_limit(this_round):
+        for same_limit in _by_selection(this_round):
             try:
                 tasks = {
                     p.name: loaded[p.name] if round_index == 0 else catalog.load(p.name) for p in same_limit
                 }
-                _evaluate_round(
-                    config, catalog, same_limit, tasks, limit, round_index, runner, results, output
-                )
+                _evaluate_round(config, catalog, same_limit, tasks, round_index, runner, results, output)
             except (ClusterError, KeyboardInterrupt):
                 raise
             except Exception as exc:  # noqa: BLE001 - lm-eval failing on some tasks must not lose the others
@@ -126,11 +126,28 @@ def _drop(
         output.records.pop(leaf, None)
 
 
-def _by_limit(plans: list[LmEvalTaskPlan]) -> Iterable[tuple[int | None, list[LmEvalTaskPlan]]]:
-    limits: dict[int | None, list[LmEvalTaskPlan]] = {}
+def _by_selection(plans: list[LmEvalTaskPlan]) -> Iterable[list[LmEvalTaskPlan]]:
+    alike: dict[tuple[int | None, str | None], list[LmEvalTaskPlan]] = {}
     for plan in plans:
-        limits.setdefault(plan.limit, []).append(plan)
-    return limits.items()
+        alike.setdefault(plan.selection, []).append(plan)
+    return alike.values()
+
+
+def _documents(
+    plans: list[LmEvalTaskPlan], tasks: dict[str, LoadedLmEvalTask]
+) -> tuple[int | None, dict[str, list[int]] | None]:
+    """lm-eval's `limit` or `samples` for tasks that select alike: a test_range picks each leaf task's
+    documents by its own size (then the limit applies to those), as lm-eval's `samples` takes them: in
+    dataset order."""
+    limit, test_range = plans[0].selection
+    if test_range is None:
+        return limit, None
+    chosen = DatasetRange.parse(test_range)
+    samples = {}
+    for plan in plans:
+        for leaf_name, leaf in tasks[plan.name].leaves.items():
+            samples[leaf_name] = sorted(set(chosen.indices(len(leaf.eval_docs))))[:limit]
+    return None, samples
 
 
 def _evaluate_round(
@@ -138,7 +155,6 @@ def _evaluate_round(
     catalog: LmEvalCatalog,
     plans: list[LmEvalTaskPlan],
     tasks: dict[str, LoadedLmEvalTask],
-    limit: int | None,
     round_index: int,
     runner: RequestRunner,
     results: dict[str, LmEvalTaskResult],
@@ -158,9 +174,9 @@ def _evaluate_round(
         num_samples=config.num_samples,
         sample_index=round_index,
     )
-    evaluated = _simple_evaluate(
-        config, catalog, [obj for plan in plans for obj in tasks[plan.name].objects], limit, lm
-    )
+    limit, samples = _documents(plans, tasks)
+    objects = [obj for plan in plans for obj in tasks[plan.name].objects]
+    evaluated = _simple_evaluate(config, catalog, objects, limit, samples, lm)
     for group in evaluated.get("groups", {}):  # groups with an aggregate (MMLU's overall accuracy)
         output.group_rounds.setdefault(group, []).append(dict(evaluated["results"][group]))
         output.group_subtasks[group] = list(evaluated.get("group_subtasks", {}).get(group, []))
@@ -184,7 +200,12 @@ def _evaluate_round(
 
 
 def _simple_evaluate(
-    config: RunConfig, catalog: LmEvalCatalog, task_objects: list[Any], limit: int | None, lm: RayEvalLM
+    config: RunConfig,
+    catalog: LmEvalCatalog,
+    task_objects: list[Any],
+    limit: int | None,
+    samples: dict[str, list[int]] | None,
+    lm: RayEvalLM,
 ) -> dict[str, Any]:
     """lm-eval's own evaluation loop over the tasks, seeded and configured as `lm_eval`'s flags would."""
     from lm_eval import simple_evaluate
@@ -196,6 +217,7 @@ def _simple_evaluate(
         tasks=task_objects,
         task_manager=catalog.manager,
         limit=limit,
+        samples=samples,
         bootstrap_iters=options.bootstrap_iters,
         log_samples=True,
         system_instruction=options.system_instruction,

@@ -275,6 +275,25 @@ def test_mean_at_n_for_a_generative_lm_eval_task(tmp_path, local_tasks, shared_g
         assert metric["mean"] == pytest.approx(sum(r["scores"][key] for r in greedy) / 4, rel=1e-12)
 
 
+def test_a_test_range_picks_each_subtasks_documents_by_its_own_size(tmp_path, local_tasks):
+    """RD-Agent's test range (OpenCompass's slice, evaluated per dataset) on an lm-eval group: each leaf task
+    runs the documents the slice picks from its own dataset (here the last 3 of the local tasks' 200), and the
+    numbers are over those."""
+    done = rayeval(
+        "run", "--tasks", "gsm8k_group_local", "--include-path", str(local_tasks),
+        "--test-range", "[-min(3, len(index_list)//2):]", "--max-tokens", "32",
+        "--gen-kwargs", "max_gen_toks=32", "--output-dir", str(tmp_path), "--run-id", "tail", *OUR_ENGINE_FLAGS,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = tmp_path / "tail" / "samples" / "SmolLM2-135M-Instruct"
+    tasks = json.loads((tmp_path / "tail" / "summary.json").read_text())["tasks"]
+    for leaf, metric in (("gsm8k_local", "exact_match,strict-match"), ("gsm8k_mc_local", "acc,none")):
+        kept = records(folder / f"{leaf}.jsonl")
+        assert sorted(r["doc_id"] for r in kept) == [197, 198, 199], leaf
+        mean = tasks[leaf]["metrics"][metric]["mean"]
+        assert mean == pytest.approx(sum(r["scores"][metric] for r in kept) / 3, rel=1e-12)
+
+
 API_SCRIPT = """
 import json, sys
 import lm_eval
