@@ -75,18 +75,10 @@ def find_checkpoints(run_dir: Path, steps: list[int] | None = None) -> list[Chec
     or none found at all, is an error that names what was looked for."""
     if not run_dir.is_dir():
         raise EvalInputError(f"Checkpoint folder '{run_dir}' does not exist or is not a folder.")
-    found: dict[int, Checkpoint] = {}
-    for folder in _folders(run_dir):
-        kind = kind_of(folder)
-        step = _step_on_path(folder, run_dir)
-        if kind is None or step is None:
-            continue
-        if step in found and found[step].path != folder:
-            raise EvalInputError(
-                f"Step {step} has two checkpoints: '{found[step].path}' and '{folder}'. Keep one, or pass "
-                "--steps without it."
-            )
-        found[step] = Checkpoint(step, folder, kind)
+    found, doubled = scan_checkpoints(run_dir)
+    if doubled:
+        step, paths = min(doubled.items())
+        raise EvalInputError(two_checkpoints(step, paths))
     if not found:
         raise EvalInputError(
             f"No checkpoint under '{run_dir}': looked for folders named like step_120, checkpoint-120 or "
@@ -104,12 +96,44 @@ def find_checkpoints(run_dir: Path, steps: list[int] | None = None) -> list[Chec
     return [found[step] for step in sorted(found)]
 
 
+def scan_checkpoints(run_dir: Path) -> tuple[dict[int, Checkpoint], dict[int, list[Path]]]:
+    """The checkpoints under `run_dir` by step, and the steps that have more than one (with their folders:
+    which to take is the user's call). A folder removed while it is read (a trainer rotating its
+    checkpoints) is not there."""
+    found: dict[int, Checkpoint] = {}
+    doubled: dict[int, list[Path]] = {}
+    for folder in _folders(run_dir):
+        kind = kind_of(folder)
+        step = _step_on_path(folder, run_dir)
+        if kind is None or step is None:
+            continue
+        if step in found and found[step].path != folder:
+            doubled.setdefault(step, [found[step].path]).append(folder)
+            continue
+        found[step] = Checkpoint(step, folder, kind)
+    return {step: c for step, c in found.items() if step not in doubled}, doubled
+
+
+def two_checkpoints(step: int, paths: list[Path]) -> str:
+    return (
+        f"Step {step} has {len(paths)} checkpoints: {', '.join(repr(str(p)) for p in paths)}. Keep one, or pass "
+        "--steps without it."
+    )
+
+
 def _folders(root: Path) -> list[Path]:
     frontier, folders = [root], []
     for _ in range(MAX_DEPTH):
-        frontier = sorted(child for folder in frontier for child in folder.iterdir() if child.is_dir())
+        frontier = sorted(child for folder in frontier for child in _subfolders(folder))
         folders += frontier
     return folders
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        return [child for child in folder.iterdir() if child.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):  # removed since it was listed
+        return []
 
 
 def _step_on_path(folder: Path, root: Path) -> int | None:

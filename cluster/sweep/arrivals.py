@@ -10,12 +10,15 @@ a checkpoint is complete once none of its files changed for `settle_s` seconds.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.models import Checkpoint, find_checkpoints
+from cluster.models.checkpoints import Checkpoint, scan_checkpoints, two_checkpoints
 from evaluators.errors import EvalInputError
+
+log = logging.getLogger(__name__)
 
 HF_TRAINER_MARKER = "trainer_state.json"  # written last by transformers' Trainer._save_checkpoint
 VERL_TRACKER = "latest_checkpointed_iteration.txt"  # verl: the last step whose save finished
@@ -52,18 +55,23 @@ class ArrivalWatcher:
     settle_s: float
     every: int | None = None  # only steps that are multiples of this
     _seen: dict[Path, tuple[float, FilesState]] = field(default_factory=dict)
+    _doubled_said: set[int] = field(default_factory=set)
 
     def found(self) -> list[Checkpoint]:
         """The checkpoints there now, complete or not, by step (of `every`'s multiples)."""
         return [c for c in self._all() if not self.every or c.step % self.every == 0]
 
     def _all(self) -> list[Checkpoint]:
-        try:
-            return find_checkpoints(self.run_dir)
-        except EvalInputError:
-            if not self.run_dir.is_dir():
-                raise
-            return []  # none yet
+        """Every checkpoint there now; a step with two checkpoints is left out (once said, as an error) and
+        the others go on."""
+        if not self.run_dir.is_dir():
+            raise EvalInputError(f"Checkpoint folder '{self.run_dir}' does not exist or is not a folder.")
+        found, doubled = scan_checkpoints(self.run_dir)
+        for step, paths in doubled.items():
+            if step not in self._doubled_said:
+                self._doubled_said.add(step)
+                log.error("%s; the watch leaves it out until one is left", two_checkpoints(step, paths))
+        return [found[step] for step in sorted(found)]
 
     def complete(self, now: float | None = None) -> list[Checkpoint]:
         """The checkpoints complete now, by step (a folder not yet a checkpoint is simply not there yet). A

@@ -83,7 +83,7 @@ def test_a_step_twice_or_no_checkpoint_at_all_is_named(tmp_path):
         find_checkpoints(tmp_path)
     full_model(tmp_path / "step_100")
     full_model(tmp_path / "checkpoint-100")
-    with pytest.raises(EvalInputError, match="Step 100 has two checkpoints"):
+    with pytest.raises(EvalInputError, match="Step 100 has 2 checkpoints"):
         find_checkpoints(tmp_path)
     with pytest.raises(EvalInputError, match="does not exist"):
         find_checkpoints(tmp_path / "nothing")

@@ -4,6 +4,7 @@ where there is no marker; --every."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from cluster.sweep.arrivals import ArrivalWatcher
@@ -72,3 +73,32 @@ def test_a_marker_on_a_step_every_leaves_out_still_decides_for_the_others(tmp_pa
     assert steps(watcher, 100) == [] and [c.step for c in watcher.found()] == [20]
     (run / "checkpoint-20" / "trainer_state.json").write_text("{}")
     assert steps(watcher, 101) == [20]
+
+
+def test_a_step_with_two_checkpoints_is_left_out_once_said_and_the_others_go_on(tmp_path: Path, caplog):
+    """checkpoint-200/merged beside checkpoint-200's adapter: two checkpoints of one step. The watch once saw
+    none at all then (and --until-idle ended it as if training were idle)."""
+    run = tmp_path / "run"
+    for step in (100, 200):
+        (adapter(run / f"checkpoint-{step}") / "trainer_state.json").write_text("{}")
+    merged = run / "checkpoint-200" / "merged"
+    merged.mkdir()
+    (merged / "config.json").write_text("{}")
+    (merged / "model.safetensors").write_bytes(b"m" * 64)
+    watcher = ArrivalWatcher(run, settle_s=0)
+    with caplog.at_level("ERROR"):
+        assert steps(watcher, 0) == [100]
+        assert steps(watcher, 1) == [100]
+    said = [r.getMessage() for r in caplog.records if "Step 200 has 2 checkpoints" in r.getMessage()]
+    assert len(said) == 1 and "leaves it out until one is left" in said[0]
+    shutil.rmtree(merged)
+    assert steps(watcher, 2) == [100, 200]
+
+
+def test_a_folder_removed_while_the_walk_reads_it_has_no_checkpoints(tmp_path: Path):
+    """A trainer rotating its checkpoints (save_total_limit) removes one between the walk's listing of its
+    parent and the listing of its own folders: the walk finds nothing there instead of raising."""
+    from cluster.models.checkpoints import _subfolders
+
+    (tmp_path / "a-file").write_text("x")
+    assert _subfolders(tmp_path / "checkpoint-100") == [] and _subfolders(tmp_path / "a-file") == []
