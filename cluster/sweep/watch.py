@@ -9,6 +9,7 @@ was in the middle of resumes from its store.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -75,7 +76,7 @@ def watch_checkpoints(
     with ExitStack() as stack:
         engines: SweepEngines | None = None
         while True:
-            finished = {step for step, _ in finished_steps(root)}
+            finished = {step for step, folder in finished_steps(root) if not _had_task_errors(folder)}
             states = {c.step: files_state(c.path) for c in watcher.complete() if c.step not in finished}
             new = sorted(step for step, state in states.items() if attempted.get(step) != state)
             if new:
@@ -96,6 +97,15 @@ def watch_checkpoints(
             if options.until_idle_s is not None and time.monotonic() - idle_since >= options.until_idle_s:
                 return result
             time.sleep(options.poll_s)
+
+
+def _had_task_errors(run_dir: Path) -> bool:
+    """Whether a finished step's run could not run some task (lm-eval failed to load or score it): such a
+    step is tried again by a later watch (once per watch, unless its files change), as a sweep reruns it."""
+    try:
+        return bool(json.loads((run_dir / "summary.json").read_text())["run"].get("task_errors"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def check_watch(config: RunConfig) -> RunPlan:

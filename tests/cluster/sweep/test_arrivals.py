@@ -102,3 +102,17 @@ def test_a_folder_removed_while_the_walk_reads_it_has_no_checkpoints(tmp_path: P
 
     (tmp_path / "a-file").write_text("x")
     assert _subfolders(tmp_path / "checkpoint-100") == [] and _subfolders(tmp_path / "a-file") == []
+
+
+def test_a_finished_step_whose_task_could_not_run_is_tried_again_by_a_later_watch(tmp_path: Path):
+    import json
+
+    from cluster.sweep.watch import _had_task_errors
+
+    for name, errors in (("step_100", {}), ("step_200", {"mmlu": "lm-eval failed while evaluating it"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(
+            json.dumps({"run": {"task_errors": errors}, "tasks": {}})
+        )
+    assert not _had_task_errors(tmp_path / "step_100") and _had_task_errors(tmp_path / "step_200")
+    assert not _had_task_errors(tmp_path / "step_300")  # no summary: not finished, decided elsewhere
