@@ -5,8 +5,9 @@ layout (`evaluators.opencompass_layout`), with rayeval's own run folder beside i
 
 As RD-Agent does, an existing timestamped folder means the benchmark already ran: it is read, nothing runs.
 The model is a full model folder, or a LoRA adapter (found by its files) on the base model `model_name` names:
-that folder itself, or `$FT_FILE_PATH/models/<model_name>` (where RD-Agent keeps its models), or the adapter's
-own `base_model_name_or_path` where that is a folder. An adapter that trains whole modules (`modules_to_save`,
+that folder itself, or `models/<model_name>` under RD-Agent's file_path (`$FT_FILE_PATH`, else
+`git_ignore_folder/finetune_files` where it runs), or the adapter's own `base_model_name_or_path` where that
+is a folder (one under RD-Agent's container mount /assets/models is looked up in that models folder). An adapter that trains whole modules (`modules_to_save`,
 which vLLM cannot serve) is merged into the base model first, as RD-Agent merges it; with `lora_merge` every
 adapter is (base-model speed, where vLLM's LoRA layers are slow). The run goes to the Ray cluster `address`
 names (or RAY_ADDRESS; else a local one), on a warm pool whose settings match where one is up.
@@ -38,6 +39,7 @@ SUPPORTED_BENCHMARKS: dict[str, str] = {
     "math": "minerva_math",
     "mmlu": "mmlu",
 }
+RDAGENT_DOCKER_MODELS = "/assets/models"  # the models' mount in RD-Agent's container (FT_MODEL_PATH)
 # RD-Agent's sampling for every benchmark (its configs/models.yaml `default`), unless `install` says otherwise.
 RDAGENT_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
@@ -287,13 +289,24 @@ def _model_and_adapter(model_path: Path, model_name: str) -> tuple[str, str | No
             f"{model_path} holds adapter weights but no adapter_config.json (peft writes both)"
         )
     config = json.loads(config_file.read_text())
-    candidates = [Path(model_name), Path(os.environ.get("FT_FILE_PATH", "")) / "models" / model_name]
+    models = rdagent_models_folder()
+    candidates = [Path(model_name), models / model_name]
     if base := config.get("base_model_name_or_path"):
         candidates.append(Path(base))
+        if Path(base).parent == Path(RDAGENT_DOCKER_MODELS):  # trained in RD-Agent's container
+            candidates.append(models / Path(base).name)
     found = next((str(c) for c in candidates if (c / "config.json").is_file()), model_name)  # else a hub id
     if config.get("modules_to_save"):
         return _merged(model_path, found), None
     return found, str(model_path)
+
+
+def rdagent_models_folder() -> Path:
+    """Where RD-Agent keeps its base models outside its container: its settings' file_path (FT_FILE_PATH,
+    else `git_ignore_folder/finetune_files` under the folder it runs from), then `models`."""
+    return (
+        Path(os.environ.get("FT_FILE_PATH") or Path.cwd() / "git_ignore_folder" / "finetune_files") / "models"
+    )
 
 
 def _merged(adapter: Path, base: str) -> str:

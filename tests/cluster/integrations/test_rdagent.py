@@ -244,3 +244,23 @@ def test_a_benchmark_whose_task_could_not_run_fails_the_call_and_leaves_no_finis
     with pytest.raises(ClusterError, match="mmlu could not run: lm-eval could not load it"):
         _check_every_task_ran(config, result({"mmlu": "lm-eval could not load it"}))
     assert not done.exists()
+
+
+def test_the_base_model_is_found_where_rdagent_keeps_it_also_for_an_adapter_trained_in_its_container(
+    tmp_path, adapter_copy, monkeypatch
+):
+    """RD-Agent outside its container keeps models under its file_path (FT_FILE_PATH, else
+    git_ignore_folder/finetune_files where it runs); an adapter trained inside names /assets/models/NAME."""
+    from cluster.integrations.rdagent import _model_and_adapter
+    from cluster.models import ensure_default_model
+
+    monkeypatch.delenv("FT_FILE_PATH", raising=False)
+    monkeypatch.chdir(tmp_path)
+    models = tmp_path / "git_ignore_folder" / "finetune_files" / "models"
+    models.mkdir(parents=True)
+    (models / "Qwen3-1.7B").symlink_to(ensure_default_model())
+    docker = _with_config(tmp_path, adapter_copy, base_model_name_or_path="/assets/models/Qwen3-1.7B")
+    assert _model_and_adapter(docker, "Qwen/Qwen3-1.7B") == (str(models / "Qwen3-1.7B"), str(docker))
+    assert _model_and_adapter(docker, "Qwen3-1.7B")[0] == str(models / "Qwen3-1.7B")
+    monkeypatch.setenv("FT_FILE_PATH", str(tmp_path / "elsewhere"))  # RD-Agent's setting moves it
+    assert _model_and_adapter(docker, "Qwen/Qwen3-1.7B")[0] == "Qwen/Qwen3-1.7B"  # a hub id: not found here
