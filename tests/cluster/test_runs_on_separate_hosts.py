@@ -432,6 +432,26 @@ def test_adapters_only_the_head_holds_reach_the_workers_engine_as_served_and_as_
     )
 
 
+def test_each_hosts_cache_is_listed_and_pruned_there(separate_hosts: SeparateCluster, worker_engine: dict):
+    """`rayeval cache` from the laptop, over Ray client: the adapter copies are in the worker's home only, so
+    only the worker lists them, and a prune removes them there (a task on each host reads its own cache)."""
+    hosts, digests = separate_hosts, worker_engine["digests"]
+    address = ("--address", hosts.ray.client_address)
+    listed = hosts.laptop.rayeval("cache", "list", "--kind", "adapters", *address)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    rows = [line.split("\t") for line in listed.stdout.splitlines()[1:-1]]
+    assert sorted((row[0], Path(row[4]).name) for row in rows) == sorted(
+        (hosts.worker.ip, f"{name}-{digest}") for name, digest in digests.items()
+    )
+    assert (
+        listed.stdout.splitlines()[-1].endswith("on 2 nodes") and f"{len(digests)} entries" in listed.stdout
+    )
+    pruned = hosts.laptop.rayeval("cache", "prune", "--kind", "adapters", "--unused-for", "0", *address)
+    assert pruned.returncode == 0, pruned.stderr[-3000:]
+    assert pruned.stdout.splitlines()[-1].startswith(f"removed {len(digests)} entries")
+    assert list((hosts.worker.home / ".cache" / "rayeval" / "adapters").iterdir()) == []
+
+
 def test_an_engine_that_dies_on_the_worker_reports_its_root_error_read_there(
     separate_hosts: SeparateCluster, worker_engine: dict
 ):
