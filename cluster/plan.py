@@ -230,6 +230,7 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
                 if v is not None
             ),
             stop=task.defaults.stop,
+            engine_options=_top_k(options, config),
         )
         plans.append(TaskPlan(task, options, samples, pool, num_fewshot, sampling, available))
     if lm_eval_plans and config.lm_eval.fewshot_as_multiturn and not config.lm_eval.apply_chat_template:
@@ -267,6 +268,13 @@ def _selected_samples(
             )
     limit = options.limit or default_limit
     return (samples[:limit] if limit is not None else samples), available
+
+
+def _top_k(options: TaskOptions, config: RunConfig) -> tuple[tuple[str, int], ...]:
+    """vLLM's top_k as an engine option where one is set (none: every token, and the request ids of runs
+    made before the setting existed)."""
+    top_k = options.top_k if options.top_k is not None else config.sampling.top_k
+    return (("top_k", top_k),) if top_k is not None else ()
 
 
 def _device_of(config: RunConfig, model: ResolvedModel) -> str:

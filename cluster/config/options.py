@@ -114,6 +114,7 @@ class TaskOptions(Strict):
     fewshot_path: str | None = Field(None, min_length=1)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
     max_tokens: int | None = Field(None, ge=1)
 
     _range = field_validator("test_range")(_check_test_range)
@@ -243,6 +244,12 @@ class SamplingOptions(Strict):
     )
     top_p: float = Field(
         1.0, gt=0, le=1, description="nucleus sampling", json_schema_extra=cli("--top-p", "P")
+    )
+    top_k: int | None = Field(
+        None,
+        ge=1,
+        description="sample from the K most likely tokens only (vLLM's top_k; default: all)",
+        json_schema_extra=cli("--top-k", "K"),
     )
     max_tokens: int | None = Field(
         None,

@@ -40,8 +40,14 @@ SUPPORTED_BENCHMARKS: dict[str, str] = {
     "mmlu": "mmlu",
 }
 RDAGENT_DOCKER_MODELS = "/assets/models"  # the models' mount in RD-Agent's container (FT_MODEL_PATH)
-# RD-Agent's sampling for every benchmark (its configs/models.yaml `default`), unless `install` says otherwise.
-RDAGENT_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
+# RD-Agent's inference settings (its configs/models.yaml `default`) where its own lookup is not at hand
+RDAGENT_DEFAULT_INFERENCE = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_out_len": 8192}
+RDAGENT_BENCHMARK_MODULE = "rdagent.scenarios.finetune.benchmark.benchmark"
+# RD-Agent's settings rayeval's sampling has no field for, and the value at which leaving them out changes nothing
+UNAPPLIED_NEUTRAL = {
+    "repetition_penalty": (1.0, None),
+    "enable_thinking": (False, None),
+}
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 # Where RD-Agent's callers find run_benchmark (each imports it by name at its own import).
 RDAGENT_MODULES = (
@@ -147,11 +153,16 @@ def benchmark_config(
     if test_range:  # rayeval's tasks take it over their dataset; lm-eval's (math, mmlu) over each subtask's
         DatasetRange.parse(test_range)  # a bad range is refused before anything runs
         entry["test_range"] = test_range
+    # RD-Agent's sampling as the task's own options, which lm-eval's tasks take too; a `config` of the caller
+    # that sets a sampling field wins over RD-Agent's for it
+    chosen = dict((settings.get("config") or {}).get("sampling") or {})
+    entry |= {
+        key: value for key, value in rdagent_sampling(model_name, gpu_count).items() if key not in chosen
+    }
     values: dict[str, Any] = {
         "model": {"path": model, "lora": lora, "tensor_parallel_size": 1},
         "tasks": [entry],
         "num_samples": num_runs,
-        "sampling": dict(RDAGENT_SAMPLING),
         "output_dir": str(results_base / "rayeval"),
         "run_id": f"ft-{benchmark_name}",
         "output_layout": "opencompass",
@@ -299,6 +310,36 @@ def _model_and_adapter(model_path: Path, model_name: str) -> tuple[str, str | No
     if config.get("modules_to_save"):
         return _merged(model_path, found), None
     return found, str(model_path)
+
+
+def rdagent_sampling(model_name: str, gpu_count: int) -> dict[str, Any]:
+    """RD-Agent's inference settings for this base model as rayeval's sampling (temperature, top_p, top_k,
+    and max_out_len as max_tokens): read by RD-Agent's own get_model_inference_config (its models.yaml: exact
+    name, then longest prefix) where RD-Agent is imported in this process, as it is once `install` ran; its
+    `default` otherwise. Settings rayeval's sampling lacks are named in a warning where they would matter."""
+    module = sys.modules.get(RDAGENT_BENCHMARK_MODULE)
+    inference = (
+        module.get_model_inference_config(model_name, gpu_count)
+        if module is not None
+        else RDAGENT_DEFAULT_INFERENCE
+    )
+    unapplied = {
+        key: inference[key]
+        for key, neutral in UNAPPLIED_NEUTRAL.items()
+        if key in inference and inference[key] not in neutral
+    }
+    if unapplied:
+        log.warning(
+            "RD-Agent's settings for %s that rayeval does not apply: %s (its sampling has no such field)",
+            model_name, ", ".join(f"{k}={v}" for k, v in sorted(unapplied.items())),
+        )  # fmt: skip
+    top_k = inference.get("top_k")
+    return {
+        "temperature": float(inference["temperature"]),
+        "top_p": float(inference["top_p"]),
+        "max_tokens": int(inference["max_out_len"]),
+        **({"top_k": int(top_k)} if top_k is not None and int(top_k) > 0 else {}),
+    }
 
 
 def rdagent_models_folder() -> Path:

@@ -212,6 +212,10 @@ class TrainingCoordinator:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "weights.json").write_text(json.dumps(self._weights_record(step), indent=2) + "\n")
         result = run_evaluation(plan, progress=False, shared=self.shared)
+        if self.config.log_to:  # one tracker run for the training, each step at its step, as a sweep's
+            from cluster.exporters import log_run
+
+            log_run(self.config.log_to, result.run_dir, self.root.name, step)
         draw_curves(self.root, self.series, ErrorBar.CI95)
         rows = [asdict(point) for point in points_from_run(result.run_dir, self.series, step)]
         return StepReport(step, str(result.run_dir), rows, result.requests_total,
@@ -225,6 +229,7 @@ class TrainingCoordinator:
         config = self.config.model_copy(deep=True)
         config.output_dir = str(self.root)
         config.run_id = f"step_{step}"
+        config.log_to = []  # logged by `_evaluate`, at the step, into the training's own tracker run
         adapter = self.adapters.get(step)
         if adapter is not None:
             config.model.lora = adapter.path

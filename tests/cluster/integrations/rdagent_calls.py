@@ -4,6 +4,7 @@ the path (the set-up installs it into .venv/rdagent), printing the call's result
     python rdagent_calls.py round CALLS_JSON SETTINGS_JSON    # cluster.integrations.rdagent.run_benchmarks
     python rdagent_calls.py rayeval ARGS_JSON SETTINGS_JSON   # after cluster.integrations.rdagent.install()
     python rdagent_calls.py rdagent ARGS_JSON                  # RD-Agent's own run_benchmark
+    python rdagent_calls.py sampling MODEL_PATH MODEL_NAMES_JSON  # each name's task entry, after install()
 
 `rdagent`: RD-Agent's function reads an existing results folder without running anything; the only thing
 replaced is its container environment (`get_benchmark_env`, a Docker or conda environment this machine does
@@ -22,11 +23,25 @@ class NoContainer:
 
 
 def main() -> None:
-    mode, call = sys.argv[1], json.loads(sys.argv[2])
+    mode, call = sys.argv[1], sys.argv[2] if sys.argv[1] == "sampling" else json.loads(sys.argv[2])
     if mode == "round":  # several candidates at once: ARGS_JSON is a list of calls
         from cluster.integrations.rdagent import run_benchmarks
 
         print(json.dumps(run_benchmarks(call, **json.loads(sys.argv[3]))))
+        return
+    if mode == "sampling":  # the task entry rayeval builds for each base model name, RD-Agent imported
+        import logging
+        from pathlib import Path
+
+        from cluster.integrations.rdagent import benchmark_config, install
+
+        logging.basicConfig(level=logging.WARNING)
+        install()
+        entries = {}
+        for name in json.loads(sys.argv[3]):
+            config = benchmark_config(call, name, "gsm8k", 1, "[:4]", 1, None, Path("benchmark_results"), {})
+            entries[name] = config.tasks[0].model_dump(exclude_none=True)
+        print(json.dumps(entries))
         return
     if mode == "rayeval":
         from cluster.integrations.rdagent import install

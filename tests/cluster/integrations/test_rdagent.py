@@ -264,3 +264,32 @@ def test_the_base_model_is_found_where_rdagent_keeps_it_also_for_an_adapter_trai
     assert _model_and_adapter(docker, "Qwen3-1.7B")[0] == str(models / "Qwen3-1.7B")
     monkeypatch.setenv("FT_FILE_PATH", str(tmp_path / "elsewhere"))  # RD-Agent's setting moves it
     assert _model_and_adapter(docker, "Qwen/Qwen3-1.7B")[0] == "Qwen/Qwen3-1.7B"  # a hub id: not found here
+
+
+def test_rdagents_sampling_for_each_base_model_comes_from_its_own_models_yaml(tmp_path):
+    """RD-Agent's get_model_inference_config (exact name, then longest prefix, over its `default`) decides a
+    call's sampling: greedy for Qwen2.5-7B-Instruct, top_k 20 and 38,912 tokens for Qwen3-1.7B, whose
+    thinking mode rayeval cannot switch (said in a warning). As task options, lm-eval's tasks take them too."""
+    from cluster.models import ensure_default_model
+
+    names = ["Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-1.7B"]
+    cwd = tmp_path / "cwd-sampling"
+    cwd.mkdir()
+    (cwd / "rdagent").symlink_to(RDAGENT_SITE / "rdagent")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(RDAGENT_SITE)]),
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("rdagent_calls.py")), "sampling",
+         str(ensure_default_model()), json.dumps(names)],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    entries = json.loads(done.stdout.strip().splitlines()[-1])
+    sampling = {name: {k: entries[name].get(k) for k in ("temperature", "top_p", "top_k", "max_tokens")}
+                for name in names}  # fmt: skip
+    assert sampling == {
+        "Qwen/Qwen2.5-7B-Instruct": {"temperature": 0.0, "top_p": 1.0, "top_k": 1, "max_tokens": 8192},
+        "Qwen/Qwen3-1.7B": {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 38912},
+    }
+    assert "Qwen/Qwen3-1.7B that rayeval does not apply: enable_thinking=True" in done.stderr
+    assert "Qwen2.5-7B-Instruct that rayeval does not apply" not in done.stderr
