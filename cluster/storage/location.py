@@ -21,6 +21,7 @@ from evaluators.errors import EvalInputError
 if TYPE_CHECKING:
     import pyarrow.fs
 
+PYARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs"})  # the file systems pyarrow opens itself
 # `s3:/bucket`, `gs:/b/p`: a scheme of two letters or more (not a drive letter) followed by one slash
 SCHEME_ONE_SLASH = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 # query parameters of a pyarrow S3/GCS URI that carry a secret (pyarrow would accept them)
@@ -119,6 +120,11 @@ class RemoteFolder:
             filesystem, path = pafs.FileSystem.from_uri(self.uri)
             return filesystem, path.rstrip("/")
         except (pyarrow.ArrowNotImplementedError, pyarrow.ArrowInvalid) as exc:
+            if self.scheme in PYARROW_SCHEMES:  # pyarrow's own scheme: the URI's form is what it refused
+                raise EvalInputError(
+                    f"{self.uri}: pyarrow cannot read this {self.scheme}:// URI ({exc}); write it as "
+                    f"{self.scheme}://BUCKET/PREFIX, with no spaces (percent-encode them)."
+                ) from None
             arrow_problem = str(exc)  # a scheme pyarrow lacks: fsspec may have it
         except OSError as exc:
             raise EvalInputError(f"--output-dir {self.uri}: {exc}") from None

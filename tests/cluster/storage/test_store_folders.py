@@ -194,6 +194,7 @@ BAD_OUTPUT_DIRS = [
     ("no-bucket", "s3://", {}, ["names no bucket"]),
     ("one-slash", f"s3:/{BUCKET}/runs", {}, ["two slashes after its scheme", f"Write s3://{BUCKET}/runs"]),
     ("file-uri-with-host", "file://runs", {}, ["names the host 'runs'", "file:///abs/path"]),
+    ("s3-without-bucket", "s3:///runs", {}, ["pyarrow cannot read this s3:// URI", "s3://BUCKET/PREFIX"]),
 ]  # fmt: skip
 
 
