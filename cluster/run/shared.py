@@ -93,7 +93,9 @@ class SharedReplicas:
         settings = engine_settings(config.model, model_path, self.plan.device, log_stats=self.verbose)
         return SourceRequest(
             config=config,
-            settings=with_lora_slots(settings, self.max_loras, self.lora),
+            settings=with_lora_slots(
+                settings, self.max_loras, config.model.max_lora_rank if self.lora else 0
+            ),
             plan=self.plan.replica,
             count=config.cluster.replicas,
             run_id="sweep",

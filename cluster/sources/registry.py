@@ -566,9 +566,11 @@ def run_engine_settings(plan: RunPlan, verbose: bool = False) -> EngineSettings:
 
     config = plan.config
     settings = engine_settings(config.model, plan.model.path, plan.device, log_stats=verbose)
-    return with_lora_slots(settings, 1, plan.adapter is not None)
+    return with_lora_slots(settings, 1, config.model.max_lora_rank if plan.adapter is not None else 0)
 
 
-def with_lora_slots(settings: EngineSettings, max_loras: int, adapter: bool) -> EngineSettings:
-    """LoRA layers only where requests carry an adapter (a merged adapter's plan has none)."""
-    return replace(settings, max_loras=max_loras, max_lora_rank=settings.max_lora_rank if adapter else 0)
+def with_lora_slots(settings: EngineSettings, max_loras: int, rank: int) -> EngineSettings:
+    """Engines with LoRA layers of up to `rank` (0: none) and `max_loras` slots: a run's where its requests
+    carry an adapter (a merged adapter's plan has none), an Evaluator's that adapters are pushed to (its
+    config names no adapter: the rank comes from the caller, not from the settings, which have none)."""
+    return replace(settings, max_loras=max_loras, max_lora_rank=rank)

@@ -27,6 +27,7 @@ from cluster.engines.pushed_weights import in_dtype, pack, write_files
 from cluster.errors import ClusterError
 from cluster.plan import RunPlan, build_plan
 from cluster.run import SharedReplicas, run_evaluation
+from cluster.run.paths import set_aside
 from cluster.sweep import draw_curves
 from evaluators.curves import ErrorBar, points_from_run
 
@@ -209,6 +210,9 @@ class TrainingCoordinator:
             # identity names the base model, not the weights pushed), so none of it is reused
             log.warning("step %d: the unfinished run folder %s is started again", step, folder)
             shutil.rmtree(folder)
+        elif folder.is_dir():  # finished by an earlier evaluator, on the weights it was given then
+            log.warning("step %d: evaluated again on the weights given now; the earlier run folder is kept as "
+                        "%s", step, set_aside(folder))  # fmt: skip
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "weights.json").write_text(json.dumps(self._weights_record(step), indent=2) + "\n")
         result = run_evaluation(plan, progress=False, shared=self.shared)

@@ -23,12 +23,12 @@ from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, BASE_IFEVAL_SAMPLES,
 from tests.warm_cluster import warm_cluster
 
 
-def train(mode: str, out: Path, timeout: int = 900) -> dict:
+def train(mode: str, out: Path, timeout: int = 900, extra: tuple[str, ...] = ()) -> dict:
     shared = warm_cluster()
     report = out / f"{mode}.json"
     done = subprocess.run(
         [sys.executable, "-m", "tests.cluster.training.trainer", "--mode", mode, "--address",
-         shared.head.gcs_address, "--output-dir", str(out), "--report", str(report)],
+         shared.head.gcs_address, "--output-dir", str(out), "--report", str(report), *extra],
         capture_output=True, text=True, timeout=timeout, env=shared.env(), check=False,
     )  # fmt: skip
     if mode != "die":
@@ -125,8 +125,29 @@ def test_bad_pushes_are_refused_naming_the_first_mismatch(trained):
 
 
 def test_a_pushed_adapter_answers_as_rayeval_run_with_the_saved_adapter(tmp_path, base_ifeval_records):
-    report = train("lora", tmp_path)
-    pushed = answers(Path(report["steps"]["2"]["run_dir"]))
+    """... and the evaluator's `log_to` puts the step into one MLflow run named after the training's folder,
+    at its step (it once went to a run per step, at step 0)."""
+    import mlflow
+
+    from tests.mlflow_server import mlflow_server
+
+    with mlflow_server(tmp_path / "mlflow") as uri:  # stopped after the training: its processes hold ~1.3 GB
+        report = train("lora", tmp_path, extra=("--log-to", f"mlflow:{uri}"))
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("rayeval")
+        runs = client.search_runs([experiment.experiment_id])
+        assert [run.data.tags["rayeval.name"] for run in runs] == ["train-lora"]
+        history = client.get_metric_history(runs[0].info.run_id, "ifeval/prompt_level_strict_acc")
+    summary = json.loads((Path(report["steps"]["2"]["run_dir"]) / "summary.json").read_text())
+    mean = summary["tasks"]["ifeval"]["metrics"]["prompt_level_strict_acc,none"]["mean"]
+    assert [(m.step, m.value) for m in history] == [(2, pytest.approx(mean, abs=1e-9))]
+    step_dir = Path(report["steps"]["2"]["run_dir"])
+    failed = [
+        json.loads(line)["error"]
+        for line in (step_dir / "cache" / "completions.jsonl").read_text().splitlines()
+    ]
+    assert failed == [None] * len(failed), failed[:1]  # every request answered (LoRA layers on)
+    pushed = answers(step_dir)
     assert pushed != [r["output"] for r in sorted(base_ifeval_records, key=lambda r: r["doc_id"])]
     saved = tmp_path / "adapter-step2"
     assert pushed == fresh_answers(saved, tmp_path, ("--lora", str(saved)))

@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--address", required=True)
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--report", required=True)
+    parser.add_argument("--log-to", action="append", default=[], help="the evaluator's trackers")
     args = parser.parse_args()
 
     import torch
@@ -88,7 +89,7 @@ def main() -> None:
     out = Path(args.output_dir)
     report: dict[str, Any] = {"steps": {}}
     run_id = {"full": "train", "lora": "train-lora", "die": "train-died"}[args.mode]
-    config = evaluator_config(str(out), args.address, run_id)
+    config = evaluator_config(str(out), args.address, run_id) | {"log_to": args.log_to}
 
     if args.mode == "lora":
         from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
