@@ -20,6 +20,7 @@ from cluster.errors import ClusterError
 from cluster.lm_eval.backend import RayEvalLM
 from cluster.plan import LmEvalTaskPlan
 from cluster.run import RequestRunner
+from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import (
     ExecutionInfo,
     LmEvalCatalog,
@@ -146,7 +147,13 @@ def _documents(
     samples = {}
     for plan in plans:
         for leaf_name, leaf in tasks[plan.name].leaves.items():
-            samples[leaf_name] = sorted(set(chosen.indices(len(leaf.eval_docs))))[:limit]
+            available = len(leaf.eval_docs)
+            samples[leaf_name] = sorted(set(chosen.indices(available)))[:limit]
+            if not samples[leaf_name]:  # lm-eval would read an empty selection as "every document"
+                raise EvalInputError(
+                    f"--test-range {test_range} selects none of {leaf_name}'s {available} documents: give a "
+                    "slice that selects some of every subtask, e.g. [:min(100, len(index_list)//2)]"
+                )
     return None, samples
 
 
@@ -189,7 +196,7 @@ def _evaluate_round(
                 results[leaf_name].rounds.extend(described.rounds)
             else:
                 results[leaf_name] = described
-            executions = _executions(lm, leaf_name)
+            executions = _executions(lm, leaf_name, samples.get(leaf_name) if samples else None)
             if leaf_name in lm.sampled_tasks:
                 output.sampled.add(leaf_name)
             output.records.setdefault(leaf_name, []).extend(
@@ -262,13 +269,15 @@ def _apply_task_overrides(leaf: Any, plan: LmEvalTaskPlan, global_gen_kwargs: di
             leaf.set_config(key="generation_kwargs", value=dict(overrides), update=True)
 
 
-def _executions(lm: RayEvalLM, task: str) -> dict[int, ExecutionInfo]:
+def _executions(lm: RayEvalLM, task: str, chosen: list[int] | None) -> dict[int, ExecutionInfo]:
+    """Each document's requests, by its index in the task's dataset: lm-eval numbers the requests of a
+    `samples` selection by position in it (`chosen`), its logged samples by the dataset's index."""
     executions = {}
     for (name, doc_id), outcome in lm.outcomes.items():
         if name != task:
             continue
         completions = outcome.completions
-        executions[doc_id] = ExecutionInfo(
+        executions[chosen[doc_id] if chosen is not None else doc_id] = ExecutionInfo(
             request_ids=tuple(dict.fromkeys(c.request_id for c in completions)),
             replicas=tuple(dict.fromkeys(c.replica for c in completions if c.replica)),
             latency_s=max((c.latency_s for c in completions), default=0.0),

@@ -290,6 +290,7 @@ def test_a_test_range_picks_each_subtasks_documents_by_its_own_size(tmp_path, lo
     for leaf, metric in (("gsm8k_local", "exact_match,strict-match"), ("gsm8k_mc_local", "acc,none")):
         kept = records(folder / f"{leaf}.jsonl")
         assert sorted(r["doc_id"] for r in kept) == [197, 198, 199], leaf
+        assert all(r["request_id"] and not r.get("error") for r in kept), leaf  # each its own requests
         mean = tasks[leaf]["metrics"][metric]["mean"]
         assert mean == pytest.approx(sum(r["scores"][metric] for r in kept) / 3, rel=1e-12)
 
