@@ -90,6 +90,14 @@ class RunPaths:
             ) from None
 
 
+def set_aside(folder: Path) -> Path:
+    """Move a run folder whose answers came from other weights out of the way, beside it under a name that
+    says so (nothing computed is deleted); returns where it went."""
+    target = folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder.rename(target)
+    return target
+
+
 def stored_run_config(output_dir: str, run_id: str | None) -> tuple[dict[str, Any], str]:
     """A finished run's saved config.yaml and its path: --judge-only re-judges that run, with its model,
     tasks and N. Read on the machine that writes the run (for a Ray-client run, the coordinator's node)."""

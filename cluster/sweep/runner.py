@@ -26,7 +26,9 @@ from cluster.plan import RunPlan
 from cluster.preflight import check_lora_loglikelihoods, preflight
 from cluster.progress import progress_bar
 from cluster.run import RunResult, SharedReplicas, run_evaluation
+from cluster.run.paths import RunPaths, set_aside
 from cluster.session import ray_session
+from cluster.storage.folder_lock import is_held
 from cluster.sweep.plan import SweepPlan, SweepStep
 from evaluators.curves import ErrorBar, plot_curves, points_from_run, write_tables
 from evaluators.errors import EvalInputError
@@ -35,6 +37,11 @@ if TYPE_CHECKING:
     from cluster.engines.warm import Lease
 
 log = logging.getLogger(__name__)
+
+TRACKED_STEPS = "tracker-steps.json"  # in the sweep folder: the steps each --log-to tracker was given
+WEIGHTS_RECORD = (
+    "checkpoint-files.json"  # in a full checkpoint's step folder: the files its answers came from
+)
 
 
 class StepStatus(StrEnum):
@@ -201,15 +208,24 @@ def sweep_steps(
 
 
 def _log_steps(plan: SweepPlan, outcomes: list[StepOutcome]) -> None:
-    """Each finished step into the sweep's tracker run (`--log-to`), at its checkpoint's step."""
-    log_to = plan.log_to
-    if not log_to:
+    """Each finished step into the sweep's tracker run (`--log-to`), at its checkpoint's step, once per tracker:
+    a rerun that reuses a step logs it again only to a tracker that has not had it (MLflow would hold the
+    point twice; W&B drops a step below its last). The sweep folder records which tracker had which step."""
+    if not plan.log_to:
         return
     from cluster.exporters import log_run
 
+    record = plan.root / TRACKED_STEPS
+    try:
+        logged: dict[str, list[int]] = json.loads(record.read_text()) if record.is_file() else {}
+    except (OSError, ValueError):
+        logged = {}
     for outcome in outcomes:
         if outcome.status is StepStatus.DONE and outcome.run_dir:
-            log_run(log_to, Path(outcome.run_dir), plan.root.name, outcome.step)
+            wanting = [t for t in plan.log_to if outcome.step not in logged.get(t, [])]
+            for tracker in log_run(wanting, Path(outcome.run_dir), plan.root.name, outcome.step):
+                logged[tracker] = sorted({*logged.get(tracker, []), outcome.step})
+    record.write_text(json.dumps(logged, indent=2) + "\n")
 
 
 def _upload_sweep_files(plan: SweepPlan) -> None:
@@ -288,6 +304,7 @@ def _run_step(
     began = time.perf_counter()
     log.info("step %d (%s): %s", step.step, step.kind, step.checkpoint.path)
     try:
+        _answers_these_weights(step)
         result = run_evaluation(
             step.plan, progress=False, retry_failed=retry_failed, shared=shared, warm_pool=pool
         )
@@ -298,6 +315,40 @@ def _run_step(
     _fill(outcome, result, step.plan)
     outcome.wall_s = time.perf_counter() - began
     return outcome
+
+
+def _answers_these_weights(step: SweepStep) -> None:
+    """A full checkpoint's requests are named by its folder, not its weights: where the files there changed
+    since the step's folder answered them (a trainer that restarted from an earlier step and saved this one
+    again), that folder is set aside and the step evaluated afresh. The record of the files is written for
+    the next sweep. A LoRA step needs none (its adapter's digest names its requests). Not done for a sweep on
+    object storage (the store's copy of the folder would come back with the step's pull) nor where a run on
+    this node holds the folder now (it is refused its turn there anyway)."""
+    paths = RunPaths.of(step.plan.config.output_dir, step.plan.config.run_id or f"step_{step.step}")
+    if step.kind is not CheckpointKind.FULL or paths.remote is not None or is_held(paths.root):
+        return
+    record, current = paths.root / WEIGHTS_RECORD, weights_state(Path(step.plan.model.path))
+    try:
+        recorded = json.loads(record.read_text()) if record.is_file() else current
+    except (OSError, ValueError):  # unreadable: which weights answered is unknown, so none of it is kept
+        recorded = None
+    if recorded != current:
+        log.warning("step %d: %s changed since its folder was evaluated; that folder is kept as %s",
+                    step.step, step.plan.model.path, set_aside(paths.root))  # fmt: skip
+    paths.make()
+    partial = record.with_name(f".{record.name}.tmp")
+    partial.write_text(json.dumps(current))
+    partial.replace(record)
+
+
+def weights_state(folder: Path) -> list[list[str | int]]:
+    """(name, size, modification time) of the files an engine loads from a model folder: weights and config."""
+    found = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and (path.suffix in (".safetensors", ".bin") or path.name == "config.json"):
+            stat = path.stat()
+            found.append([path.name, stat.st_size, stat.st_mtime_ns])
+    return found
 
 
 def _fill(outcome: StepOutcome, result: RunResult, plan: RunPlan) -> None:

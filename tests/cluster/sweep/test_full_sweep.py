@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,16 @@ def test_a_full_checkpoint_sweep_moves_warm_engines_and_resumes_with_new_steps(t
         line.split(",")[1] for line in (tmp_path / "sweep" / "sweep_summary.csv").read_text().splitlines()[1:]
     }
     assert csv_steps == {str(s) for s in (*STEPS, 500, 600)}
+
+    # A trainer restarted from an earlier step saves step 600 again, with step 100's weights: its requests are
+    # named by the folder, so its old answers would be taken; the step is evaluated afresh, the old folder kept
+    for name in ("model.safetensors", "config.json"):  # new files (the tokenizer's are links to step 100's)
+        (training_run / "step_600" / name).unlink()
+        shutil.copyfile(training_run / "step_100" / name, training_run / "step_600" / name)
+    resaved = rayeval(*sweep, "--steps", "600")
+    assert resaved.returncode == 0, resaved.stderr[-3000:]
+    steps = {s["step"]: s for s in json.loads((tmp_path / "sweep" / "sweep.json").read_text())["steps"]}
+    assert steps[600]["requests_generated"] == 4
+    assert scored(tmp_path / "sweep" / "step_600") == scored(tmp_path / "sweep" / "step_100")
+    [kept] = (tmp_path / "sweep").glob("step_600.replaced-*")
+    assert scored(kept) == scored(tmp_path / "sweep" / "step_200")
