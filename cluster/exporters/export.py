@@ -30,15 +30,17 @@ def exporter_for(value: str) -> Exporter:
     return EXPORTERS[kind](target or None)
 
 
-def log_run(log_to: list[str], run_dir: Path, name: str, step: int | None = None) -> None:
-    """Log the run folder to every tracker `log_to` names. A tracker that fails is reported, never the run's
-    failure: its files are written already."""
+def log_run(log_to: list[str], run_dir: Path, name: str, step: int | None = None) -> list[str]:
+    """Log the run folder to every tracker `log_to` names; returns those it reached. A tracker that fails is
+    reported, never the run's failure: its files are written already."""
     if not log_to:
-        return
+        return []
     record = RunRecord.of_folder(run_dir, name)
+    reached = []
     for value in log_to:
         try:
             exporter_for(value).log(record, step)
+            reached.append(value)
             log.info("logged %s%s to %s", name, "" if step is None else f" step {step}", value)
         except ImportError as exc:
             raise EvalInputError(
@@ -47,6 +49,7 @@ def log_run(log_to: list[str], run_dir: Path, name: str, step: int | None = None
             ) from exc
         except Exception as exc:  # noqa: BLE001 - the tracker's own errors: the run's files stand
             log.warning("could not log %s to %s: %s: %s", name, value, type(exc).__name__, exc)
+    return reached
 
 
 def tracker_problem(value: str) -> str | None:

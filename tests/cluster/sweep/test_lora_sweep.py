@@ -255,6 +255,12 @@ def test_a_sweep_logs_each_step_to_mlflow_at_its_step(lora_run, served, tmp_path
             by_step = {m.step: m.value for m in history}
             assert by_step[int(row["step"])] == pytest.approx(float(row["mean"]), abs=1e-9)
         assert sorted({m.step for m in history}) == [100, 200, 400]
+        # the same sweep again: every step reused, none logged a second time (MLflow would hold it twice)
+        again = rayeval("sweep", str(lora_run), *COMMON, "--output-dir", str(tmp_path), "--run-id", "sweep",
+                        "--log-to", f"mlflow:{uri}", *shared.run_args(), env=shared.env())  # fmt: skip
+        assert again.returncode == 0, again.stderr[-3000:]
+        history = client.get_metric_history(runs[0].info.run_id, "ifeval/prompt_level_strict_acc")
+        assert sorted(m.step for m in history) == [100, 200, 400]
 
 
 def test_the_pages_of_a_sweep_on_object_storage_go_beside_its_files(served, s3, tmp_path):
