@@ -31,11 +31,27 @@ SECRET_QUERY_KEYS = frozenset({"access_key", "secret_key", "session_token", "acc
 def credentials_in(uri: str) -> str | None:
     """Where a URI carries a credential (USER:PASSWORD@ or a secret query key), named without its value;
     None where it carries none."""
-    parts = urlsplit(uri)
-    if parts.username or parts.password:
-        return f"{parts.scheme}://USER:...@..."
+    typo = SCHEME_ONE_SLASH.match(uri)  # s3:/KEY:SECRET@bucket reads as a path: look at it as meant
+    if typo is not None:
+        uri = f"{typo['scheme']}://{uri[typo.end() :]}"
+    try:
+        parts = urlsplit(uri)
+        if parts.username or parts.password:
+            return f"{parts.scheme}://USER:...@..."
+    except ValueError:  # not a URI urllib can read (an unclosed IPv6 bracket): its own check says so
+        return None
     secret = sorted(SECRET_QUERY_KEYS & set(parse_qs(parts.query)))
     return f"its query's {', '.join(secret)}" if secret else None
+
+
+def _refuse_credentials(value: str, setting: str) -> None:
+    carried = credentials_in(value)
+    if carried is not None:
+        raise EvalInputError(
+            f"{setting}: the URI carries a credential ({carried}), which would be written into the run's "
+            "config.yaml and logs; give it the standard way on the node that writes "
+            "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, the instance's role) and leave it out of the URI."
+        )
 
 
 def is_remote(value: str | None) -> bool:
@@ -58,6 +74,7 @@ def output_location(value: str, setting: str = "--output-dir") -> str:
     somewhere other than meant (a local folder named `s3:`, or the host dropped)."""
     if is_remote(value):
         return RemoteFolder.parse(value, setting).uri
+    _refuse_credentials(value, setting)  # first: the messages below quote the value
     typo = SCHEME_ONE_SLASH.match(value)
     if typo is not None:
         raise EvalInputError(
@@ -80,17 +97,14 @@ class RemoteFolder:
 
     @classmethod
     def parse(cls, value: str, setting: str = "--output-dir") -> RemoteFolder:
-        parts = urlsplit(value)
+        _refuse_credentials(value, setting)  # first: no message below may echo one
+        try:
+            parts = urlsplit(value)
+        except ValueError as exc:
+            raise EvalInputError(f"{setting} {value}: not a URI ({exc}).") from None
         if not parts.netloc and not parts.path.strip("/"):
             raise EvalInputError(
                 f"{setting} {value}: the URI names no bucket or folder. Give one like s3://BUCKET/PREFIX."
-            )
-        carried = credentials_in(value)
-        if carried is not None:
-            raise EvalInputError(
-                f"{setting}: the URI carries a credential ({carried}), which would be written into the run's "
-                "config.yaml and logs; give it the standard way on the node that writes "
-                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, the instance's role) and leave it out of the URI."
             )
         if ".." in parts.path.split("/"):
             raise EvalInputError(f"{setting} {value}: a '..' in the URI's path; give the folder's own path.")

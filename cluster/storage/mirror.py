@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 PARTS_SUFFIX = ".parts"
 CHUNK = 8 << 20  # bytes read and written at a time when copying
+COMPARED = 64 << 10  # the journal's last bytes compared with the store's before a local copy is kept
 
 
 def is_journal(relative: str) -> bool:
@@ -140,6 +141,10 @@ class FolderMirror:
         local_size = target.stat().st_size if target.exists() else None
         if local_size is not None and end == 0:
             return 0  # nothing of it on the store: this node's journal as it is
+        segments = [(0, size, f"{self._base}/{relative}", 0)] if whole is not None else []
+        segments += [(part.start + skip, part.end, part.path, skip) for part, skip in chain]
+        if local_size is not None and local_size >= end and self._ends_alike(target, segments, end):
+            return 0  # this node's journal holds the store's and more (an upload that failed): no download
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(target.name + ".tmp")
         with temporary.open("wb") as out:
@@ -180,6 +185,23 @@ class FolderMirror:
         stat = target.stat()
         self._sent[relative] = (stat.st_size, stat.st_mtime_ns)
         return 1
+
+    def _ends_alike(self, local: Path, segments: list[tuple[int, int, str, int]], end: int) -> bool:
+        """Whether the store's journal (its objects' `segments`: journal start, end, path, offset in the
+        object) and the local one hold the same bytes in the last COMPARED bytes before `end`. Journals only
+        grow, so a local copy that another node's run went past differs there (its own records stand where
+        the store has the other run's); equal there, the local copy is the store's and more."""
+        window_start = max(0, end - COMPARED)
+        stored = bytearray()
+        for start, stop, path, offset in segments:
+            low, high = max(start, window_start), min(stop, end)
+            if low >= high:
+                continue
+            with self._filesystem.open_input_file(path) as source:
+                stored += source.read_at(high - low, offset + (low - start))
+        with local.open("rb") as handle:
+            handle.seek(window_start)
+            return handle.read(end - window_start) == bytes(stored)
 
     def _copy_from(self, path: str, out: BinaryIO, skip: int) -> None:
         with self._filesystem.open_input_stream(path) as source:

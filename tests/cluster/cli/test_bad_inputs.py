@@ -201,6 +201,12 @@ CASES = [
          ("--output-dir carries a credential in its URI", "job's command in its record", "--env NAME")),
     Case("submit-query-credential", "submit --address 127.0.0.1:1 -- run --tasks gsm8k --output-dir=s3://b/e?secret_key=SECRETY", 2,
          ("--output-dir carries a credential in its URI (its query's secret_key)",)),
+    Case("output-dir-one-slash-credentials", "run --dry-run --output-dir s3:/K:SECRETY@bucket/e", 2,
+         ("carries a credential (s3://USER:...@...)",)),
+    Case("output-dir-file-uri-credentials", "run --dry-run --output-dir file://K:SECRETY@host/e", 2,
+         ("carries a credential (file://USER:...@...)",)),
+    Case("output-dir-no-bucket-query-credential", "run --dry-run --output-dir s3://?secret_key=SECRETY", 2,
+         ("carries a credential (its query's secret_key)",)),
     Case("cache-prune-storage", "cache prune --kind storage", 2, ("staged run folders are never pruned", "remove one by hand")),
     Case("cache-prune-bad-duration", "cache prune --unused-for 7days", 2, ("is not a duration", "--unused-for 30m")),
 ]  # fmt: skip
