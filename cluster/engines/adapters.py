@@ -6,16 +6,21 @@ run's side, which makes those copies, is `pool.stage_adapter_on`."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from cluster.models.cache import mark_used
 from cluster.models.checkpoints import (
     adapter_files_stamp,
     adapter_folder_here,
     staged_adapter_dir,
 )
 from sharding.requests import Adapter
+
+MARK_EVERY_S = 3600.0
 
 
 class AdapterFolders:
@@ -29,6 +34,7 @@ class AdapterFolders:
         # (identity, path) -> (folder or None, the stamp of the files at the path when looked up)
         self.known: dict[tuple[str, str], tuple[str | None, tuple[Any, ...]]] = {}
         self._lock = threading.Lock()  # one lookup at a time: the others then find it done
+        self._marked: dict[str, float] = {}  # staged copy -> when it was last marked used (monotonic)
 
     async def folder(self, adapter: Adapter) -> str | None:
         found = self._fresh(adapter)
@@ -50,9 +56,19 @@ class AdapterFolders:
         entry = self.known.get((adapter.identity, adapter.path))
         if entry is None:
             return None
-        if entry[0] == str(staged_adapter_dir(adapter)):
-            return entry  # the staged copy, named by its digest
+        if entry[0] == str(staged_adapter_dir(adapter)):  # the staged copy, named by its digest
+            if not os.path.isdir(entry[0]):
+                return None  # pruned from the node's cache since (`rayeval cache prune`): looked up again
+            self._mark_used(entry[0])
+            return entry
         return entry if entry[1] == adapter_files_stamp(Path(adapter.path)) else None
+
+    def _mark_used(self, folder: str) -> None:
+        """The staged copy marked used in the node's cache, at most hourly (requests come by the thousand)."""
+        now = time.monotonic()
+        if now - self._marked.get(folder, -MARK_EVERY_S) >= MARK_EVERY_S:
+            self._marked[folder] = now
+            mark_used(Path(folder))
 
     def _look(self, adapter: Adapter) -> str | None:
         with self._lock:

@@ -43,6 +43,7 @@ RDAGENT_DOCKER_MODELS = "/assets/models"  # the models' mount in RD-Agent's cont
 # RD-Agent's inference settings (its configs/models.yaml `default`) where its own lookup is not at hand
 RDAGENT_DEFAULT_INFERENCE = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_out_len": 8192}
 RDAGENT_BENCHMARK_MODULE = "rdagent.scenarios.finetune.benchmark.benchmark"
+RDAGENT_SETTINGS_MODULE = "rdagent.app.finetune.llm.conf"  # FT_RD_SETTING, its file_path fixed at import
 # RD-Agent's settings rayeval's sampling has no field for, and the value at which leaving them out changes nothing
 UNAPPLIED_NEUTRAL = {
     "repetition_penalty": (1.0, None),
@@ -263,19 +264,27 @@ def _run_together(configs: list[Any], in_turn: bool) -> None:
                 results = [run.result() for run in runs]
         finally:
             shared.close()
-        for plan, result in zip(plans, results, strict=True):
-            _check_every_task_ran(plan.config, result)
+        failures = [_unfinished(plan.config, result) for plan, result in zip(plans, results, strict=True)]
+        if any(failures):  # every failed candidate's folder is gone before the round fails
+            raise ClusterError("; ".join(failure for failure in failures if failure))
 
 
 def _check_every_task_ran(config: Any, result: Any) -> None:
     """A benchmark whose task could not run at all (lm-eval failed to load or score it) is a failed call, as
     RD-Agent's own run_benchmark makes it: the results folder its layout wrote holds no numbers for it and
     is removed, so the next call runs it again instead of reading that folder as done."""
+    failure = _unfinished(config, result)
+    if failure:
+        raise ClusterError(failure)
+
+
+def _unfinished(config: Any, result: Any) -> str:
+    """Why a call's benchmark could not run ("" where it ran), its results folder removed where so."""
     if not result.task_errors:
-        return
+        return ""
     for folder in _finished_runs(Path(config.work_dir)):
         shutil.rmtree(folder, ignore_errors=True)
-    raise ClusterError(
+    return (
         "; ".join(f"{task} could not run: {error}" for task, error in sorted(result.task_errors.items()))
         + f" (the run's folder, kept for a rerun: {result.run_dir})"
     )
@@ -304,8 +313,8 @@ def _model_and_adapter(model_path: Path, model_name: str) -> tuple[str, str | No
     candidates = [Path(model_name), models / model_name]
     if base := config.get("base_model_name_or_path"):
         candidates.append(Path(base))
-        if Path(base).parent == Path(RDAGENT_DOCKER_MODELS):  # trained in RD-Agent's container
-            candidates.append(models / Path(base).name)
+        if Path(base).is_relative_to(RDAGENT_DOCKER_MODELS):  # trained in RD-Agent's container
+            candidates.append(models / Path(base).relative_to(RDAGENT_DOCKER_MODELS))
     found = next((str(c) for c in candidates if (c / "config.json").is_file()), model_name)  # else a hub id
     if config.get("modules_to_save"):
         return _merged(model_path, found), None
@@ -343,8 +352,12 @@ def rdagent_sampling(model_name: str, gpu_count: int) -> dict[str, Any]:
 
 
 def rdagent_models_folder() -> Path:
-    """Where RD-Agent keeps its base models outside its container: its settings' file_path (FT_FILE_PATH,
-    else `git_ignore_folder/finetune_files` under the folder it runs from), then `models`."""
+    """Where RD-Agent keeps its base models outside its container: its settings' file_path (as RD-Agent,
+    imported here, holds it; else FT_FILE_PATH, else `git_ignore_folder/finetune_files` under the folder it
+    runs from), then `models`."""
+    settings = getattr(sys.modules.get(RDAGENT_SETTINGS_MODULE), "FT_RD_SETTING", None)
+    if settings is not None:
+        return Path(settings.file_path) / "models"
     return (
         Path(os.environ.get("FT_FILE_PATH") or Path.cwd() / "git_ignore_folder" / "finetune_files") / "models"
     )

@@ -8,7 +8,7 @@ with `lora_merge` makes one per adapter and node). An entry's last use is the ne
 the entry and its files; loading a merged checkpoint, a staged adapter, the default model or a rendered-prompt
 file marks it used (`mark_used`), so an entry loaded every day but built long ago is kept.
 
-Plain Python: `cluster.cache_nodes` runs these functions on every node of a cluster, where each node's own
+Plain Python: `cluster.node_caches` runs these functions on every node of a cluster, where each node's own
 cache is read.
 """
 
@@ -55,8 +55,7 @@ class CacheKind(StrEnum):
 DEFAULT_PRUNED = (CacheKind.MERGED, CacheKind.ADAPTERS, CacheKind.RENDERED, CacheKind.LM_EVAL)
 STAGING_ENV = "RAYEVAL_STAGING_DIR"
 SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
-# Temporary names in the cache (a build in progress, a lock, an entry being removed): never entries.
-_HIDDEN_PREFIX = "."
+_HIDDEN_PREFIX = "."  # a build in progress, a lock, an entry being removed
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ def _entry_paths(kind: CacheKind, folder: Path) -> list[Path]:
     folders down each path that hold a file (a run or sweep folder, at its URI's own path)."""
     if not folder.is_dir():
         return []
-    children = [path for path in folder.iterdir() if not path.name.startswith(_HIDDEN_PREFIX)]
+    children = [path for path in folder.iterdir() if not _is_lock(path)]
     if kind is not CacheKind.STORAGE:
         return sorted(path for path in children if _sidecar_of(path) is None)
     found: list[Path] = []
@@ -130,6 +129,12 @@ def _entry_paths(kind: CacheKind, folder: Path) -> list[Path]:
         else:
             found.append(child)
     return found
+
+
+def _is_lock(path: Path) -> bool:
+    """A lock file beside an entry (cluster.models.once): never an entry itself. Other dot-names are (a build
+    or a removal that was stopped half way leaves `.staging-*` or `.pruning-*`, as large as an entry)."""
+    return path.name.startswith(_HIDDEN_PREFIX) and path.name.endswith(".lock")
 
 
 def _sidecar_of(path: Path) -> Path | None:

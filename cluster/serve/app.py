@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -44,6 +44,7 @@ from cluster.plan import resolve_device
 from cluster.serve.address import HttpPlace, api_url, check_running_host, placement_notes
 from cluster.serve.auth import key_digest_from_env
 from cluster.session import joined_session, ray_session
+from cluster.sources import with_lora_slots
 from cluster.storage import is_remote
 
 if TYPE_CHECKING:
@@ -233,7 +234,7 @@ def llm_config(
         engine["max_num_seqs"] = settings.max_num_seqs
     if adapters:  # every replica loads every adapter from its own disk (a store's: downloaded) as it starts
         modules = [{"name": a.name, "path": a.source} for a in adapters]
-        lora = replace(settings, max_lora_rank=config.model.max_lora_rank, max_loras=len(modules))
+        lora = with_lora_slots(settings, len(modules), config.model.max_lora_rank)
         engine |= engine_lora_args(lora)
         engine["lora_modules"] = modules
     chunked = engine_chunked_prefill(settings)

@@ -47,7 +47,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     write(root / "rendered" / "t.sqlite", 40, 10 * DAY)
     write(root / "rendered" / "t.sqlite-wal", 8, 10 * DAY)  # one entry with its database
     write(root / "lm_eval" / "task-index-1.pkl", 20, 10 * DAY)
-    write(root / "merged" / ".staging-xyz" / "model.safetensors", 1000)  # a build in progress: not an entry
+    write(root / "merged" / ".staging-xyz" / "model.safetensors", 1000, 10 * DAY)  # a build stopped half way
+    age(root / "merged" / ".staging-xyz", 10 * DAY)
     write(root / "merged" / ".M+old-abc.lock", 0)
     write(root / "storage" / "s3" / "bucket" / "evals" / "g1" / "summary.json", 30, 10 * DAY)
     return root
@@ -58,6 +59,7 @@ def test_every_entry_is_listed_with_its_kind_size_and_last_use(cache: Path):
     assert {key: entry.size_bytes for key, entry in entries.items()} == {
         (CacheKind.MERGED, "merged/M+old-abc"): 1010,
         (CacheKind.MERGED, "merged/M+recent-abc"): 1010,
+        (CacheKind.MERGED, "merged/.staging-xyz"): 1000,  # its lock file is no entry
         (CacheKind.ADAPTERS, "adapters/a-123"): 100,
         (CacheKind.MODELS, "models/SmolLM2"): 500,
         (CacheKind.RENDERED, "rendered/t.sqlite"): 48,
@@ -71,14 +73,15 @@ def test_every_entry_is_listed_with_its_kind_size_and_last_use(cache: Path):
 def test_prune_removes_what_was_not_used_for_the_time_given_and_keeps_the_rest(cache: Path):
     kinds = (CacheKind.MERGED, CacheKind.ADAPTERS, CacheKind.RENDERED, CacheKind.LM_EVAL)
     would = prune(kinds, 7 * DAY, dry_run=True)
-    assert sorted(Path(e.path).name for e in would) == ["M+old-abc", "a-123", "t.sqlite", "task-index-1.pkl"]
+    assert sorted(Path(e.path).name for e in would) == [
+        ".staging-xyz", "M+old-abc", "a-123", "t.sqlite", "task-index-1.pkl"
+    ]  # fmt: skip
     assert (cache / "merged" / "M+old-abc").is_dir()  # a dry run removes nothing
     removed = prune(kinds, 7 * DAY)
     assert sorted(Path(e.path).name for e in removed) == sorted(Path(e.path).name for e in would)
     left = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_file())
     assert left == [
         "merged/.M+old-abc.lock",
-        "merged/.staging-xyz/model.safetensors",
         "merged/M+recent-abc/config.json",
         "merged/M+recent-abc/model.safetensors",
         "models/SmolLM2/model.safetensors",
@@ -95,8 +98,9 @@ def test_the_command_lists_and_prunes_this_machine_and_totals_what_it_did(cache:
     assert [line.split("\t")[4] for line in out[1:-1]] == [
         str(cache / "merged" / "M+old-abc"),
         str(cache / "merged" / "M+recent-abc"),
+        str(cache / "merged" / ".staging-xyz"),
     ]
-    assert out[1].split("\t")[2] == "1010 B" and out[-1] == "2 entries, 2.0 KiB, on 1 node"
+    assert out[1].split("\t")[2] == "1010 B" and out[-1] == "3 entries, 2.9 KiB, on 1 node"
     assert main(["cache", "prune", "--unused-for", "0", "--kind", "models"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "removed 1 entry, 500 B, on 1 node"
     assert not (cache / "models" / "SmolLM2").exists()
