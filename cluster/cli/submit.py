@@ -173,11 +173,11 @@ def job_command(given: list[str]) -> tuple[list[str], argparse.Namespace]:
 def _refuse_credentials(command: list[str]) -> None:
     """Refuse a URI that carries a credential anywhere in the command: Ray keeps the command in the job's
     record and shows it on the dashboard (the flag is named, never the value)."""
-    from cluster.storage.location import credentials_in
+    from cluster.storage.location import credentials_in, may_carry_credentials
 
     for before, token in zip(["", *command], command, strict=False):
         flag, _, value = token.partition("=") if token.startswith("--") else (before, "", token)
-        carried = credentials_in(value) if "://" in value else None
+        carried = credentials_in(value) if may_carry_credentials(value) else None
         if carried is not None:
             raise EvalInputError(
                 f"rayeval submit: {flag or 'an argument'} carries a credential in its URI ({carried}); Ray keeps "

@@ -234,7 +234,7 @@ def _call_config(arguments: Mapping[str, Any], results_base: Path) -> Any:
 def _run_together(configs: list[Any], in_turn: bool) -> None:
     """Runs on one set of replicas: at once, of one base model (each adapter a LoRA slot), or `in_turn`, each
     run's model (merged adapters) loaded into the replicas in place before it runs."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
 
     from cluster.plan import build_plan
     from cluster.preflight import preflight
@@ -261,11 +261,17 @@ def _run_together(configs: list[Any], in_turn: bool) -> None:
                 return
             with ThreadPoolExecutor(len(plans), thread_name_prefix="candidate") as threads:
                 runs = [threads.submit(run_evaluation, plan, progress=False, shared=shared) for plan in plans]
-                results = [run.result() for run in runs]
+                wait(runs)
         finally:
             shared.close()
-        failures = [_unfinished(plan.config, result) for plan, result in zip(plans, results, strict=True)]
-        if any(failures):  # every failed candidate's folder is gone before the round fails
+        # every candidate that ran with a task that could not run loses its folder before the round fails
+        failures = [
+            _unfinished(p.config, r.result()) for p, r in zip(plans, runs, strict=True) if not r.exception()
+        ]
+        for run in runs:
+            if run.exception() is not None:
+                raise run.exception()  # type: ignore[misc]
+        if any(failures):
             raise ClusterError("; ".join(failure for failure in failures if failure))
 
 

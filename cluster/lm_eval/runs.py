@@ -20,7 +20,6 @@ from cluster.errors import ClusterError
 from cluster.lm_eval.backend import RayEvalLM
 from cluster.plan import LmEvalTaskPlan
 from cluster.run import RequestRunner
-from evaluators.errors import EvalInputError
 from evaluators.lm_eval_tasks import (
     ExecutionInfo,
     LmEvalCatalog,
@@ -67,6 +66,11 @@ def run_lm_eval_tasks(
         except LmEvalTaskUnavailable as exc:
             log.error("%s", exc)
             output.summaries.append(unavailable_task(plan.name, "lm-eval", str(exc)))
+            continue
+        if (empty := _selects_nothing(plan, loaded[plan.name])) is not None:
+            log.error("%s", empty)
+            output.summaries.append(unavailable_task(plan.name, "lm-eval", empty))
+            del loaded[plan.name]
     offline_loaded_checkers()  # a loaded task scored by lm-eval's IFEval checkers gets the offline Punkt
     n = config.num_samples
     results: dict[str, LmEvalTaskResult] = {}
@@ -144,17 +148,26 @@ def _documents(
     if test_range is None:
         return limit, None
     chosen = DatasetRange.parse(test_range)
-    samples = {}
-    for plan in plans:
-        for leaf_name, leaf in tasks[plan.name].leaves.items():
-            available = len(leaf.eval_docs)
-            samples[leaf_name] = sorted(set(chosen.indices(available)))[:limit]
-            if not samples[leaf_name]:  # lm-eval would read an empty selection as "every document"
-                raise EvalInputError(
-                    f"--test-range {test_range} selects none of {leaf_name}'s {available} documents: give a "
-                    "slice that selects some of every subtask, e.g. [:min(100, len(index_list)//2)]"
-                )
-    return None, samples
+    return None, {
+        leaf_name: sorted(set(chosen.indices(len(leaf.eval_docs))))[:limit]
+        for plan in plans
+        for leaf_name, leaf in tasks[plan.name].leaves.items()
+    }
+
+
+def _selects_nothing(plan: LmEvalTaskPlan, task: LoadedLmEvalTask) -> str | None:
+    """Why a task's test_range cannot run (it selects none of a subtask's documents, which lm-eval's
+    `samples` would read as every document), or None."""
+    if plan.test_range is None:
+        return None
+    chosen = DatasetRange.parse(plan.test_range)
+    for leaf_name, leaf in task.leaves.items():
+        if not chosen.indices(len(leaf.eval_docs)):
+            return (
+                f"--test-range {plan.test_range} selects none of {leaf_name}'s {len(leaf.eval_docs)} documents: "
+                "give a slice that selects some of every subtask, e.g. [:min(100, len(index_list)//2)]"
+            )
+    return None
 
 
 def _evaluate_round(

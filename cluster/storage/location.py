@@ -28,6 +28,12 @@ SCHEME_ONE_SLASH = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 SECRET_QUERY_KEYS = frozenset({"access_key", "secret_key", "session_token", "access_token"})
 
 
+def may_carry_credentials(value: str) -> bool:
+    """Whether a value is URI-shaped enough for `credentials_in` to look at (`s3://...`, or `s3:/...` with
+    one slash missing)."""
+    return "://" in value or SCHEME_ONE_SLASH.match(value) is not None
+
+
 def credentials_in(uri: str) -> str | None:
     """Where a URI carries a credential (USER:PASSWORD@ or a secret query key), named without its value;
     None where it carries none."""
@@ -38,8 +44,9 @@ def credentials_in(uri: str) -> str | None:
         parts = urlsplit(uri)
         if parts.username or parts.password:
             return f"{parts.scheme}://USER:...@..."
-    except ValueError:  # not a URI urllib can read (an unclosed IPv6 bracket): its own check says so
-        return None
+    except ValueError:  # not a URI urllib can read (an unclosed IPv6 bracket): its own check says what
+        scheme, _, rest = uri.partition("://")
+        return f"{scheme}://USER:...@..." if "@" in rest.split("/", 1)[0] else None
     secret = sorted(SECRET_QUERY_KEYS & set(parse_qs(parts.query)))
     return f"its query's {', '.join(secret)}" if secret else None
 
@@ -58,7 +65,7 @@ def is_remote(value: str | None) -> bool:
     """Whether an --output-dir names a folder by URI other than a local file:// path."""
     if not value or "://" not in value:
         return False
-    return urlsplit(value).scheme.lower() not in ("", "file")
+    return value.partition("://")[0].lower() not in ("", "file")
 
 
 def local_path(value: str) -> Path:

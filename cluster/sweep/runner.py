@@ -10,6 +10,7 @@ the engines start only if one is.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -208,24 +209,36 @@ def sweep_steps(
 
 
 def _log_steps(plan: SweepPlan, outcomes: list[StepOutcome]) -> None:
-    """Each finished step into the sweep's tracker run (`--log-to`), at its checkpoint's step, once per tracker:
-    a rerun that reuses a step logs it again only to a tracker that has not had it (MLflow would hold the
-    point twice; W&B drops a step below its last). The sweep folder records which tracker had which step."""
+    """Each finished step into the sweep's tracker run (`--log-to`), at its checkpoint's step, once per tracker
+    and result: a rerun that reuses a step logs it again only to a tracker that has not had these numbers
+    (MLflow would hold the point twice; W&B drops a step below its last); a step evaluated again (a changed
+    checkpoint or adapter) is logged again. The sweep folder records what each tracker had (summary digests)."""
     if not plan.log_to:
         return
     from cluster.exporters import log_run
 
     record = plan.root / TRACKED_STEPS
     try:
-        logged: dict[str, list[int]] = json.loads(record.read_text()) if record.is_file() else {}
+        logged: dict[str, dict[str, str]] = json.loads(record.read_text()) if record.is_file() else {}
     except (OSError, ValueError):
         logged = {}
     for outcome in outcomes:
         if outcome.status is StepStatus.DONE and outcome.run_dir:
-            wanting = [t for t in plan.log_to if outcome.step not in logged.get(t, [])]
+            numbers = _numbers_digest(Path(outcome.run_dir))  # a step evaluated again: other numbers
+            wanting = [t for t in plan.log_to if logged.get(t, {}).get(str(outcome.step)) != numbers]
             for tracker in log_run(wanting, Path(outcome.run_dir), plan.root.name, outcome.step):
-                logged[tracker] = sorted({*logged.get(tracker, []), outcome.step})
-    record.write_text(json.dumps(logged, indent=2) + "\n")
+                logged.setdefault(tracker, {})[str(outcome.step)] = numbers
+    plan.root.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(logged, indent=2, sort_keys=True) + "\n")
+
+
+def _numbers_digest(run_dir: Path) -> str:
+    """A digest of a run's task numbers (summary.json's `tasks`; its `run` part holds times, new each run)."""
+    try:
+        tasks = json.loads((run_dir / "summary.json").read_text())["tasks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _upload_sweep_files(plan: SweepPlan) -> None:
@@ -327,18 +340,26 @@ def _answers_these_weights(step: SweepStep) -> None:
     paths = RunPaths.of(step.plan.config.output_dir, step.plan.config.run_id or f"step_{step.step}")
     if step.kind is not CheckpointKind.FULL or paths.remote is not None or is_held(paths.root):
         return
-    record, current = paths.root / WEIGHTS_RECORD, weights_state(Path(step.plan.model.path))
-    try:
-        recorded = json.loads(record.read_text()) if record.is_file() else current
-    except (OSError, ValueError):  # unreadable: which weights answered is unknown, so none of it is kept
-        recorded = None
-    if recorded != current:
+    current = weights_state(Path(step.plan.model.path))
+    if weights_changed(paths.root, current):
         log.warning("step %d: %s changed since its folder was evaluated; that folder is kept as %s",
                     step.step, step.plan.model.path, set_aside(paths.root))  # fmt: skip
     paths.make()
+    record = paths.root / WEIGHTS_RECORD
     partial = record.with_name(f".{record.name}.tmp")
     partial.write_text(json.dumps(current))
     partial.replace(record)
+
+
+def weights_changed(run_dir: Path, current: list[list[str | int]]) -> bool:
+    """Whether a full checkpoint's step folder answered other files than `current` (`weights_state` of the
+    checkpoint now); a folder without a record (none yet, or made before records were kept) did not. An
+    unreadable record did: which weights answered is unknown."""
+    record = run_dir / WEIGHTS_RECORD
+    try:
+        return record.is_file() and json.loads(record.read_text()) != current
+    except (OSError, ValueError):
+        return True
 
 
 def weights_state(folder: Path) -> list[list[str | int]]:

@@ -19,12 +19,21 @@ from pathlib import Path
 
 from cluster.addresses import check_address_reachable
 from cluster.config import RunConfig
+from cluster.models.checkpoints import Checkpoint, CheckpointKind
 from cluster.plan import RunPlan, build_plan
 from cluster.preflight import check_lora_loglikelihoods
 from cluster.session import ray_session
 from cluster.sweep.arrivals import ArrivalWatcher, FilesState, files_state
 from cluster.sweep.plan import MAX_LORAS, SweepPlan, build_sweep_plan, check_sweep_judge, sweep_folder
-from cluster.sweep.runner import SweepEngines, SweepResult, check_sweep, finished_steps, sweep_steps
+from cluster.sweep.runner import (
+    SweepEngines,
+    SweepResult,
+    check_sweep,
+    finished_steps,
+    sweep_steps,
+    weights_changed,
+    weights_state,
+)
 from evaluators.curves import ErrorBar
 
 log = logging.getLogger(__name__)
@@ -76,8 +85,11 @@ def watch_checkpoints(
     with ExitStack() as stack:
         engines: SweepEngines | None = None
         while True:
+            complete = watcher.complete()
             finished = {step for step, folder in finished_steps(root) if not _had_task_errors(folder)}
-            states = {c.step: files_state(c.path) for c in watcher.complete() if c.step not in finished}
+            if remote is None:  # on object storage the step's pull would bring the old answers back
+                finished -= _saved_again(complete, root)
+            states = {c.step: files_state(c.path) for c in complete if c.step not in finished}
             new = sorted(step for step, state in states.items() if attempted.get(step) != state)
             if new:
                 plan = build_sweep_plan(config, checkpoint_dir, new, lora_merge=options.lora_merge)
@@ -97,6 +109,16 @@ def watch_checkpoints(
             if options.until_idle_s is not None and time.monotonic() - idle_since >= options.until_idle_s:
                 return result
             time.sleep(options.poll_s)
+
+
+def _saved_again(complete: list[Checkpoint], root: Path) -> set[int]:
+    """The finished full checkpoints whose files changed since their step was evaluated (a trainer restarted
+    from an earlier step saved them again): evaluated again, their old folders set aside by the sweep."""
+    return {
+        c.step
+        for c in complete
+        if c.kind is CheckpointKind.FULL and weights_changed(root / f"step_{c.step}", weights_state(c.path))
+    }
 
 
 def _had_task_errors(run_dir: Path) -> bool:

@@ -100,8 +100,8 @@ def test_a_pool_with_lora_slots_serves_runs_with_an_adapter_of_its_rank_and_no_o
 
     lora_pool = pool(lora_slots=4)
     assert (lora_pool.max_lora_rank, lora_pool.max_loras) == (16, 4)
-    with_adapter = with_lora_slots(settings(dtype="float32", lora="/adapters/a"), 1, adapter=True)
-    without = with_lora_slots(settings(dtype="float32"), 1, adapter=False)
+    with_adapter = with_lora_slots(settings(dtype="float32", lora="/adapters/a"), 1, 16)
+    without = with_lora_slots(settings(dtype="float32"), 1, 0)
     assert PoolKey.of(lora_pool) == PoolKey.of(with_adapter) != PoolKey.of(without)
     assert PoolKey.of(pool()) == PoolKey.of(without)  # no slots: LoRA off, as a run without an adapter
     assert PoolKey.of(lora_pool).differences(PoolKey.of(without)) == ["max_lora_rank 16 (wanted 0)"]

@@ -116,3 +116,26 @@ def test_a_finished_step_whose_task_could_not_run_is_tried_again_by_a_later_watc
         )
     assert not _had_task_errors(tmp_path / "step_100") and _had_task_errors(tmp_path / "step_200")
     assert not _had_task_errors(tmp_path / "step_300")  # no summary: not finished, decided elsewhere
+
+
+def test_a_finished_full_checkpoint_saved_again_is_evaluated_again_by_the_watch(tmp_path: Path):
+    """Its step folder records the files it answered (the sweep writes checkpoint-files.json); a trainer
+    restarted from an earlier step saves the step again: the watch counts it unfinished (the sweep then sets
+    the old folder aside, tests/cluster/sweep/test_full_sweep.py). An adapter's digest names its requests."""
+    import json
+
+    from cluster.models.checkpoints import Checkpoint, CheckpointKind
+    from cluster.sweep.runner import WEIGHTS_RECORD, weights_state
+    from cluster.sweep.watch import _saved_again
+
+    checkpoint = tmp_path / "run" / "checkpoint-100"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "model.safetensors").write_bytes(b"w" * 64)
+    (tmp_path / "sweep" / "step_100").mkdir(parents=True)
+    (tmp_path / "sweep" / "step_100" / WEIGHTS_RECORD).write_text(json.dumps(weights_state(checkpoint)))
+    full = [Checkpoint(100, checkpoint, CheckpointKind.FULL)]
+    assert _saved_again(full, tmp_path / "sweep") == set()
+    (checkpoint / "model.safetensors").write_bytes(b"v" * 80)  # saved again
+    assert _saved_again(full, tmp_path / "sweep") == {100}
+    assert _saved_again([Checkpoint(100, checkpoint, CheckpointKind.LORA)], tmp_path / "sweep") == set()
