@@ -10,7 +10,6 @@ the engines start only if one is.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -31,6 +30,13 @@ from cluster.run.paths import RunPaths, set_aside
 from cluster.session import ray_session
 from cluster.storage.folder_lock import is_held
 from cluster.sweep.plan import SweepPlan, SweepStep
+from cluster.sweep.step_records import (
+    TRACKED_STEPS,
+    WEIGHTS_RECORD,
+    numbers_digest,
+    weights_changed,
+    weights_state,
+)
 from evaluators.curves import ErrorBar, plot_curves, points_from_run, write_tables
 from evaluators.errors import EvalInputError
 
@@ -38,11 +44,6 @@ if TYPE_CHECKING:
     from cluster.engines.warm import Lease
 
 log = logging.getLogger(__name__)
-
-TRACKED_STEPS = "tracker-steps.json"  # in the sweep folder: the steps each --log-to tracker was given
-WEIGHTS_RECORD = (
-    "checkpoint-files.json"  # in a full checkpoint's step folder: the files its answers came from
-)
 
 
 class StepStatus(StrEnum):
@@ -144,9 +145,8 @@ def run_sweep(
 ) -> SweepResult:
     """Evaluate every step of the plan on the connected (or a local) Ray cluster and draw the curves."""
     check_sweep(plan)
-    if (
-        plan.remote is not None
-    ):  # the steps finished before, wherever that sweep ran: its curves draw them too
+    if plan.remote is not None:
+        # the steps finished before, wherever that sweep ran: its curves draw them too
         from cluster.storage import local_copy
 
         local_copy(plan.remote)
@@ -224,21 +224,12 @@ def _log_steps(plan: SweepPlan, outcomes: list[StepOutcome]) -> None:
         logged = {}
     for outcome in outcomes:
         if outcome.status is StepStatus.DONE and outcome.run_dir:
-            numbers = _numbers_digest(Path(outcome.run_dir))  # a step evaluated again: other numbers
+            numbers = numbers_digest(Path(outcome.run_dir))  # a step evaluated again: other numbers
             wanting = [t for t in plan.log_to if logged.get(t, {}).get(str(outcome.step)) != numbers]
             for tracker in log_run(wanting, Path(outcome.run_dir), plan.root.name, outcome.step):
                 logged.setdefault(tracker, {})[str(outcome.step)] = numbers
     plan.root.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(logged, indent=2, sort_keys=True) + "\n")
-
-
-def _numbers_digest(run_dir: Path) -> str:
-    """A digest of a run's task numbers (summary.json's `tasks`; its `run` part holds times, new each run)."""
-    try:
-        tasks = json.loads((run_dir / "summary.json").read_text())["tasks"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-    return hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _upload_sweep_files(plan: SweepPlan) -> None:
@@ -349,27 +340,6 @@ def _answers_these_weights(step: SweepStep) -> None:
     partial = record.with_name(f".{record.name}.tmp")
     partial.write_text(json.dumps(current))
     partial.replace(record)
-
-
-def weights_changed(run_dir: Path, current: list[list[str | int]]) -> bool:
-    """Whether a full checkpoint's step folder answered other files than `current` (`weights_state` of the
-    checkpoint now); a folder without a record (none yet, or made before records were kept) did not. An
-    unreadable record did: which weights answered is unknown."""
-    record = run_dir / WEIGHTS_RECORD
-    try:
-        return record.is_file() and json.loads(record.read_text()) != current
-    except (OSError, ValueError):
-        return True
-
-
-def weights_state(folder: Path) -> list[list[str | int]]:
-    """(name, size, modification time) of the files an engine loads from a model folder: weights and config."""
-    found = []
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and (path.suffix in (".safetensors", ".bin") or path.name == "config.json"):
-            stat = path.stat()
-            found.append([path.name, stat.st_size, stat.st_mtime_ns])
-    return found
 
 
 def _fill(outcome: StepOutcome, result: RunResult, plan: RunPlan) -> None:

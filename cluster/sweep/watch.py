@@ -25,15 +25,8 @@ from cluster.preflight import check_lora_loglikelihoods
 from cluster.session import ray_session
 from cluster.sweep.arrivals import ArrivalWatcher, FilesState, files_state
 from cluster.sweep.plan import MAX_LORAS, SweepPlan, build_sweep_plan, check_sweep_judge, sweep_folder
-from cluster.sweep.runner import (
-    SweepEngines,
-    SweepResult,
-    check_sweep,
-    finished_steps,
-    sweep_steps,
-    weights_changed,
-    weights_state,
-)
+from cluster.sweep.runner import SweepEngines, SweepResult, check_sweep, finished_steps, sweep_steps
+from cluster.sweep.step_records import weights_changed, weights_state
 from evaluators.curves import ErrorBar
 
 log = logging.getLogger(__name__)

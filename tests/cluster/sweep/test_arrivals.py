@@ -125,7 +125,7 @@ def test_a_finished_full_checkpoint_saved_again_is_evaluated_again_by_the_watch(
     import json
 
     from cluster.models.checkpoints import Checkpoint, CheckpointKind
-    from cluster.sweep.runner import WEIGHTS_RECORD, weights_state
+    from cluster.sweep.step_records import WEIGHTS_RECORD, weights_state
     from cluster.sweep.watch import _saved_again
 
     checkpoint = tmp_path / "run" / "checkpoint-100"
