@@ -59,9 +59,8 @@ class LmEvalTaskPlan:
     options: TaskOptions
     limit: int | None
     num_fewshot: int | None  # None: the task's own
-    test_range: str | None = (
-        None  # applied to each leaf task's documents (OpenCompass's test_range per dataset)
-    )
+    # applied to each leaf task's documents (OpenCompass applies its test_range to each dataset)
+    test_range: str | None = None
 
     @property
     def selection(self) -> tuple[int | None, str | None]:

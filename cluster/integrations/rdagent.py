@@ -7,9 +7,11 @@ As RD-Agent does, an existing timestamped folder means the benchmark already ran
 The model is a full model folder, or a LoRA adapter (found by its files) on the base model `model_name` names:
 that folder itself, or `models/<model_name>` under RD-Agent's file_path (`$FT_FILE_PATH`, else
 `git_ignore_folder/finetune_files` where it runs), or the adapter's own `base_model_name_or_path` where that
-is a folder (one under RD-Agent's container mount /assets/models is looked up in that models folder). An adapter that trains whole modules (`modules_to_save`,
-which vLLM cannot serve) is merged into the base model first, as RD-Agent merges it; with `lora_merge` every
-adapter is (base-model speed, where vLLM's LoRA layers are slow). The run goes to the Ray cluster `address`
+is a folder (one under RD-Agent's container mount /assets/models is looked up in that models folder). An
+adapter that trains whole modules (`modules_to_save`, which vLLM cannot serve) is merged into the base model
+first, as RD-Agent merges it; with `lora_merge` every adapter is (base-model speed, where vLLM's LoRA layers
+are slow). Sampling is RD-Agent's for the base model (`rdagent_sampling`); a test_range applies to each
+dataset, as OpenCompass applies it (to each subtask of an lm-eval group). The run goes to the Ray cluster `address`
 names (or RAY_ADDRESS; else a local one), on a warm pool whose settings match where one is up.
 
 `install(**settings)` puts this `run_benchmark` where RD-Agent's callers look it up, so an RD-Agent launch
