@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -168,7 +169,9 @@ def read_accuracy_summary(run_folder: Path) -> dict[str, dict[str, float]]:
 
 
 def wrong_answers(run_folder: Path, limit: int) -> list[dict[str, str]]:
-    """The questions some sample got wrong, in dataset order, at most `limit`: question, gold, model_output."""
+    """The questions some sample got wrong, at most `limit`, in dataset order: question, gold, model_output.
+    Where there are more, a sample of them over every dataset (RD-Agent samples at random; this one is
+    seeded, so a call reads the same examples twice), not the first datasets' alone (MMLU's first subjects)."""
     errors: list[dict[str, str]] = []
     for path in sorted((run_folder / "results").rglob("*.json")):
         details = json.loads(path.read_text(encoding="utf-8")).get("details", [])
@@ -185,7 +188,9 @@ def wrong_answers(run_folder: Path, limit: int) -> list[dict[str, str]]:
                 "gold": str(entry.get("gold", detail.get("answer", ""))),
                 "model_output": str(entry.get("prediction", (detail.get("pred") or [""])[0])),
             })  # fmt: skip
-    return errors[:limit]
+    if len(errors) <= limit:
+        return errors
+    return [errors[i] for i in sorted(random.Random(0).sample(range(len(errors)), limit))]
 
 
 def _correct(record: Mapping[str, Any], metric: str) -> bool:

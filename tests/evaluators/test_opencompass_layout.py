@@ -83,3 +83,23 @@ def test_a_groups_and_a_perplexitys_own_numbers_are_datasets_of_the_layout(tmp_p
     (tmp_path / "summary.json").write_text(json.dumps({"tasks": tasks}))
     written = read_accuracy_summary(layout_of_run(tmp_path, tmp_path / "oc", "m"))
     assert written == {"mmlu_a": {"acc": 100.0}, "mmlu": {"acc": 61.0}, "wiki": {"word_perplexity": 21.3}}
+
+
+def test_wrong_answers_beyond_the_limit_are_a_seeded_sample_over_every_dataset(tmp_path):
+    """RD-Agent samples its error examples at random; the first N in file order would all come from the first
+    datasets (MMLU's first subjects). A seeded sample: spread out, the same on every call."""
+    import json
+
+    from evaluators.opencompass_layout import wrong_answers
+
+    for subject in ("a_first", "b_second", "c_third"):
+        details = [{"correct": [False], "pred": [f"{subject}-{i}"], "answer": "x"} for i in range(10)]
+        (tmp_path / "results" / "m").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "results" / "m" / f"{subject}.json").write_text(json.dumps({"details": details}))
+    every = wrong_answers(tmp_path, 100)
+    assert [e["model_output"] for e in every] == [f"{s}-{i}" for s in ("a_first", "b_second", "c_third")
+                                                   for i in range(10)]  # fmt: skip
+    some = wrong_answers(tmp_path, 6)
+    assert some == wrong_answers(tmp_path, 6) and len(some) == 6
+    assert len({e["model_output"].rsplit("-", 1)[0] for e in some}) > 1  # not the first subject alone
+    assert some == [e for e in every if e in some]  # in dataset order
