@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from cluster.config.values import parse_duration
-from cluster.models.cache import DEFAULT_PRUNED, CacheKind
+from cluster.models.cache import DEFAULT_PRUNED, CacheKind, check_prunable
 
 if TYPE_CHECKING:
     from cluster.node_caches import NodeAnswer
@@ -82,13 +82,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from evaluators.errors import EvalInputError
 
     kinds = tuple(CacheKind(kind) for kind in args.kind) if args.kind else DEFAULT_PRUNED
-    kept = [kind.value for kind in kinds if not kind.prunable]
-    if kept:
-        raise EvalInputError(
-            f"--kind {' '.join(kept)}: staged run folders are never pruned (a killed run's files may not all be "
-            "on the store yet); remove one by hand once its run is finished and on the store."
-        )
     try:
+        check_prunable(kinds)  # here, before any node is asked
         every = args.unused_for.strip() == "0"  # 0 means every entry here, not "off"
         unused_for_s = 0.0 if every else parse_duration(args.unused_for, "--unused-for", off=False)
     except ValueError as exc:

@@ -467,9 +467,10 @@ class LmEvalOptions(Strict):
 def _check_http_url(value: str | None) -> str | None:
     from cluster.storage.location import credentials_in
 
-    if value is not None and credentials_in(value) is not None:
+    carried = credentials_in(value) if value is not None else None
+    if carried is not None:
         raise ValueError(
-            f"the URL carries a credential ({credentials_in(value)}), which config.yaml and the logs would record: "
+            f"the URL carries a credential ({carried}), which config.yaml and the logs would record: "
             "give the key through its variable (--api-key-env) and the URL without it"
         )
     parsed = urlparse(value or "")

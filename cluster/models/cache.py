@@ -104,14 +104,23 @@ def prune(
 ) -> list[CacheEntry]:
     """Remove this machine's entries of `kinds` not used for `unused_for_s` seconds; returns them (with
     `dry_run`, those it would remove). A staged run folder is never removed (it may hold unpushed files)."""
-    refused = [kind.value for kind in kinds if not kind.prunable]
-    if refused:
-        raise ValueError(f"{', '.join(refused)}: never pruned (a staged run folder may hold unpushed files)")
+    check_prunable(kinds)
     cutoff = (time.time() if now is None else now) - unused_for_s
     chosen = [entry for entry in list_entries(kinds, root) if entry.last_used <= cutoff]
     if not dry_run:
         chosen = [entry for entry in chosen if _remove(Path(entry.path))]
     return chosen
+
+
+def check_prunable(kinds: tuple[CacheKind, ...]) -> None:
+    """ValueError naming the kinds that are never pruned: staged run folders (a killed run's files may not
+    all be on the store yet)."""
+    refused = [kind.value for kind in kinds if not kind.prunable]
+    if refused:
+        raise ValueError(
+            f"--kind {' '.join(refused)}: staged run folders are never pruned (a killed run's files may not all be "
+            "on the store yet); remove one by hand once its run is finished and on the store."
+        )
 
 
 def _entry_paths(kind: CacheKind, folder: Path) -> list[Path]:

@@ -73,8 +73,7 @@ def kind_of(folder: Path) -> CheckpointKind | None:
 def find_checkpoints(run_dir: Path, steps: list[int] | None = None) -> list[Checkpoint]:
     """Every checkpoint under `run_dir`, by step (only `steps` where given). A step with two checkpoints,
     or none found at all, is an error that names what was looked for."""
-    if not run_dir.is_dir():
-        raise EvalInputError(f"Checkpoint folder '{run_dir}' does not exist or is not a folder.")
+    check_run_dir(run_dir)
     found, doubled = scan_checkpoints(run_dir)
     if doubled:
         step, paths = min(doubled.items())
@@ -94,6 +93,12 @@ def find_checkpoints(run_dir: Path, steps: list[int] | None = None) -> list[Chec
             )
         found = {step: found[step] for step in steps}
     return [found[step] for step in sorted(found)]
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """A training run's folder must be a folder (its checkpoints may not be there yet)."""
+    if not run_dir.is_dir():
+        raise EvalInputError(f"Checkpoint folder '{run_dir}' does not exist or is not a folder.")
 
 
 def scan_checkpoints(run_dir: Path) -> tuple[dict[int, Checkpoint], dict[int, list[Path]]]:

@@ -15,8 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.models.checkpoints import Checkpoint, scan_checkpoints, two_checkpoints
-from evaluators.errors import EvalInputError
+from cluster.models.checkpoints import Checkpoint, check_run_dir, scan_checkpoints, two_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +63,7 @@ class ArrivalWatcher:
     def _all(self) -> list[Checkpoint]:
         """Every checkpoint there now; a step with two checkpoints is left out (once said, as an error) and
         the others go on."""
-        if not self.run_dir.is_dir():
-            raise EvalInputError(f"Checkpoint folder '{self.run_dir}' does not exist or is not a folder.")
+        check_run_dir(self.run_dir)
         found, doubled = scan_checkpoints(self.run_dir)
         for step, paths in doubled.items():
             if step not in self._doubled_said:

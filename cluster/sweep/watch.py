@@ -81,7 +81,7 @@ def watch_checkpoints(
             complete = watcher.complete()
             finished = {step for step, folder in finished_steps(root) if not _had_task_errors(folder)}
             if remote is None:  # on object storage the step's pull would bring the old answers back
-                finished -= _saved_again(complete, root)
+                finished -= _saved_again(complete, finished, root)
             states = {c.step: files_state(c.path) for c in complete if c.step not in finished}
             new = sorted(step for step, state in states.items() if attempted.get(step) != state)
             if new:
@@ -104,13 +104,15 @@ def watch_checkpoints(
             time.sleep(options.poll_s)
 
 
-def _saved_again(complete: list[Checkpoint], root: Path) -> set[int]:
+def _saved_again(complete: list[Checkpoint], finished: set[int], root: Path) -> set[int]:
     """The finished full checkpoints whose files changed since their step was evaluated (a trainer restarted
     from an earlier step saved them again): evaluated again, their old folders set aside by the sweep."""
     return {
         c.step
         for c in complete
-        if c.kind is CheckpointKind.FULL and weights_changed(root / f"step_{c.step}", weights_state(c.path))
+        if c.step in finished
+        and c.kind is CheckpointKind.FULL
+        and weights_changed(root / f"step_{c.step}", weights_state(c.path))
     }
 
 

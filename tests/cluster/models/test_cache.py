@@ -87,7 +87,7 @@ def test_prune_removes_what_was_not_used_for_the_time_given_and_keeps_the_rest(c
         "models/SmolLM2/model.safetensors",
         "storage/s3/bucket/evals/g1/summary.json",
     ]  # the sqlite's write-ahead log went with it; the default model is pruned only when named
-    with pytest.raises(ValueError, match="storage: never pruned"):
+    with pytest.raises(ValueError, match="--kind storage: staged run folders are never pruned"):
         prune((CacheKind.STORAGE,), 0)
 
 

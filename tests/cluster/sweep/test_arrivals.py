@@ -135,7 +135,9 @@ def test_a_finished_full_checkpoint_saved_again_is_evaluated_again_by_the_watch(
     (tmp_path / "sweep" / "step_100").mkdir(parents=True)
     (tmp_path / "sweep" / "step_100" / WEIGHTS_RECORD).write_text(json.dumps(weights_state(checkpoint)))
     full = [Checkpoint(100, checkpoint, CheckpointKind.FULL)]
-    assert _saved_again(full, tmp_path / "sweep") == set()
+    assert _saved_again(full, {100}, tmp_path / "sweep") == set()
     (checkpoint / "model.safetensors").write_bytes(b"v" * 80)  # saved again
-    assert _saved_again(full, tmp_path / "sweep") == {100}
-    assert _saved_again([Checkpoint(100, checkpoint, CheckpointKind.LORA)], tmp_path / "sweep") == set()
+    assert _saved_again(full, {100}, tmp_path / "sweep") == {100}
+    assert (
+        _saved_again([Checkpoint(100, checkpoint, CheckpointKind.LORA)], {100}, tmp_path / "sweep") == set()
+    )
