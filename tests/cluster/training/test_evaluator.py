@@ -81,8 +81,9 @@ def test_a_push_returns_once_copied_and_the_replicas_serve_it_later(trained):
     for step in ("1", "3"):
         s = report["steps"][step]
         assert s["called_at"] <= s["returned_at"] <= s["serving_at"]
-        # the trainer's own clock agrees with the handle's, and it got control back long before serving
-        assert s["returned_after_s"] == pytest.approx(s["returned_at"] - s["called_at"], abs=0.05)
+        # the handle's times lie within the trainer's own around the call (no tolerance: a loaded machine
+        # can pause either side), and it got control back long before serving
+        assert s["trainer_before"] <= s["called_at"] and s["returned_at"] <= s["trainer_after"]
         assert s["returned_at"] - s["called_at"] < s["serving_at"] - s["called_at"]
     # step 1's push was made while step 0 was still starting its engines and evaluating: the trainer got
     # control back, and the load began only after that

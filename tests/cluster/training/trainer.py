@@ -127,9 +127,9 @@ def main() -> None:
                 move_embeddings(model)
             if step in (1, 3):
                 save_checkpoint(model, base, out / f"checkpoint-{step}")
-                began = time.time()
+                before = time.time()
                 pushes[step] = ev.push_weights(step, model.state_dict())
-                report["steps"][step]["returned_after_s"] = time.time() - began
+                report["steps"][step] |= {"trainer_before": before, "trainer_after": time.time()}
                 handles[step] = ev.evaluate(step)
         for step, handle in handles.items():
             result = handle.result()
