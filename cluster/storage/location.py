@@ -9,6 +9,7 @@ role. A URI carrying a key is refused, since config.yaml and the logs record the
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ PYARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs"})  # the file s
 SCHEME_ONE_SLASH = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 # query parameters of a pyarrow S3/GCS URI that carry a secret (pyarrow would accept them)
 SECRET_QUERY_KEYS = frozenset({"access_key", "secret_key", "session_token", "access_token"})
+# where an s3:// URI's store is named outside it: the environment pyarrow's S3 reads, first match wins
+S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
 def may_carry_credentials(value: str) -> bool:
@@ -155,12 +158,29 @@ class RemoteFolder:
     def staging(self) -> Path:
         """The folder on this node that holds this folder's files while a run writes them or a command reads
         them: under `staging_root()`, at the URI's own path (so a run folder keeps its name, the run id); a
-        URI with a query (an endpoint override...) gets a folder of its own."""
+        URI with a query (an endpoint override...) gets a folder of its own, and so does the store an s3:// URI
+        reaches through AWS_ENDPOINT_URL: two stores with the same bucket and prefix never share a folder,
+        whose journal a pull would merge with the other store's."""
         parts = urlsplit(self.uri)
         base = staging_root() / parts.scheme.lower()
         if parts.query:
-            base = base / f"query-{hashlib.sha256(parts.query.encode()).hexdigest()[:12]}"
+            base = base / f"query-{_digest(parts.query)}"
+        endpoint = _endpoint_from_environment(parts.scheme.lower(), parts.query)
+        if endpoint:
+            base = base / f"endpoint-{_digest(endpoint.rstrip('/'))}"
         return base.joinpath(parts.netloc or "_", *[p for p in parts.path.split("/") if p])
+
+
+def _digest(text: str) -> str:
+    """A short name for a folder that stands for `text` (an endpoint or query may hold any character)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _endpoint_from_environment(scheme: str, query: str) -> str | None:
+    """The S3 endpoint this node's environment names for an s3:// URI that names none itself."""
+    if scheme != "s3" or "endpoint_override" in parse_qs(query):
+        return None
+    return next((os.environ[name] for name in S3_ENDPOINT_ENV if os.environ.get(name)), None)
 
 
 def _fsspec_filesystem(uri: str, arrow_problem: str) -> tuple[pyarrow.fs.FileSystem, str]:

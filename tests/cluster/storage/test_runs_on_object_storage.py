@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster.cli.front_paths import WARM_CLI_ENV
+from cluster.storage import RemoteFolder
 from tests.object_store import ObjectStore
 from tests.runs import (
     BASE_IFEVAL_ARGS,
@@ -153,7 +154,12 @@ def test_a_store_that_stops_mid_run_loses_nothing_and_the_rerun_uploads_the_fold
     assert "the store cannot be reached" in err and "while uploading the finished run folder" in err, err[
         -4000:
     ]
-    staged = tmp_path / "node" / "staging" / "s3" / "rayeval-test" / "outage" / "r"
+    with (
+        pytest.MonkeyPatch.context() as node
+    ):  # the node's staging folder, by the store its environment names
+        for name, value in env.items():
+            node.setenv(name, value)
+        staged = RemoteFolder.parse(s3.uri("outage/r")).staging
     assert f"Nothing is lost: the whole folder is in {staged}" in err
     assert len(records(staged / JOURNAL)) == total
 

@@ -125,6 +125,37 @@ def test_a_stale_copy_on_a_node_gives_way_to_the_store_and_adds_only_the_records
     assert (assembled.local / JOURNAL).read_bytes() == (node_a.local / JOURNAL).read_bytes()
 
 
+def test_two_stores_with_one_bucket_and_prefix_stage_apart_and_their_records_never_mix(
+    store_env: ObjectStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """Two S3-compatible stores told apart by AWS_ENDPOINT_URL alone, each with a run at the same s3:// URI:
+    a node that reads one, then the other, stages each in its own folder. One folder for both made the
+    second pull merge the first store's staged records into the second's journal."""
+    from tests.object_store import object_store
+
+    monkeypatch.setenv("RAYEVAL_STAGING_DIR", str(tmp_path / "staging"))
+    uri = store_env.uri("twin/run")
+    journal = f"{BUCKET}/twin/run/{JOURNAL}"
+    with store_env.filesystem().open_output_stream(journal) as out:
+        out.write(record("a0", "first store") + record("a1", "first store"))
+    first = readable_folder(uri)
+    with object_store(tmp_path / "second-store") as other:
+        with other.filesystem().open_output_stream(journal) as out:
+            out.write(record("b0", "second store"))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", other.endpoint)
+        second = readable_folder(uri)
+        assert (second / JOURNAL).read_bytes() == record("b0", "second store")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", store_env.endpoint)  # the S3 one wins, as in AWS's SDK
+        assert readable_folder(uri) == first
+    assert first != second and first.is_relative_to(tmp_path / "staging" / "s3")
+    assert (first / JOURNAL).read_bytes() == record("a0", "first store") + record("a1", "first store")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # AWS itself: the URI's own path, as before
+    assert RemoteFolder.parse(uri).staging == tmp_path / "staging" / "s3" / BUCKET / "twin" / "run"
+    named = RemoteFolder.parse(f"{uri}?endpoint_override=localhost:1").staging  # the URI names its store
+    assert named.parent.parent.parent.name.startswith("query-") and "endpoint-" not in str(named)
+
+
 def test_a_pull_leaves_the_files_of_a_folder_a_run_on_this_node_is_writing(
     store_env: ObjectStore, tmp_path: Path
 ):
