@@ -11,6 +11,13 @@ _EXPORTS = {
     "location": ("RemoteFolder", "is_remote", "local_path", "staging_root"),
     "probe": ("StorageError", "probe_writable", "explain"),
     "mirror": ("FolderMirror", "is_journal"),
-    "sync": ("RunFolderSync", "SyncPolicy", "open_run_folder", "local_copy", "readable_folder"),
+    "sync": (
+        "RunFolderSync",
+        "SyncPolicy",
+        "open_run_folder",
+        "local_copy",
+        "readable_folder",
+        "move_on_store",
+    ),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

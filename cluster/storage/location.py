@@ -129,8 +129,14 @@ class RemoteFolder:
         return urlsplit(self.uri).path.rstrip("/").rsplit("/", 1)[-1]
 
     def child(self, name: str) -> RemoteFolder:
+        return self._at(f"{urlsplit(self.uri).path.rstrip('/')}/{name}")
+
+    def sibling(self, name: str) -> RemoteFolder:
+        """The folder `name` beside this one (in the same parent folder), on the same store."""
+        return self._at(f"{urlsplit(self.uri).path.rstrip('/').rsplit('/', 1)[0]}/{name}")
+
+    def _at(self, path: str) -> RemoteFolder:
         parts = urlsplit(self.uri)
-        path = f"{parts.path.rstrip('/')}/{name}"
         query = f"?{parts.query}" if parts.query else ""
         return RemoteFolder(f"{parts.scheme}://{parts.netloc}{path}{query}")
 

@@ -132,6 +132,20 @@ def local_copy(remote: RemoteFolder) -> FolderMirror:
     return mirror
 
 
+def move_on_store(remote: RemoteFolder, moved_here: Path) -> RemoteFolder:
+    """Give a folder on the store the name its staging copy was moved to here (`moved_here`, beside the staging
+    folder): the copy goes up under that name, then the store's folder is deleted. Object stores have no
+    rename of folders. Raises StorageError naming what failed; the copy is up before anything is deleted."""
+    target = remote.sibling(moved_here.name)
+    try:
+        FolderMirror(moved_here, target).push(final=True)
+        filesystem, path = remote.open()
+        filesystem.delete_dir(path)
+    except OSError as exc:
+        raise StorageError(explain(remote, exc, f"moving it to {target.uri}")) from None
+    return target
+
+
 def readable_folder(value: str | Path) -> Path:
     """A folder a command reads (compare's runs, plot's runs, a sweep): a local path as it is, a URI read
     into its staging folder first."""

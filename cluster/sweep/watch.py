@@ -80,8 +80,7 @@ def watch_checkpoints(
         while True:
             complete = watcher.complete()
             finished = {step for step, folder in finished_steps(root) if not _had_task_errors(folder)}
-            if remote is None:  # on object storage the step's pull would bring the old answers back
-                finished -= _saved_again(complete, finished, root)
+            finished -= _saved_again(complete, finished, root)
             states = {c.step: files_state(c.path) for c in complete if c.step not in finished}
             new = sorted(step for step, state in states.items() if attempted.get(step) != state)
             if new:

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from cluster.cli import main
+from cluster.config import build_config
 from cluster.storage import FolderMirror, RemoteFolder, StorageError, probe_writable, readable_folder
 from cluster.storage.folder_lock import FolderInUse, holding
+from cluster.sweep import build_sweep_plan
+from tests.cluster.models.test_checkpoints import full_model
 from tests.object_store import BUCKET, READER, ObjectStore
 from tests.ports import free_port
 
@@ -154,6 +157,48 @@ def test_two_stores_with_one_bucket_and_prefix_stage_apart_and_their_records_nev
     assert RemoteFolder.parse(uri).staging == tmp_path / "staging" / "s3" / BUCKET / "twin" / "run"
     named = RemoteFolder.parse(f"{uri}?endpoint_override=localhost:1").staging  # the URI names its store
     assert named.parent.parent.parent.name.startswith("query-") and "endpoint-" not in str(named)
+
+
+def test_a_sweep_on_the_store_moves_a_saved_again_checkpoints_folder_aside_there_too(
+    store_env: ObjectStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """A full checkpoint's requests are named by its folder: a trainer that saves step 100 again (restarted
+    from an earlier step) must not have the new weights answered from the old journal. On object storage the
+    store's step folder is moved aside (kept whole, under step_100.replaced-TIME) by the next sweep, from any
+    node: left there, the step's pull would bring the old answers back. The step's run itself is not started
+    here (test_full_sweep runs the same on a local folder with engines)."""
+    from cluster.storage import local_copy
+    from cluster.sweep.runner import _answers_these_weights
+    from cluster.sweep.step_records import WEIGHTS_RECORD, weights_state
+
+    checkpoint = full_model(tmp_path / "train" / "step_100")  # files enough for a plan: no engine starts
+    (checkpoint / "tokenizer.json").write_text("{}")
+    settings = build_config({"tasks": ["ifeval"], "output_dir": store_env.uri("resaved")}, {}, "the test")
+
+    def step_here(node: str):  # noqa: ANN202 - the sweep's one step, as a sweep on `node` reads it first
+        monkeypatch.setenv("RAYEVAL_STAGING_DIR", str(tmp_path / node))
+        plan = build_sweep_plan(settings, checkpoint.parent, materialise_model=False)
+        local_copy(plan.remote)
+        return plan.steps[0], plan.root / "step_100"
+
+    step, staged = step_here("node-a")
+    _answers_these_weights(step)  # the first sweep: the record of the files answered, then the step's run
+    (staged / "cache").mkdir()
+    (staged / JOURNAL).write_bytes(record("r0", "old weights"))
+    (staged / "summary.json").write_text("{}")
+    mirror_at(store_env, "resaved/sweep-train/step_100", staged).push(final=True)
+
+    (checkpoint / "model.safetensors").write_bytes(b"new weights")  # saved again
+    step, staged = step_here("node-b")  # another node, nothing staged
+    assert json.loads((staged / WEIGHTS_RECORD).read_text()) != weights_state(checkpoint)
+    _answers_these_weights(step)
+    stored = store_env.read("resaved/sweep-train")
+    [aside] = {name.split("/")[0] for name in stored if name.startswith("step_100.replaced-")}
+    assert stored[f"{aside}/{JOURNAL}"] == record("r0", "old weights") and f"{aside}/summary.json" in stored
+    assert not [name for name in stored if name.startswith("step_100/")]  # the step's pull brings nothing
+    assert sorted(p.name for p in staged.iterdir()) == [WEIGHTS_RECORD]  # the new files' record only
+    assert json.loads((staged / WEIGHTS_RECORD).read_text()) == weights_state(checkpoint)
+    assert (staged.parent / aside / JOURNAL).is_file()  # the staged copy kept too
 
 
 def test_a_pull_leaves_the_files_of_a_folder_a_run_on_this_node_is_writing(
