@@ -10,7 +10,9 @@ reaches the target or every question has the most samples allowed.
 
 A question's variance is estimated with a little prior weight, so one that agreed with itself on its first
 samples is not written off for good: for a 0/1 metric from (successes + 0.5) / (samples + 1), otherwise
-from the sample variance plus the benchmark's average variance counted as one more sample.
+from the sample variance plus the benchmark's average variance counted as one more sample. That prior only
+chooses where samples go; the floor (the SEM exact per-question means would give) subtracts from the SEM the
+noise the means' own samples add, estimated without it (`within_question_variance`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,31 @@ def question_variances(values: dict[int, list[float]]) -> dict[int, float]:
             for q, v in values.items()}  # fmt: skip
 
 
+def within_question_variance(
+    values: dict[int, list[float]], weights: dict[int, float] | None = None
+) -> float:
+    """What the noise of the per-question means adds to the SEM squared, in expectation: the part more samples
+    remove. For the report's SEM of the mean sum(w m) / sum(w) over n questions (cluster-robust, the factor
+    n / (n - 1) included), with s_i = sigma_i^2 / n_i the variance of question i's mean:
+    n / (n - 1) / W^2 * (sum w_i^2 s_i (1 - 2 w_i / W) + sum w_i^2 / W^2 * sum w_j^2 s_j), W = sum w_i;
+    for weights of 1 that is sum s_i / n^2. sigma_i^2 is the unbiased sample variance of the question's
+    scores; a question with one score takes the mean of the others' (0 where none has two)."""
+    import numpy as np
+
+    scored = {q: v for q, v in values.items() if v}
+    n = len(scored)
+    if n < 2:
+        return float("nan")
+    spread = [float(np.var(v, ddof=1)) for v in scored.values() if len(v) > 1]
+    pooled = float(np.mean(spread)) if spread else 0.0
+    s = np.array([(float(np.var(v, ddof=1)) if len(v) > 1 else pooled) / len(v) for v in scored.values()])
+    w = np.array([(weights or {}).get(q, 1.0) for q in scored])
+    total = w.sum()
+    own = np.sum(w**2 * s * (1 - 2 * w / total))
+    shared = np.sum(w**2) / total**2 * np.sum(w**2 * s)
+    return float(n / (n - 1) * (own + shared) / total**2)
+
+
 def _binary_variance(samples: list[float]) -> float:
     p = (sum(samples) + 0.5) / (len(samples) + 1)
     return p * (1 - p)
@@ -80,10 +107,12 @@ def allocate(
     rule: AdaptiveRule,
     sem: float | None = None,
     drawn: dict[int, int] | None = None,
+    weights: dict[int, float] | None = None,
 ) -> Allocation:
     """The next round for one metric: `values` holds each question's per-sample scores, `sem` the metric's
-    SEM as the report computes it (a weighted metric's cluster-robust one), by default `clustered_sem`, and
-    `drawn` the samples each question has had, failed ones included (by default its scores' count).
+    SEM as the report computes it (a weighted metric's cluster-robust one), by default `clustered_sem`,
+    `drawn` the samples each question has had, failed ones included (by default its scores' count), and
+    `weights` each question's weight in the mean (a rate over several items: their count; default 1).
 
     `rule.max_samples` caps the samples drawn, so a question whose samples fail is not asked again without
     end. A question none of whose samples scored gets no more: its failures (a prompt over the context
@@ -91,8 +120,8 @@ def allocate(
     sem = clustered_sem(values) if sem is None else sem
     variances = question_variances(values)
     scored = {q: len(v) for q, v in values.items() if v}  # the questions the SEM is over
-    within = sum(variances[q] / n for q, n in scored.items()) / max(1, len(scored)) ** 2
-    floor = math.sqrt(max(0.0, sem**2 - within)) if not math.isnan(sem) else float("nan")
+    within = within_question_variance(values, weights)
+    floor = math.sqrt(max(0.0, sem**2 - within)) if not math.isnan(sem + within) else float("nan")
     if not math.isnan(sem) and sem <= rule.target_sem:
         return Allocation(sem, stop=StopReason.TARGET_REACHED, floor_sem=floor)
     drawn = drawn or {}

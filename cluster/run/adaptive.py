@@ -93,15 +93,23 @@ def _next_round(
     values: dict[str, dict[int, list[float]]] = {
         m.key: {i: [] for i in range(len(task_plan.samples))} for m in task_plan.task.metrics
     }
+    weights: dict[str, dict[int, float]] = {key: {} for key in values}  # a question's weight in the mean
     for record in writer.task_records(name):
         for key, score in record.scores.items():
             if record.error is None and key in values:
                 values[key][index_of[record.doc_id]].append(score)
+                weights[key][index_of[record.doc_id]] = record.weights[key]
     # The task's error bar is its widest one: the metric with the largest SEM decides the round.
     records = writer.task_records(name)
     drawn_here = {i: drawn[(name, i)] for i in range(len(task_plan.samples))}
     allocations = {
-        key: allocate(per_question, rule, summarize(scored_items(records, key), 0).sem, drawn=drawn_here)
+        key: allocate(
+            per_question,
+            rule,
+            summarize(scored_items(records, key), 0).sem,
+            drawn=drawn_here,
+            weights=weights[key],
+        )
         for key, per_question in values.items()
     }
     report.metric = max(allocations, key=lambda key: _sort_key(allocations[key].sem))
