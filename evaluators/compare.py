@@ -41,6 +41,8 @@ class RunSamples:
     judges: dict[str, str] = field(default_factory=dict)  # judged tasks: whose verdicts the records hold
     # judged tasks: that judge's summary entry for the task (its numbers), else the run's summary.json entry
     judge_summaries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # by task: the range each metric's values take, where summary.json gives it
+    bounds: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
             f"{run_dir} holds no sample records (samples/<model>/<task>.jsonl): a run writes them as it goes; is "
             "it a run folder copied without its samples?"
         )
-    records, metrics, directions, judges, judge_summaries = {}, {}, {}, {}, {}
+    records, metrics, directions, judges, judge_summaries, bounds = {}, {}, {}, {}, {}, {}
     for task, body in summary.get("tasks", {}).items():
         found = sorted(run_dir.glob(f"samples/*/{task}.jsonl"))[:1]
         chosen = choose_judge(run_dir, task, judge or (body.get("judge") if latest_judge else None))
@@ -90,8 +92,13 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
             records[task] = [SampleRecord(**json.loads(line)) for line in lines if line.strip()]
         metrics[task] = list(body["metrics"])
         directions[task] = body.get("higher_is_better", {})
+        bounds[task] = {
+            key: (float(entry["bounds"][0]), float(entry["bounds"][1]))
+            for key, entry in body["metrics"].items()
+            if isinstance(entry, dict) and entry.get("bounds")
+        }
     run_id = summary.get("run", {}).get("run_id", run_dir.name)
-    return RunSamples(run_dir, run_id, records, metrics, directions, judges, judge_summaries)
+    return RunSamples(run_dir, run_id, records, metrics, directions, judges, judge_summaries, bounds)
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:
@@ -135,7 +142,12 @@ def compare_runs(a: RunSamples, b: RunSamples, options: CompareOptions | None = 
     if not options.allow_different_prompts:
         check_same_prompts(a, b, tasks)
     results = [
-        paired_difference(scored_items(a.records[t], m), scored_items(b.records[t], m)) for t, m in pairs
+        paired_difference(
+            scored_items(a.records[t], m),
+            scored_items(b.records[t], m),
+            a.bounds.get(t, {}).get(m) or b.bounds.get(t, {}).get(m),
+        )
+        for t, m in pairs
     ]
     adjusted = holm_adjusted([r.p_value for r in results])
     compared = []
@@ -208,7 +220,7 @@ def comparison_json(a: RunSamples, b: RunSamples, rows: list[ComparedMetric], le
         "b": {"run_id": b.run_id, "path": str(b.path)},
         "difference": "B - A",
         "se_method": SE_METHOD,
-        "multiple_comparisons": f"{MULTIPLE_COMPARISONS} ({len(rows)} comparisons), level {level:g}",
+        "multiple_comparisons": f"{MULTIPLE_COMPARISONS} ({tested(rows)} comparisons), level {level:g}",
         "metrics": [
             {
                 "task": row.task,
@@ -257,12 +269,18 @@ def render_comparison(a: RunSamples, b: RunSamples, rows: list[ComparedMetric], 
     console.print(table)
     console.print(f"SE: {SE_METHOD}.")
     console.print(
-        f"Beyond noise: {MULTIPLE_COMPARISONS} ({len(rows)} comparisons), adjusted p below {level:g}."
+        f"Beyond noise: {MULTIPLE_COMPARISONS} ({tested(rows)} comparisons), adjusted p below {level:g}."
     )
     left_out = {(row.task, row.result.only_in_one) for row in rows if row.result.only_in_one}
     for task, count in sorted(left_out):
         console.print(f"{task}: {count} question(s) scored in one run only, left out of the pairing.")
     return console.export_text()
+
+
+def tested(rows: list[ComparedMetric]) -> int:
+    """The comparisons Holm's adjustment counts: those with a p-value (a metric with under two shared
+    questions has none)."""
+    return sum(not math.isnan(row.result.p_value) for row in rows)
 
 
 def _judge_cell(judges: tuple[str, str] | None) -> str:

@@ -10,8 +10,11 @@ instruction-level accuracy) weight it by its item count: exactly as the run's ow
 
 Testing every task x metric at once inflates the chance of a false alarm, so the p-values are adjusted with
 Holm's step-down procedure (Holm 1979) over the whole family compared, and only adjusted p-values below the
-level count as beyond noise. The CI95 is a t-interval on the paired SE, cut to [-1, 1] where both runs' metric
-is a proportion of successes.
+level count as beyond noise. The CI95 is a t-interval on the paired SE, cut to what a difference of the metric
+can be: [-(hi - lo), hi - lo] for a metric whose values lie in [lo, hi] (a win rate, a 1-10 rating, a
+proportion of successes). Where every question moved by the same amount there is no spread: the p-value is the
+exact sign-flip test's and no CI95 is given (a t-interval would be the single point, beside a p that may say
+"noise").
 """
 
 from __future__ import annotations
@@ -41,11 +44,13 @@ class PairedDifference:
     only_in_one: int  # scored in one run only: left out of the pairing
 
 
-def paired_difference(a: list[ScoredItem], b: list[ScoredItem]) -> PairedDifference:
+def paired_difference(
+    a: list[ScoredItem], b: list[ScoredItem], bounds: tuple[float, float] | None = None
+) -> PairedDifference:
     """B minus A over the questions both runs scored. Each run's mean over those questions is computed as its
     own summary computes its mean (`evaluators.stats.question_scores`: each question once, with its item
     weight, whatever its number of samples), so over the same questions `mean_a` and `mean_b` are the two
-    summaries' means."""
+    summaries' means. `bounds`: the range the metric's values take (a proportion's [0, 1] is found without)."""
     per_a, per_b = question_scores(a), question_scores(b)
     index_a, index_b = per_a.index(), per_b.index()
     shared = sorted(index_a.keys() & index_b.keys())
@@ -69,13 +74,17 @@ def paired_difference(a: list[ScoredItem], b: list[ScoredItem]) -> PairedDiffere
     sem = float(np.sqrt(n / (n - 1) * np.sum(influence**2)))
     half = t_critical_95(n - 1) * sem
     low, high = difference - half, difference + half
-    if counts_successes(a) and counts_successes(b):  # two proportions: their difference lies in [-1, 1]
-        low, high = max(low, -1.0), min(high, 1.0)
+    if bounds is None and counts_successes(a) and counts_successes(b):
+        bounds = (0.0, 1.0)
+    if bounds is not None:  # two means in [lo, hi]: their difference lies within hi - lo of 0
+        width = bounds[1] - bounds[0]
+        low, high = max(low, -width), min(high, width)
     if sem > 1e-12 * max(1.0, abs(difference)):  # beyond rounding: equal differences leave ~1e-17
         p_value = t_two_sided_p(difference / sem, n - 1)
     else:  # every question moved by the same amount: the exact sign-flip test's p, as the t-test has none.
         # Of the 2**n ways to flip the differences' signs, two (all +, all -) are as far from 0 as these.
         p_value = 1.0 if difference == 0 else min(1.0, 2.0 ** (1 - n))
+        low = high = nan
     return PairedDifference(mean_a, mean_b, difference, sem, low, high, p_value, n, only)
 
 

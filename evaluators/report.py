@@ -269,6 +269,7 @@ def summary_json(summaries: list[TaskSummary], run_info: dict[str, Any]) -> dict
                 "sem_method": "question-clustered standard error (Miller 2024)",
                 "ci95": [_finite(m.ci95_low), _finite(m.ci95_high)],
                 "ci95_method": m.ci_method,
+                **({"bounds": list(m.bounds)} if m.bounds is not None else {}),
                 "run_means": list(m.run_means),
                 "n": m.num_runs,
                 "questions": m.num_questions,

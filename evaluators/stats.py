@@ -9,7 +9,9 @@ Two uncertainties are reported and never mixed up:
 
 The CI95 is a t-interval on `sem`, cut to the metric's range where the task states it (a win rate in [0, 1],
 a 1-10 rating) or, for a proportion of successes (accuracy, a pass rate), to [0, 1]: near the ends, or with few
-questions, the symmetric interval would otherwise claim values that cannot exist.
+questions, the symmetric interval would otherwise claim values that cannot exist. A proportion every question
+scored alike at 0 or 1 has no spread for a t-interval (it would be the single point); its CI95 is then the
+Wilson score interval of that many successes out of that many questions (5 of 5: [0.57, 1]).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ if TYPE_CHECKING:
 
 CI_METHOD = "t-interval on the question-clustered SEM, df = questions - 1"
 CI_METHOD_PROPORTION = CI_METHOD + ", cut to [0, 1] (a proportion of successes)"
+CI_METHOD_NO_SPREAD = (
+    "Wilson score interval over the questions (every one scored {score:g}: no spread for a t-interval)"
+)
+Z_95 = 1.959963984540054  # the standard normal's two-sided 95 % critical value
 
 
 def t_critical_95(df: int) -> float:
@@ -64,6 +70,7 @@ class MetricSummary:
     num_runs: int
     num_questions: int
     num_scored: int
+    bounds: tuple[float, float] | None = None  # the range the metric's values take, where known
 
 
 @dataclass(frozen=True)
@@ -151,7 +158,11 @@ def summarize(
         low, high = max(low, bounds[0]), min(high, bounds[1])
         method = f"{CI_METHOD}, cut to [{bounds[0]:g}, {bounds[1]:g}] (the metric's range)"
     elif _counts_successes(values, weights):
+        bounds = (0.0, 1.0)
         low, high, method = max(low, 0.0), min(high, 1.0), CI_METHOD_PROPORTION
+        if n_q > 1 and sem == 0 and mean in (0.0, 1.0):
+            low, high = wilson_interval(round(mean * n_q), n_q)
+            method = CI_METHOD_NO_SPREAD.format(score=mean)
     return MetricSummary(
         mean=mean,
         sem=sem,
@@ -163,7 +174,18 @@ def summarize(
         num_runs=num_runs,
         num_questions=n_q,
         num_scored=len(items),
+        bounds=bounds,
     )
+
+
+def wilson_interval(successes: int, trials: int) -> tuple[float, float]:
+    """The Wilson score 95 % interval of a proportion: `successes` out of `trials`."""
+    import math
+
+    z2 = Z_95**2
+    centre = (successes + z2 / 2) / (trials + z2)
+    half = Z_95 / (trials + z2) * math.sqrt(successes * (trials - successes) / trials + z2 / 4)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _run_means(

@@ -85,6 +85,8 @@ def test_pairing_removes_question_difficulty():
     assert result.p_value == pytest.approx(2 / 2**10)
     two = paired_difference(items({0: [0.0], 1: [0.0]}), items({0: [1.0], 1: [1.0]}))
     assert (two.difference, two.sem, two.p_value) == (1.0, 0.0, 0.5)  # two questions prove little
+    # no CI95 beside that p: a t-interval would be the single point [1, 1], as if the difference were certain
+    assert math.isnan(two.ci95_low) and math.isnan(two.ci95_high) and math.isnan(result.ci95_low)
     assert stats.ttest_ind([v[0] for v in b.values()], [v[0] for v in a.values()]).pvalue > 0.4
 
 
@@ -116,3 +118,52 @@ def test_holm_step_down():
     assert (
         adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
     )
+
+
+def test_a_bounded_metrics_difference_stays_within_its_range():
+    """Judged scores in [0, 1] (healthbench, arena-hard with ties) are not whole successes, so only their
+    stated range keeps the difference's CI95 inside [-1, 1]; a 1-10 rating's inside [-9, 9]."""
+    a, b = items({0: [0.0], 1: [0.0], 2: [0.05]}), items({0: [1.0], 1: [1.0], 2: [0.1]})
+    unbounded = paired_difference(a, b)
+    differences = [1.0, 1.0, 0.05]
+    half = stats.t.ppf(0.975, 2) * stats.sem(differences)
+    assert (unbounded.ci95_low, unbounded.ci95_high) == pytest.approx(
+        (0.6833 - half, 0.6833 + half), abs=1e-4
+    )
+    assert unbounded.ci95_high > 2  # what compare printed for such a task
+    bounded = paired_difference(a, b, bounds=(0.0, 1.0))
+    assert (bounded.ci95_low, bounded.ci95_high) == pytest.approx((0.6833 - half, 1.0), abs=1e-4)
+    rated = paired_difference(
+        items({0: [1.0], 1: [1.0], 2: [9.0]}), items({0: [10.0], 1: [10.0], 2: [9.5]}), (1.0, 10.0)
+    )
+    assert rated.ci95_high == 9.0
+
+
+def test_a_proportion_every_question_scored_alike_has_the_wilson_interval_not_a_point():
+    """5 of 5 right: the t-interval has no spread to work with and would say [1, 1]; the Wilson interval of
+    5 successes in 5 trials (scipy's) is the honest one. 3 of 3 wrong likewise, and a spread keeps the t."""
+    right = summarize(items({q: [1.0, 1.0] for q in range(5)}), 2)
+    expected = stats.binomtest(5, 5).proportion_ci(method="wilson")
+    assert (right.ci95_low, right.ci95_high) == pytest.approx((expected.low, expected.high))
+    assert right.ci95_low == pytest.approx(0.566, abs=1e-3) and right.sem == 0 and "Wilson" in right.ci_method
+    wrong = summarize(items({q: [0.0] for q in range(3)}), 1)
+    expected = stats.binomtest(0, 3).proportion_ci(method="wilson")
+    assert (wrong.ci95_low, wrong.ci95_high) == pytest.approx((expected.low, expected.high))
+    spread = summarize(items({0: [1.0], 1: [0.0], 2: [1.0]}), 1)
+    assert "Wilson" not in spread.ci_method and spread.bounds == (0.0, 1.0)
+
+
+def test_holm_counts_the_comparisons_that_have_a_p_value(tmp_path):
+    """A metric with one shared question has no p-value and takes no part in Holm's adjustment: the count
+    compare prints is of the others (it once counted every row, 2 here, beside an adjustment over 1)."""
+    from evaluators.compare import ComparedMetric, RunSamples, comparison_json, render_comparison
+
+    tested = paired_difference(items({q: [q % 2] for q in range(10)}), items({q: [1.0] for q in range(10)}))
+    lone = paired_difference(items({0: [0.0]}), items({0: [1.0]}))
+    [p_tested, p_lone] = holm_adjusted([tested.p_value, lone.p_value])
+    assert p_tested == tested.p_value and math.isnan(p_lone)
+    rows = [ComparedMetric("t1", "m", tested, p_tested, False, None),
+            ComparedMetric("t2", "m", lone, p_lone, False, None)]  # fmt: skip
+    run = RunSamples(tmp_path, "r", {}, {}, {})
+    assert "(1 comparisons)" in comparison_json(run, run, rows, 0.05)["multiple_comparisons"]
+    assert "(1 comparisons)" in render_comparison(run, run, rows, 0.05)

@@ -106,6 +106,10 @@ def test_compare_uses_the_named_judges_verdicts_and_refuses_to_mix_judges(tmp_pa
     assert row["mean_b"] == pytest.approx(rate_b.mean(), rel=1e-12)
     assert row["difference"] == pytest.approx((rate_b - rate_a).mean(), rel=1e-12)
     assert row["sem"] == pytest.approx(stats.sem(rate_b - rate_a), rel=1e-12)
+    # the win rate's range, [0, 1], as summary.json states it: the difference's CI95 stays within [-1, 1]
+    stated = json.loads((b / "summary.json").read_text())["tasks"]["alpaca_eval"]["metrics"]
+    assert [body["bounds"] for body in stated.values()] == [[0.0, 1.0]]
+    assert -1 <= row["ci95"][0] <= row["ci95"][1] <= 1
     assert main(["compare", str(a), str(b), "--judge", "openai-strict"]) == 0  # its folder's name works too
     capsys.readouterr()
     assert main(["compare", str(a), str(b), "--judge", "openai:lenient"]) == 2
