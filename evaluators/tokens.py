@@ -7,13 +7,14 @@ answer choice) and holds their summed tokens; it counts as one request under tha
 
 A resumed run reads some outputs back from its store instead of generating them. Those count in the task and
 run totals (the results are made of them) but not in `generated`, `per_replica` or the tokens per second, which
-count only what this run's replicas generated, over this run's generation seconds.
+count only what this run's replicas generated, over this run's generation seconds: an lm-eval document only
+some of whose requests were generated now counts those requests' own tokens there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from evaluators.records import SampleRecord
 
@@ -99,16 +100,28 @@ def generated_now(record: SampleRecord, generated_ids: Collection[str]) -> bool:
     return any(part in generated_ids for part in record.request_id.split(",") if part)
 
 
+def _generated_part(record: SampleRecord, generated_tokens: Mapping[str, TokenCounts]) -> SampleRecord:
+    """The record as far as this run generated it: whole, or for an lm-eval document some of whose requests
+    were read back from the store, with the tokens of the requests generated now only."""
+    parts = [part for part in record.request_id.split(",") if part]
+    if all(part in generated_tokens for part in parts):
+        return record
+    now = sum((generated_tokens[part] for part in parts if part in generated_tokens), TokenCounts())
+    return replace(record, prompt_tokens=now.prompt_tokens, output_tokens=now.output_tokens)
+
+
 def sum_tokens(records: Iterable[SampleRecord]) -> TokenCounts:
     """The tokens of the records' requests, each request once."""
     unique = {request_key(r): TokenCounts(r.prompt_tokens, r.output_tokens) for r in records}
     return sum(unique.values(), TokenCounts())
 
 
-def run_tokens(records: list[SampleRecord], generated_ids: Collection[str], generation_s: float) -> RunTokens:
-    """The run's token counts from its records; `generated_ids` are the request ids this run generated (the
-    rest were read back from its store)."""
-    generated = [r for r in records if generated_now(r, generated_ids)]
+def run_tokens(
+    records: list[SampleRecord], generated_tokens: Mapping[str, TokenCounts], generation_s: float
+) -> RunTokens:
+    """The run's token counts from its records; `generated_tokens` holds the tokens of each request this run
+    generated, by request id (the rest were read back from its store)."""
+    generated = [_generated_part(r, generated_tokens) for r in records if generated_now(r, generated_tokens)]
     by_task: dict[str, list[SampleRecord]] = {}
     by_replica: dict[str, list[SampleRecord]] = {}
     for record in records:

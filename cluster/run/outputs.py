@@ -35,7 +35,7 @@ from evaluators.report import (
     summary_json,
     write_samples,
 )
-from evaluators.tokens import RunTokens, run_tokens
+from evaluators.tokens import RunTokens, TokenCounts, run_tokens
 
 if TYPE_CHECKING:
     from cluster.judging import JudgeStats
@@ -196,9 +196,11 @@ def _tokens(run: FinishedRun, summaries: _Summaries) -> RunTokens:
     """The run's token counts from its records (generated now: what its store took in during this run), each
     task's set on its summary."""
     store = run.runner.store
-    tokens = run_tokens(
-        summaries.records, store.added_ids if store is not None else set(), run.runner.stats.generation_s
-    )
+    generated: dict[str, TokenCounts] = {}
+    for request_id in store.added_ids if store is not None else ():
+        if (completion := store.get(request_id)) is not None:
+            generated[request_id] = TokenCounts(completion.prompt_tokens, completion.output_tokens)
+    tokens = run_tokens(summaries.records, generated, run.runner.stats.generation_s)
     for summary in summaries.every:
         summary.tokens = tokens.per_task.get(summary.task)
     return tokens

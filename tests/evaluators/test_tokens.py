@@ -31,7 +31,9 @@ RECORDS = [
     # an lm-eval document: its two choices' requests in one record, on both replicas, generated now
     record("arc_easy", 0, 0, "a0,a1", "replica-0,replica-1", 24, 2),
 ]
-GENERATED = {"g00", "g01", "i0", "a0", "a1"}
+# each request generated now, with its own tokens (the lm-eval document's two split its 24 and 2)
+GENERATED = {"g00": TokenCounts(10, 100), "g01": TokenCounts(10, 50), "i0": TokenCounts(30, 40),
+             "a0": TokenCounts(12, 1), "a1": TokenCounts(12, 1)}  # fmt: skip
 
 
 def test_each_request_counts_once_and_read_back_outputs_only_in_the_totals():
@@ -60,8 +62,21 @@ def test_each_request_counts_once_and_read_back_outputs_only_in_the_totals():
     )
 
 
+def test_an_lm_eval_document_resumed_part_way_counts_only_its_requests_generated_now():
+    """Its record holds the tokens of all its requests (400 prompt, 4 output over a, b, c, d); a run that
+    generated only `a` (the others read back from its store) generated a's tokens alone. Counting the whole
+    record once said 450 prompt and 204 output tokens generated, 102 tokens/s where 100.5 is right."""
+    records = [record("mmlu", 0, 0, "a,b,c,d", "replica-0", 400, 4),
+               record("gsm8k", 0, 0, "g", "replica-0", 50, 200)]  # fmt: skip
+    generated = {"a": TokenCounts(100, 1), "g": TokenCounts(50, 200)}
+    tokens = run_tokens(records, generated, generation_s=2.0)
+    assert tokens.total == TokenCounts(450, 204)
+    assert tokens.generated == tokens.per_replica["replica-0"] == TokenCounts(150, 201)
+    assert tokens.output_tokens_per_s == pytest.approx(100.5)
+
+
 def test_a_run_that_generated_nothing_has_totals_but_no_tokens_per_second():
-    tokens = run_tokens(RECORDS, set(), generation_s=0.0)
+    tokens = run_tokens(RECORDS, {}, generation_s=0.0)
     assert tokens.total == TokenCounts(94, 199) and tokens.generated == TokenCounts()
     assert tokens.per_replica == {} and tokens.output_tokens_per_s is None
     assert tokens.to_json()["output_tokens_per_s"] is None
@@ -70,7 +85,8 @@ def test_a_run_that_generated_nothing_has_totals_but_no_tokens_per_second():
 
 def test_the_footer_is_the_tables_last_line():
     records = [r for r in RECORDS if r.task == "gsm8k"]
-    tokens = run_tokens(records, {"g00", "g01", "g10"}, generation_s=2.0)
+    tokens = run_tokens(records, {"g00": TokenCounts(10, 100), "g01": TokenCounts(10, 50),
+                                  "g10": TokenCounts(20, 7)}, generation_s=2.0)  # fmt: skip
     summary = summarize_task(GSM8K(), records, num_runs=2, num_fewshot=0, num_available=2)
     table = render_table([summary], tokens.footer())
     assert table.splitlines()[-1] == (
@@ -87,6 +103,6 @@ def test_the_reported_rate_is_the_reported_tokens_over_the_reported_seconds(outp
     output_tokens_per_s to that figure's rounding (half its last place, and the float that holds it),
     however short the generation."""
     records = [record("t", 0, 0, "r", "replica-0", 1, output)]
-    body = run_tokens(records, {"r"}, generation_s=seconds).to_json()
+    body = run_tokens(records, {"r": TokenCounts(1, output)}, generation_s=seconds).to_json()
     recomputed = body["generated"]["output_tokens"] / body["generation_s"]
     assert body["output_tokens_per_s"] == pytest.approx(recomputed, abs=0.05 + 1e-9, rel=1e-12)
