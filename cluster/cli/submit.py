@@ -70,13 +70,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     command, parsed = job_command(args.command)
     plain, named = _env_entries(args.env)
+    env = plain | sealed_variables(named, needed_variables(command[0], parsed))  # checked before connecting
     jobs = JobsClient(args.address)
-    spec = JobSpec(
-        command=command,
-        env=plain | sealed_variables(named, needed_variables(command[0], parsed)),
-        working_dir=args.working_dir,
-        job_id=args.job_id,
-    )
+    spec = JobSpec(command=command, env=env, working_dir=args.working_dir, job_id=args.job_id)
     job_id = jobs.submit(spec)
     print(f"submitted job {job_id} to {jobs.address}: {spec.entrypoint}", file=sys.stderr)
     if args.no_wait:
@@ -108,11 +104,9 @@ def needed_variables(command: str, parsed: argparse.Namespace) -> list[str]:
 
     try:
         config = run_config(parsed)
-    except EvalInputError:  # a file only the cluster has (--judge-only reads the run's config.yaml there)
-        try:
-            config = build_config({}, overrides(parsed), COMMAND_LINE, flag_names())
-        except EvalInputError:
-            return list(HF_TOKEN_NAMES)
+    except EvalInputError:  # a file only the cluster has (--judge-only reads the run's config.yaml there):
+        # the flags alone must still hold, else the job would fail there with what is refused here
+        config = build_config({}, overrides(parsed), COMMAND_LINE, flag_names())
     if "://" not in config.output_dir and not Path(config.output_dir).is_absolute():
         raise EvalInputError(
             f"--output-dir {config.output_dir} is a relative path, but the job writes its run folder on the node "

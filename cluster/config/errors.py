@@ -4,7 +4,7 @@ its value, the rule, and the fix (a close name for a typo, the section a misplac
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -15,21 +15,29 @@ COMMAND_LINE = "the command line"
 
 
 def format_validation_error(
-    error: ValidationError, source: str, flags: Mapping[str, str] | None = None, command: str = "run"
+    error: ValidationError,
+    source: str,
+    flags: Mapping[str, str] | None = None,
+    command: str = "run",
+    given: Collection[str] = (),
 ) -> str:
-    """One paragraph naming each bad setting (and the flag that set it), its value, the rule, and the fix.
+    """One paragraph naming each bad setting (and the flag that sets it), its value, the rule, and the fix.
 
-    `flags` maps the dotted settings given on the command line to their flags (`sampling.temperature` to
-    `--temperature`); `command`: the rayeval command whose `--help` describes them.
+    `flags` maps dotted settings to their flags (`sampling.temperature` to `--temperature`); `given`: the
+    dotted settings the command line set (a problem there is the command line's, not `source`'s);
+    `command`: the rayeval command whose `--help` describes them.
     """
-    problems = [_describe_problem(item, flags or {}) for item in error.errors()]
+    items = error.errors()
+    problems = [_describe_problem(item, flags or {}) for item in items]
+    by_flag = [any(key in given for key in _prefixes(tuple(item["loc"]))) for item in items]
     them = "it" if len(problems) == 1 else "them"
-    fix = (
-        f"Fix {them}: `rayeval {command} --help` describes every flag"
-        if source == COMMAND_LINE
-        else f"Fix {them} in {source}: docs/RUNNING.md shows a full config, `rayeval {command} --help` every setting"
-    )
-    return f"{source} has {len(problems)} invalid setting(s): " + "; ".join(problems) + f". {fix}."
+    if source == COMMAND_LINE or all(by_flag):
+        where, fix = COMMAND_LINE, f"Fix {them}: `rayeval {command} --help` describes every flag"
+    else:
+        where = f"{source} and the command line" if any(by_flag) else source
+        fix = f"Fix {them} in {where}: docs/RUNNING.md shows a full config, `rayeval {command} --help` every setting"
+    have = "have" if where.endswith(" and the command line") else "has"
+    return f"{where} {have} {len(problems)} invalid setting(s): " + "; ".join(problems) + f". {fix}."
 
 
 def _describe_problem(item: Mapping[str, Any], flags: Mapping[str, str]) -> str:

@@ -84,7 +84,8 @@ def build_config(
         return schema.model_validate(merged)
     except ValidationError as exc:
         command = getattr(schema, "help_command", "run")
-        raise EvalInputError(format_validation_error(exc, source, flags, command)) from None
+        given = [dotted for dotted, value in overrides.items() if value is not None]
+        raise EvalInputError(format_validation_error(exc, source, flags, command, given)) from None
 
 
 def _override_tasks(existing: Any, names: list[str]) -> list[Any]:
