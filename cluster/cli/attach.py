@@ -17,7 +17,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=cmd_attach)
     p.add_argument("run_id", metavar="RUN_ID", help="the run's --run-id (printed when it started)")
-    p.add_argument("--address", metavar="ray://HEAD:10001", help="the cluster's Ray client address")
+    p.add_argument(
+        "--address",
+        metavar="ray://HEAD:10001",
+        help="the cluster's Ray client address (default: $RAY_ADDRESS)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from cluster.config import RunConfig
+from cluster.config import RunConfig, format_duration
 
 # Help groups in the order `--help` shows them: title, and the paragraph under it.
 GROUPS: dict[str, tuple[str, str | None]] = {
@@ -146,7 +146,7 @@ def overrides(args: argparse.Namespace, schema: type[BaseModel] = RunConfig) -> 
 
 def _argparse_kwargs(spec: ConfigFlag) -> dict[str, Any]:
     kind = _value_type(spec.field.annotation)
-    kwargs: dict[str, Any] = {"help": _help(spec.field), "default": None}
+    kwargs: dict[str, Any] = {"help": _help(spec.field, spec.metavar == "DURATION"), "default": None}
     if kind is not bool and not isinstance(kind, tuple):
         kwargs["metavar"] = spec.metavar or spec.flag.lstrip("-").upper()
     if kind is bool:
@@ -192,7 +192,8 @@ def _value_type(annotation: Any) -> Any:
     return annotation
 
 
-def _help(field: FieldInfo) -> str:
+def _help(field: FieldInfo, duration: bool = False) -> str:
+    """The field's description and, unless it states one, its default (a duration's in s, m, h)."""
     text = field.description or ""
     if "default" in text:
         return text
@@ -203,6 +204,8 @@ def _help(field: FieldInfo) -> str:
         shown = "on" if default else "off"
     elif isinstance(default, enum.Enum):
         shown = default.value
+    elif duration:
+        shown = format_duration(float(default))
     else:
         shown = f"{default:g}" if isinstance(default, float) else str(default)
     return f"{text} (default {shown})"

@@ -150,7 +150,6 @@ def cmd_pools(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from cluster.sources import down
     from evaluators.errors import EvalInputError
 
     if not args.names and not args.all:
@@ -160,6 +159,8 @@ def cmd_down(args: argparse.Namespace) -> int:
             f"rayeval down: give the pools to stop ({' '.join(args.names)}) or --all, not both: --all stops every "
             "pool of the cluster."
         )
+    from cluster.sources import down  # Ray's import: after the checks, which answer at once
+
     stopped = down(args.address, args.names, args.all)
     print(f"stopped {len(stopped)} warm pool(s): {', '.join(stopped) or 'none'}")
     if args.all:

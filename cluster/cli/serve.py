@@ -21,7 +21,7 @@ EPILOG = """examples:
   rayeval serve --status --address auto            # the application's replicas and their state
   rayeval serve --shutdown --address auto
   rayeval run --model openai:SmolLM2-135M-Instruct --base-url http://127.0.0.1:8000/v1 --tasks ifeval
-  rayeval run --tasks alpaca_eval --judge openai:NAME --judge-base-url http://HEAD:8000/v1 \
+  rayeval run --tasks alpaca_eval --judge openai:NAME --judge-base-url http://HEAD:8000/v1 \\
       --judge-api-key-env SERVE_KEY      # a shared judge, served with --host 0.0.0.0 --api-key-env SERVE_KEY
 Without --address (or RAY_ADDRESS) the command starts a local Ray cluster and serves until it is stopped;
 with one, it deploys onto that cluster and returns: the application lives on until --shutdown.

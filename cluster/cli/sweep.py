@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster.cli.flags import overrides
+from cluster.cli.flags import overrides, set_help
 from cluster.cli.run import add_run_arguments, print_timeline, run_config
 from cluster.config import RunMode
 from evaluators.errors import EvalInputError
@@ -54,6 +54,8 @@ def add_checkpoint_run_arguments(p: argparse.ArgumentParser) -> None:
         "steps) instead of through vLLM's LoRA layers: on CPU those run at a third of the base model's speed",
     )
     add_run_arguments(p)
+    set_help(p, "--run-id", "the sweep's folder name under --output-dir, one run folder per step in it; reuse it "
+             "to resume (default sweep-<CKPT_DIR's name>)")  # fmt: skip
 
 
 def checkpoint_run_config(args: argparse.Namespace, command: str) -> RunConfig:

@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--every", type=_positive_int, metavar="N", help="only steps that are multiples of N")
     p.add_argument("--until-idle", type=_duration("--until-idle", off_is_none=True), metavar="DURATION",
                    help="stop once no new checkpoint completed for this long, e.g. 30m; 0: as soon as none is "
-                   "waiting (default, or off: until stopped)")  # fmt: skip
+                   "waiting (default off: until stopped)")  # fmt: skip
     p.add_argument("--poll-interval", type=_duration("--poll-interval", positive=True), default=5.0,
                    metavar="DURATION", help="how often to look for new checkpoints (default 5s)")  # fmt: skip
     p.add_argument("--settle", type=_duration("--settle"), default=30.0, metavar="DURATION",

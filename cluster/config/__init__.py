@@ -24,7 +24,7 @@ from cluster.config.options import (
     ServeConfig,
     TaskOptions,
 )
-from cluster.config.values import check_ray_address, parse_duration, parse_gen_kwargs
+from cluster.config.values import check_ray_address, format_duration, parse_duration, parse_gen_kwargs
 
 __all__ = [
     "COMMAND_LINE",
@@ -50,6 +50,7 @@ __all__ = [
     "check_ray_address",
     "format_validation_error",
     "load_config_file",
+    "format_duration",
     "parse_duration",
     "parse_gen_kwargs",
 ]

@@ -308,7 +308,10 @@ class ClusterOptions(Strict):
         json_schema_extra=cli("--cpus-per-worker", "N"),
     )
     placement_timeout_s: float = Field(
-        120.0, gt=0, description="how long to wait for the replicas' placement groups (e.g. 120, 5m)"
+        120.0,
+        gt=0,
+        description="how long to wait for room for each replica's placement group (e.g. 120, 5m)",
+        json_schema_extra=cli("--placement-timeout", "DURATION"),
     )
     replica_restarts: int = Field(
         2,
@@ -397,7 +400,7 @@ class ClusterOptions(Strict):
 
     _idle_duration = _duration_setting("coordinator_idle_timeout_s", "--coordinator-idle-timeout", off=False)
 
-    _placement_duration = _duration_setting("placement_timeout_s", "cluster.placement_timeout_s", off=False)
+    _placement_duration = _duration_setting("placement_timeout_s", "--placement-timeout", off=False)
 
     @field_validator("forward_env")
     @classmethod
@@ -448,8 +451,19 @@ class LmEvalOptions(Strict):
         description="generation length where a task sets none, as in lm-eval's vLLM backend",
         json_schema_extra=cli("--max-gen-toks", "N"),
     )
-    bootstrap_iters: int = Field(100000, ge=0, description="lm-eval's bootstrap for non-mean metrics' stderr")
-    confirm_run_unsafe_code: bool = False
+    bootstrap_iters: int = Field(
+        100000,
+        ge=0,
+        description="lm-eval tasks: bootstrap rounds for the stderr of metrics that are not means (as lm_eval's "
+        "--bootstrap_iters; 0: none)",
+        json_schema_extra=cli("--bootstrap-iters", "N"),
+    )
+    confirm_run_unsafe_code: bool = Field(
+        False,
+        description="lm-eval tasks that execute the model's code (humaneval, mbpp): allow it, as lm_eval's "
+        "--confirm_run_unsafe_code",
+        json_schema_extra=cli("--confirm-run-unsafe-code"),
+    )
 
     @field_validator("include_path", mode="before")
     @classmethod
@@ -612,8 +626,18 @@ class JudgeOptions(Strict):
         description="judge answer length (default: each task's own)",
         json_schema_extra=cli("--judge-max-tokens", "N"),
     )
-    temperature: float = Field(0.0, ge=0)
-    max_model_len: int | None = Field(None, ge=16, description="local judge context; default: the model's")
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        description="judge sampling temperature",
+        json_schema_extra=cli("--judge-temperature", "TEMPERATURE"),
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        description="local judge context (default: the model's)",
+        json_schema_extra=cli("--judge-max-model-len", "TOKENS"),
+    )
 
     @field_validator("model")
     @classmethod

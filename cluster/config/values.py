@@ -43,6 +43,20 @@ def parse_duration(text: str, flag: str, off: bool = True) -> float:
     return sum(float(number) * _UNIT_S[unit or "s"] for number, unit in parts)
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as `parse_duration` reads it, in its largest whole units: 3600 -> 1h, 90 -> 1m30s, 0 -> off."""
+    if seconds <= 0:
+        return "off"
+    if seconds != int(seconds):
+        return f"{seconds:g}s"
+    left, parts = int(seconds), []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts)
+
+
 def duration_value(value: Any, flag: str, off: bool = True) -> Any:
     """A setting's duration as given (a string, parsed as `parse_duration`) or already in seconds."""
     return parse_duration(value, flag, off) if isinstance(value, str) else value

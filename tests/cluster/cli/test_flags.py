@@ -9,7 +9,7 @@ import pytest
 
 from cluster.cli import build_parser
 from cluster.cli.flags import PARSED_BY_THE_FIELD, config_flags, overrides
-from cluster.config import RunConfig, RunMode, build_config
+from cluster.config import RunConfig, RunMode, build_config, format_duration, parse_duration
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,24 @@ def test_help_states_each_fields_own_default(run_help):
         in run_help
     )
     assert f"(default {defaults.sampling.seed})" in run_help and "(default runs)" in run_help
+
+
+def test_a_durations_default_is_shown_with_its_unit_as_the_flag_takes_it(run_help):
+    """600 s reads 10m, as --endpoint-timeout 10m would set it (a bare 600 beside `5s` elsewhere was unclear)."""
+    defaults = RunConfig()
+    assert parse_duration(format_duration(defaults.endpoint.timeout_s), "--endpoint-timeout") == 600
+    for flag, shown in (
+        ("--endpoint-timeout", "10m"),
+        ("--coordinator-idle-timeout", "1h"),
+        ("--placement-timeout", "2m"),
+        ("--sync-interval", "30s"),
+        ("--judge-timeout", "1m"),
+    ):
+        after = run_help.split(f"{flag} DURATION ", 1)[1]  # its help: the first default after the flag
+        assert after.split("(default ", 1)[1].startswith(f"{shown})"), flag
+    assert [format_duration(s) for s in (0, 45, 90, 5400, 86400 + 60, 0.5)] == [
+        "off", "45s", "1m30s", "1h30m", "1d1m", "0.5s"
+    ]  # fmt: skip
 
 
 def test_help_says_which_max_num_seqs_default_applies_on_cpu_and_on_gpu(run_help):
