@@ -82,7 +82,7 @@ CASES = [
          files={"c.yaml": FEWSHOT_CONFIG, "q.jsonl": GSM8K_ROW * 3}, run_folder=True),
     # --- task names -----------------------------------------------------------------------------------
     Case("tasks-empty", "run --dry-run --tasks ''", 2, ("`tasks` (--tasks)", "no task is enabled", "--tasks ifeval")),
-    Case("task-unknown", "run --tasks ifevl", 2, ("Unknown task 'ifevl'", "Closest matches", "rayeval tasks: ifeval"), run_folder=True),
+    Case("task-unknown", "run --tasks ifevl", 2, ("Unknown task 'ifevl' (--tasks, or `tasks:` in a config file)", "Closest matches", "rayeval tasks: ifeval"), run_folder=True),
     Case("task-names-with-spaces", "run --dry-run --tasks 'ifeval gsm8k'", 2, ("'ifeval gsm8k' holds spaces", "--tasks ifeval,gsm8k")),
     Case("task-twice", "run --dry-run --tasks ifeval,ifeval", 2, ("ifeval listed twice", "keep one")),
     Case("task-twice-via-lm-eval", "run --dry-run --tasks gsm8k,lm_eval:gsm8k", 2, ("gsm8k appear twice", "Keep one")),
