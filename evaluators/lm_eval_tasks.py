@@ -183,9 +183,9 @@ def resolve_task_name(name: str, native: Mapping[str, object], catalog: LmEvalCa
         parts.append(f"lm-eval tasks: {', '.join(lm_close)}")
     hint = f" Closest matches — {'; '.join(parts)}." if parts else ""
     raise EvalInputError(
-        f"Unknown task '{name}' (--tasks, or `tasks:` in a config file).{hint} `rayeval tasks` lists rayeval's own tasks; any of lm-eval's "
-        f"{len(catalog.manager.all_tasks)} tasks, groups and tags can be named too (prefix lm_eval: to force "
-        "lm-eval's version), and --include-path adds task folders."
+        f"Unknown task '{name}' (--tasks, or `tasks:` in a config file).{hint} `rayeval tasks` lists "
+        f"rayeval's own tasks; any of lm-eval's {len(catalog.manager.all_tasks)} tasks, groups and tags can be "
+        "named too (prefix lm_eval: to force lm-eval's version), and --include-path adds task folders."
     )
 
 

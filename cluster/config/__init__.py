@@ -48,9 +48,9 @@ __all__ = [
     "TaskOptions",
     "build_config",
     "check_ray_address",
+    "format_duration",
     "format_validation_error",
     "load_config_file",
-    "format_duration",
     "parse_duration",
     "parse_gen_kwargs",
 ]
