@@ -49,7 +49,8 @@ class CurvePoint:
             below = above = self.std_across_runs
         else:
             below = above = 0.0
-        return (0.0 if math.isnan(below) else below, 0.0 if math.isnan(above) else above)
+        # never negative: an interval's end a rounding error inside its mean would stop the plot
+        return (0.0 if math.isnan(below) else max(0.0, below), 0.0 if math.isnan(above) else max(0.0, above))
 
 
 def points_from_run(

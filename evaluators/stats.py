@@ -185,7 +185,10 @@ def wilson_interval(successes: int, trials: int) -> tuple[float, float]:
     z2 = Z_95**2
     centre = (successes + z2 / 2) / (trials + z2)
     half = Z_95 / (trials + z2) * math.sqrt(successes * (trials - successes) / trials + z2 / 4)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at 0 or all successes the interval reaches the end exactly (rounding would leave 5e-17 inside it)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == trials else min(1.0, centre + half)
+    return low, high
 
 
 def _run_means(

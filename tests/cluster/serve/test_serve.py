@@ -33,6 +33,7 @@ import pytest
 
 from cluster.models import default_model_dir
 from cluster.serve.adapters import adapter_digest
+from cluster.storage import RemoteFolder
 from tests.cluster.run.test_lora import make_adapter
 from tests.judge_local_data import write_judge_data
 from tests.object_store import BUCKET
@@ -102,7 +103,10 @@ def served(tmp_path_factory, s3) -> Iterator[Served]:
         )
         on_store = s3.read(staged.removeprefix(f"s3://{BUCKET}/"))
         assert on_store["adapter_model.safetensors"] == (adapter / "adapter_model.safetensors").read_bytes()
-        downloaded = node_staging / "s3" / BUCKET / "adapters" / staged.rsplit("/", 1)[1]
+        with pytest.MonkeyPatch.context() as node:  # the replica's node's staging folder for this store
+            for name, value in {**s3.env(), "RAYEVAL_STAGING_DIR": str(node_staging)}.items():
+                node.setenv(name, value)
+            downloaded = RemoteFolder.parse(staged).staging
         assert (downloaded / "adapter_config.json").is_file()  # the replica read the store's copy
         assert f"requests need Authorization: Bearer ${KEY_ENV}" in done.stdout
         assert "note: the API listens on 127.0.0.1 of the cluster's nodes" in done.stdout
