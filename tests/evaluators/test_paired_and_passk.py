@@ -149,7 +149,8 @@ def test_a_proportion_every_question_scored_alike_has_the_wilson_interval_not_a_
     wrong = summarize(items({q: [0.0] for q in range(3)}), 1)
     expected = stats.binomtest(0, 3).proportion_ci(method="wilson")
     assert (wrong.ci95_low, wrong.ci95_high) == pytest.approx((expected.low, expected.high))
-    assert wrong.ci95_low == 0.0 and right.ci95_high == 1.0  # exactly: the mean never lies outside (5e-17 did)
+    # exactly: the mean never lies outside its interval (5e-17 did, and a curve's error bar went negative)
+    assert wrong.ci95_low == 0.0 and right.ci95_high == 1.0
     spread = summarize(items({0: [1.0], 1: [0.0], 2: [1.0]}), 1)
     assert "Wilson" not in spread.ci_method and spread.bounds == (0.0, 1.0)
 
