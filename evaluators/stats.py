@@ -16,6 +16,7 @@ Wilson score interval of that many successes out of that many questions (5 of 5:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -180,8 +181,6 @@ def summarize(
 
 def wilson_interval(successes: int, trials: int) -> tuple[float, float]:
     """The Wilson score 95 % interval of a proportion: `successes` out of `trials`."""
-    import math
-
     z2 = Z_95**2
     centre = (successes + z2 / 2) / (trials + z2)
     half = Z_95 / (trials + z2) * math.sqrt(successes * (trials - successes) / trials + z2 / 4)

@@ -97,13 +97,18 @@ def request_key(record: SampleRecord) -> str:
 
 def generated_now(record: SampleRecord, generated_ids: Collection[str]) -> bool:
     """Whether this run generated the record's output (any of its requests, for an lm-eval document)."""
-    return any(part in generated_ids for part in record.request_id.split(",") if part)
+    return any(part in generated_ids for part in _request_ids(record))
+
+
+def _request_ids(record: SampleRecord) -> list[str]:
+    """The ids of the requests behind a record (several for an lm-eval document, joined by commas)."""
+    return [part for part in record.request_id.split(",") if part]
 
 
 def _generated_part(record: SampleRecord, generated_tokens: Mapping[str, TokenCounts]) -> SampleRecord:
     """The record as far as this run generated it: whole, or for an lm-eval document some of whose requests
     were read back from the store, with the tokens of the requests generated now only."""
-    parts = [part for part in record.request_id.split(",") if part]
+    parts = _request_ids(record)
     if all(part in generated_tokens for part in parts):
         return record
     now = sum((generated_tokens[part] for part in parts if part in generated_tokens), TokenCounts())
