@@ -14,6 +14,10 @@ from pathlib import Path
 
 from tests.ports import free_port
 
+# The server's job runner (MLflow's GenAI jobs: eight Huey consumer processes, ~12 CPU-s and ~1.8 GB each
+# server) off: `--log-to mlflow` uses the tracking API alone, which this leaves as it is.
+JOBS_OFF = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
 
 @contextmanager
 def mlflow_server(folder: Path) -> Iterator[str]:
@@ -22,7 +26,7 @@ def mlflow_server(folder: Path) -> Iterator[str]:
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{folder}/mlflow.db", "--default-artifact-root", str(folder / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **JOBS_OFF},
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120

@@ -237,7 +237,7 @@ def test_a_sweep_logs_each_step_to_mlflow_at_its_step(lora_run, served, tmp_path
     from tests.mlflow_server import mlflow_server
 
     shutil.copytree(served[0], tmp_path / "sweep")
-    with mlflow_server(tmp_path / "mlflow") as uri:  # stopped after the test: its processes hold ~1.3 GB
+    with mlflow_server(tmp_path / "mlflow") as uri:  # stopped after the test (its ~0.5 GB back)
         shared = warm_cluster()
         done = rayeval("sweep", str(lora_run), *COMMON, "--output-dir", str(tmp_path), "--run-id", "sweep",
                        "--log-to", f"mlflow:{uri}", *shared.run_args(), env=shared.env())  # fmt: skip

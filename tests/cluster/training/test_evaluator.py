@@ -138,7 +138,7 @@ def test_a_pushed_adapter_answers_as_rayeval_run_with_the_saved_adapter(tmp_path
 
     from tests.mlflow_server import mlflow_server
 
-    with mlflow_server(tmp_path / "mlflow") as uri:  # stopped after the training: its processes hold ~1.3 GB
+    with mlflow_server(tmp_path / "mlflow") as uri:  # stopped after the training (its ~0.5 GB back)
         report = train("lora", tmp_path, extra=("--log-to", f"mlflow:{uri}"))
         client = mlflow.MlflowClient(tracking_uri=uri)
         experiment = client.get_experiment_by_name("rayeval")
