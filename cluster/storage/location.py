@@ -44,6 +44,10 @@ SECRET_WORDS = frozenset(
         "credentials",
     }
 )
+# a `*_key` query parameter whose word before `key` names what the key indexes, not a secret (partition_key,
+# sort_key, object_key); a bare `key`, `api_key`, `access_key` or `account_key` still counts as one
+INDEX_KEY_WORDS = frozenset({"partition", "sort", "primary", "object", "cache", "routing", "row", "shard", "hash",
+                             "lookup", "group", "order", "foreign", "idempotency", "dedup", "range"})  # fmt: skip
 # where an s3:// URI's store is named outside it: the environment pyarrow's S3 reads, first match wins
 S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
@@ -91,10 +95,14 @@ def _secret_query(query: str) -> str | None:
 def _secret_query_key(name: str) -> bool:
     """A query parameter whose name says it holds a secret: its last word (apart by `_`, `-`, `.` or case) is
     one (api_key, X-Amz-Signature, sessionToken, sig), or it is one of SECRET_QUERY_KEYS. Whole words: an
-    `author`, `tokenizer`, `max_tokens`, `authSource` or `sslkey` parameter is none."""
-    words = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name)
-    last = words[-1].lower() if words else ""
-    return name.lower() in SECRET_QUERY_KEYS or last in SECRET_WORDS
+    `author`, `tokenizer`, `max_tokens`, `authSource` or `sslkey` parameter is none, and so is a key named
+    for what it indexes (`partition_key`, INDEX_KEY_WORDS)."""
+    words = [word.lower() for word in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name)]
+    if name.lower() in SECRET_QUERY_KEYS:
+        return True
+    if len(words) > 1 and words[-1] == "key" and words[-2] in INDEX_KEY_WORDS:
+        return False
+    return bool(words) and words[-1] in SECRET_WORDS
 
 
 def without_credentials(uri: str) -> str:
