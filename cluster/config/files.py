@@ -92,24 +92,32 @@ def build_config(
         raise EvalInputError(format_validation_error(exc, source, flags, command, given)) from None
 
 
-def _override_tasks(existing: Any, names: list[str]) -> list[Any]:
-    """--tasks picks the task list; options a config file gave for the same task are kept."""
+def _override_tasks(existing: Any, given: Any) -> list[Any]:
+    """--tasks (or a Python caller's `tasks`) picks the task list: options a config file gave for the same
+    task are kept, and options given with a task (`{"name": "ifeval", "limit": 5}`) laid over them."""
     by_name: dict[str, Any] = {}
     parsed = RunConfig._names_or_mappings(existing) if existing is not None else []
     for item in parsed if isinstance(parsed, list) else []:
         if isinstance(item, dict) and "name" in item:
             by_name[item["name"]] = item
-    return [{**by_name.get(name, {}), "name": name, "enabled": True} for name in names]
+    picked = RunConfig._names_or_mappings(given)
+    if not isinstance(picked, list):
+        return picked  # not a list of tasks: validation names it
+    return [
+        {**by_name.get(item["name"], {}), "enabled": True, **item}
+        if isinstance(item, dict) and isinstance(item.get("name"), str)
+        else item
+        for item in picked
+    ]
 
 
 def dotted_settings(data: Mapping[str, Any]) -> dict[str, Any]:
     """Nested settings as build_config's overrides: `{"judge": {"model": M}}` is `{"judge.model": M}`;
-    `tasks` as their names (the override picks the run's tasks, as --tasks does)."""
+    `tasks` whole (the override picks the run's tasks, as --tasks does, with any options given for each)."""
     flat: dict[str, Any] = {}
     for key, value in _plain(data).items():
         if key == "tasks":
-            items = value if isinstance(value, list) else [value]
-            flat[key] = [t["name"] if isinstance(t, dict) else t for t in items]
+            flat[key] = value
         elif isinstance(value, dict) and value:
             flat |= {f"{key}.{inner}": item for inner, item in dotted_settings(value).items()}
         else:

@@ -73,6 +73,32 @@ def test_a_judge_only_config_from_python_is_laid_over_the_runs_saved_config(tmp_
     assert judge_only_settings({}, RunConfig()) is None  # a full run starts from the settings given
 
 
+def test_a_judge_only_config_from_python_keeps_the_options_given_with_each_task(tmp_path):
+    """A task given with options (`{"name": "alpaca_eval", "limit": 5}`) keeps them over the saved entry's,
+    which keeps its own (data_path); a task given by name keeps the saved entry whole."""
+    from cluster.api import judge_only_settings
+
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "config.yaml").write_text(
+        "tasks: [{name: alpaca_eval, data_path: /d/a.jsonl}, {name: arena_hard, limit: 9}, writingbench]\n"
+        "run_id: r1\nmodel: {path: /models/m}\nresolved_model_path: /x\n"
+    )
+    given = {
+        "mode": "judge_only",
+        "run_id": "r1",
+        "output_dir": str(tmp_path),
+        "judge": {"model": "openai:j"},
+    }
+    as_model = RunConfig(**given, tasks=[{"name": "alpaca_eval", "limit": 5}, "arena_hard"])
+    for settings in ({**given, "tasks": [{"name": "alpaca_eval", "limit": 5}, "arena_hard"]}, as_model):
+        stored = judge_only_settings(settings, build_config(given, {}, "the config"))
+        tasks = {t.name: t for t in stored.config(str(tmp_path), "r1").tasks}
+        assert list(tasks) == ["alpaca_eval", "arena_hard"]
+        assert (tasks["alpaca_eval"].limit, tasks["alpaca_eval"].data_path) == (5, "/d/a.jsonl")
+        assert tasks["arena_hard"].limit == 9
+
+
 def test_a_serve_config_refuses_run_settings_a_served_model_ignores():
     from cluster.config import ServeConfig
 
