@@ -254,13 +254,19 @@ def check_local_gpus(plan: RunPlan) -> None:
     comes: the replicas' placement timeout, minutes)."""
     if plan.config.cluster.address is not None or plan.device != "gpu" or plan.model.endpoint:
         return
-    from cluster.engines.devices import local_gpus_visible
+    from cluster.engines.devices import local_gpus_visible, nvml_gpu_count
 
     if not local_gpus_visible():
         raise EvalInputError(
             "--device gpu, but this machine has no GPU that torch can use (or a CPU build of torch), and without "
             "--address rayeval starts a local cluster of this machine. Leave --device out (auto: CPU here), or "
             "pass --address of a cluster with GPUs."
+        )
+    gpus = nvml_gpu_count() if "CUDA_VISIBLE_DEVICES" not in os.environ else None
+    if gpus is not None and _local_workers(plan) > gpus:
+        raise EvalInputError(
+            f"{_engines_asked(plan)} needs {_local_workers(plan)} GPUs, one per engine worker, but this machine "
+            f"has {gpus}. {_fewer(plan, gpus)}, or pass --address of a Ray cluster with more GPUs."
         )
 
 
@@ -274,20 +280,45 @@ def usable_cores() -> int:
 
 
 def check_local_replicas(plan: RunPlan) -> None:
-    """A local cluster that rayeval starts holds one CPU replica per core at most: each replica's engine
-    threads are bound to cores of their own, and more replicas than cores only thrash (or crash Ray)."""
+    """A local cluster that rayeval starts holds one CPU engine worker per core at most: each worker's threads
+    are bound to cores of their own, and more workers than cores only thrash (or crash Ray)."""
     if not _local_cpu_run(plan):
         return
-    replicas = plan.config.cluster.replicas
-    judges = local_judge_replicas(plan)
     cores = usable_cores()
-    if replicas + judges > cores:
-        asked = f"--replicas {replicas}" + (f" plus --judge-replicas {judges}" if judges else "")
+    if _local_workers(plan) > cores:
         raise EvalInputError(
-            f"{asked} asks for {replicas + judges} CPU engine replicas, but this machine has {cores} usable "
-            f"core(s) and a local cluster holds one CPU replica per core. Lower --replicas to at most "
-            f"{max(1, cores - judges)}, or pass --address of a Ray cluster with more nodes."
+            f"{_engines_asked(plan)} needs {_local_workers(plan)} CPU engine workers, but this machine has "
+            f"{cores} usable core(s) and a local cluster holds one CPU engine worker per core. "
+            f"{_fewer(plan, cores)}, or pass --address of a Ray cluster with more nodes."
         )
+
+
+def _local_workers(plan: RunPlan) -> int:
+    """Engine workers the run starts here: each replica of the model and of a local judge has
+    tensor-parallel × pipeline-parallel of them (a judge's replicas are built as the model's)."""
+    return (plan.config.cluster.replicas + local_judge_replicas(plan)) * plan.replica.workers
+
+
+def _engines_asked(plan: RunPlan) -> str:
+    judges = local_judge_replicas(plan)
+    asked = f"--replicas {plan.config.cluster.replicas}" + (
+        f" plus --judge-replicas {judges}" if judges else ""
+    )
+    model = plan.config.model
+    if plan.replica.workers > 1:
+        asked += f" at {plan.replica.workers} workers each (TP {model.tensor_parallel_size} x PP {model.pipeline_parallel_size})"
+    return asked
+
+
+def _fewer(plan: RunPlan, units: int) -> str:
+    """What to lower so that the workers fit `units` cores or GPUs."""
+    judges = local_judge_replicas(plan)
+    most = units // plan.replica.workers - judges
+    if most >= 1:
+        return f"Lower --replicas to at most {most}"
+    return "Lower --tensor-parallel-size or --pipeline-parallel-size" + (
+        " or --judge-replicas" if judges else ""
+    )
 
 
 def check_kv_cache_fits(plan: RunPlan) -> None:
