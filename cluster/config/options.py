@@ -311,7 +311,8 @@ class ClusterOptions(Strict):
     address: str | None = Field(
         None,
         description="connect to an existing Ray cluster (e.g. auto or ray://head:10001) instead of starting a "
-        "local one (default: $RAY_ADDRESS when set, as it is for a Ray Job's command, else a local cluster)",
+        "local one (default: $RAY_ADDRESS when set, as it is for a Ray Job's command, else a local cluster; "
+        "`local` starts one too)",
         json_schema_extra=cli("--address", "ADDR"),
     )
     replicas: int = Field(
@@ -408,7 +409,9 @@ class ClusterOptions(Strict):
     def _ray_address(cls, value: str | None) -> str | None:
         if value is not None:
             check_ray_address(value)
-        return value
+        # `local` is a new cluster of this machine that goes away with the command: what leaving it out
+        # starts, with rayeval's settings for it (its CPUs, no warm engines kept, the local checks)
+        return None if value == "local" else value
 
     @property
     def kept_warm_s(self) -> float | None:
@@ -959,6 +962,18 @@ class PoolConfig(Strict):
     )
 
     _duration = _duration_setting("idle_timeout_s", "--idle-timeout", off=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _running_cluster(cls, data: Any) -> Any:
+        """A pool outlives the command only on a cluster that does: `local` (a cluster of the command) is none."""
+        cluster = data.get("cluster") if isinstance(data, dict) else None
+        if isinstance(cluster, dict) and cluster.get("address") == "local":
+            raise ValueError(
+                "--address local starts a cluster that stops when `rayeval up` exits, its pool with it: "
+                "start one with `ray start --head` and pass --address auto (or leave --address out)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _engine_model(self) -> PoolConfig:

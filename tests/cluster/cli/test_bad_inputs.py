@@ -192,6 +192,7 @@ CASES = [
     Case("address-unreachable", "run --address 127.0.0.1:1", 2,
          ("--address 127.0.0.1:1: nothing answers", "`ray start --head`", "leave --address out"), run_folder=True),
     Case("pools-address-unreachable", "pools --address 127.0.0.1:1", 2, ("--address 127.0.0.1:1: nothing answers",)),
+    Case("up-address-local", "up --address local", 2, ("--address local starts a cluster that stops", "ray start --head")),
     # --- durations, output paths, watch -----------------------------------------------------------------
     Case("duration-cannot-be-off", "run --dry-run --sync-interval off", 2,
          ("--sync-interval cannot be 'off' here", "e.g. --sync-interval 30m")),

@@ -141,6 +141,8 @@ def test_every_duration_setting_reads_the_same_way():
 def test_a_run_keeps_its_engines_warm_by_default_only_on_a_cluster_it_did_not_start(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert build_config({}, {}, "t").cluster.kept_warm_s is None  # the local cluster goes away with the run
+    local = build_config({}, {"cluster.address": "local"}, "t").cluster  # the same: a cluster the run starts
+    assert (local.address, local.kept_warm_s) == (None, None)
     assert build_config({}, {"cluster.address": "auto"}, "t").cluster.kept_warm_s == 600
     assert (
         build_config({}, {"cluster.address": "auto", "cluster.keep_warm_s": "off"}, "t").cluster.kept_warm_s
