@@ -14,6 +14,8 @@ RDAGENT_TEST_PACKAGES := rdagent==1.0.0 fuzzywuzzy==0.18.0 litellm==1.110.2 fast
   nbformat==5.11.1 traitlets==5.16.1 fastjsonschema==2.22.3 selenium==4.52.0 webdriver_manager==4.1.2
 # Present once everything is installed; newer than pyproject.toml, so a second `make demo` skips the install.
 INSTALLED := $(VENV)/.rayeval-installed
+# Present once what only the tests use is installed too (RD-Agent's code, the browser of the report-page tests).
+TEST_EXTRAS := $(VENV)/.rayeval-test-extras
 
 .PHONY: setup demo test lint bench
 
@@ -32,16 +34,20 @@ $(INSTALLED): pyproject.toml | $(VPY)
 	@# pip wrote no bytecode (it compiles one file at a time): compileall writes it on every core. Files it cannot
 	@# compile are skipped, as pip skips them (torch ships test helpers in Python 3.12's syntax)
 	$(VPY) -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()["purelib"], quiet=2, workers=0)'
+	$(VPY) -c "from cluster.models.default import ensure_default_model; print('default model:', ensure_default_model())"
+	touch $@
+
+# the tests' own needs, not the demo's: RD-Agent's code and, for the report-page tests, Debian's chromium (root)
+$(TEST_EXTRAS): $(INSTALLED)
 	$(VPIP) install --no-deps --upgrade --target $(RDAGENT_SITE) $(RDAGENT_TEST_PACKAGES)
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || apt-get install -y -q chromium chromium-driver \
 	  || { echo "the report-page tests need Debian's chromium and chromium-driver: install them (as root) and run make again"; exit 1; }
-	$(VPY) -c "from cluster.models.default import ensure_default_model; print('default model:', ensure_default_model())"
 	touch $@
 
 demo: setup  ## the main job on the embedded default: IFEval, offline, on a local CPU Ray cluster
 	$(VENV)/bin/rayeval run
 
-test: setup  ## ruff, then every test (the slow ones start real Ray clusters and vLLM engines)
+test: setup $(TEST_EXTRAS)  ## ruff, then every test (the slow ones start real Ray clusters and vLLM engines)
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
 	$(VPY) -m pytest
