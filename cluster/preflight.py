@@ -49,11 +49,23 @@ def warn_replies_end_at_the_context(plan: RunPlan) -> None:
     """A warning, not an error: vLLM ends a reply where prompt and reply fill --max-model-len, so a --max-tokens
     of at least that is never what stops a reply (the run is valid, its limit is not the one asked)."""
     max_tokens, context = plan.config.sampling.max_tokens, plan.config.model.max_model_len
-    if max_tokens is not None and max_tokens >= context and not plan.model.endpoint:
+    if plan.model.endpoint:
+        return
+    if max_tokens is not None and max_tokens >= context:
         log.warning(
             "--max-tokens %d is not below --max-model-len %d: each reply ends where its prompt and it fill the "
             "%d-token context, before %d tokens. Raise --max-model-len or lower --max-tokens to set the limit.",
             max_tokens, context, context, max_tokens,
+        )  # fmt: skip
+        return
+    # a task's own reply length (arena_hard's and writingbench's 2,048) where --max-tokens leaves it
+    own = [f"{t.task.name} {t.sampling.max_tokens}" for t in plan.tasks if t.sampling.max_tokens >= context]
+    if own:
+        log.warning(
+            "the replies' own max_tokens (%s) is not below --max-model-len %d: each reply ends where its prompt "
+            "and it fill the %d-token context, shorter than the task asks. Raise --max-model-len (to the prompt's "
+            "length plus the reply's) or lower --max-tokens to set the limit.",
+            ", ".join(own), context, context,
         )  # fmt: skip
 
 

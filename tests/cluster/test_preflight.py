@@ -93,3 +93,7 @@ def test_a_dry_run_warns_that_max_tokens_past_the_context_is_not_the_limit():
     assert "Raise --max-model-len or lower --max-tokens" in done.stderr
     quiet = rayeval("run", "--limit", "2", "--max-tokens", "64", "--dry-run", timeout=120, local=True)
     assert quiet.returncode == 0 and "is not below --max-model-len" not in quiet.stderr
+    own = rayeval("run", "--tasks", "arena_hard,ifeval", "--limit", "30", "--inference-only", "--dry-run",
+                  timeout=120, local=True)  # fmt: skip  # arena_hard's own 2,048 tokens, the default context
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert "the replies' own max_tokens (arena_hard 2048) is not below --max-model-len 2048" in own.stderr
