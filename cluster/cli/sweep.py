@@ -71,6 +71,12 @@ def checkpoint_run_config(args: argparse.Namespace, command: str) -> RunConfig:
     if config.mode is RunMode.JUDGE_ONLY:  # from a config file
         raise refusal
     _refuse_ray_client(config, command)
+    if config.model.is_endpoint:
+        raise EvalInputError(
+            f"rayeval {command} evaluates the checkpoints it finds on engines it starts from them, and --model "
+            f"{config.model.path} is a model behind an endpoint. Leave --model out (or name the base model of "
+            "LoRA checkpoints); to score a served checkpoint, `rayeval run --model openai:NAME --base-url URL`."
+        )
     return config
 
 

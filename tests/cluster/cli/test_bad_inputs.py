@@ -201,6 +201,8 @@ CASES = [
     Case("plot-output-is-a-file", "plot {tmp}/runs --output {tmp}/taken", 2, ("is a file, not a folder",), files={"taken": "x"}),
     Case("watch-task-typo", "watch {tmp}/ckpts --tasks ifevl", 2, ("Unknown task 'ifevl'", "ifeval"), files={"ckpts/.keep": ""}),
     Case("watch-poll-interval-zero", "watch {tmp}/ckpts --poll-interval 0", 2, ("--poll-interval cannot be '0' here",)),
+    Case("sweep-endpoint-model", "sweep {tmp}/ckpts --model openai:m --base-url http://127.0.0.1:9/v1 --dry-run", 2,
+         ("--model openai:m is a model behind an endpoint", "Leave --model out"), files={"ckpts/step_1/.keep": ""}),
     # --- credentials in URIs: refused, and never echoed (SECRETY must not appear) ---------------------
     Case("base-url-with-credentials", "run --dry-run --model openai:m --tasks gsm8k --base-url https://u:SECRETY@h/v1", 2,
          ("(--base-url): the URL carries a credential (https://USER:...@...)", "--api-key-env")),
