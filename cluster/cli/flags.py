@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from cluster.config import RunConfig, format_duration
+from cluster.config import RunConfig, format_duration, setting_flags
 
 # Help groups in the order `--help` shows them: title, and the paragraph under it.
 GROUPS: dict[str, tuple[str, str | None]] = {
@@ -130,7 +130,7 @@ def set_help(parser: argparse.ArgumentParser, flag: str, text: str, metavar: str
 
 def flag_names(schema: type[BaseModel] = RunConfig) -> dict[str, str]:
     """Each setting's flag by its dotted path (`sampling.temperature` → `--temperature`), for messages."""
-    return {spec.dest: spec.flag for spec in config_flags(schema)}
+    return setting_flags(schema)
 
 
 def overrides(args: argparse.Namespace, schema: type[BaseModel] = RunConfig) -> dict[str, Any]:

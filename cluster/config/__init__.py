@@ -23,6 +23,7 @@ from cluster.config.options import (
     SamplingOptions,
     ServeConfig,
     TaskOptions,
+    setting_flags,
 )
 from cluster.config.values import check_ray_address, format_duration, parse_duration, parse_gen_kwargs
 
@@ -54,4 +55,5 @@ __all__ = [
     "load_config_file",
     "parse_duration",
     "parse_gen_kwargs",
+    "setting_flags",
 ]

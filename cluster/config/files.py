@@ -89,7 +89,7 @@ def build_config(
     except ValidationError as exc:
         command = getattr(schema, "help_command", "run")
         given = [dotted for dotted, value in overrides.items() if value is not None]
-        raise EvalInputError(format_validation_error(exc, source, flags, command, given)) from None
+        raise EvalInputError(format_validation_error(exc, source, flags, command, given, schema)) from None
 
 
 def _override_tasks(existing: Any, given: Any) -> list[Any]:

@@ -75,6 +75,19 @@ def cli(
     return {"cli": {"flag": flag, "metavar": metavar, "group": group, "consts": [list(c) for c in consts]}}
 
 
+def setting_flags(schema: type[BaseModel]) -> dict[str, str]:
+    """Each setting's flag by its dotted path (`sampling.temperature` → `--temperature`), in field order."""
+    found: dict[str, str] = {}
+    for name, field in schema.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        spec: Any = extra.get("cli")
+        if spec is not None:
+            found[name] = spec["flag"]
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            found |= {f"{name}.{inner}": flag for inner, flag in setting_flags(field.annotation).items()}
+    return found
+
+
 def _check_test_range(value: str | None) -> str | None:
     """A dataset range must parse (`evaluators.ranges`) when the config is read, not when its task loads."""
     if value is not None:

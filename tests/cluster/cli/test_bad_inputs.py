@@ -58,6 +58,8 @@ CASES = [
          files={"c.yaml": "cluster:\n  replicaz: 2\n"}),
     Case("config-key-in-wrong-section", "validate {tmp}/c.yaml", 2, ("`temperature` is not a setting", "`sampling.temperature`"),
          files={"c.yaml": "temperature: 0.7\n"}),
+    Case("config-key-as-its-flag", "validate {tmp}/c.yaml", 2, ("`judge.rps` is not a setting", "--judge-rps is `judge.requests_per_second` in a config"),
+         files={"c.yaml": "judge:\n  rps: 5\n"}),
     Case("config-wrong-type", "validate {tmp}/c.yaml", 2, ("`model.max_model_len` is 'ten'", "valid integer", "Fix it in"),
          files={"c.yaml": "model:\n  max_model_len: ten\n"}),
     Case("config-negative-number", "validate {tmp}/c.yaml", 2, ("`num_samples` is -3", "greater than or equal to 1"),

@@ -99,6 +99,16 @@ def test_a_judge_only_config_from_python_keeps_the_options_given_with_each_task(
         assert tasks["arena_hard"].limit == 9
 
 
+def test_an_unknown_key_of_a_serve_or_up_config_is_named_against_that_configs_own_settings():
+    from cluster.config import PoolConfig, ServeConfig
+
+    with pytest.raises(EvalInputError) as served:
+        build_config({"served_model_name": "m"}, schema=ServeConfig)
+    assert "did you mean `served_name`?" in str(served.value) and "docs/RUNNING.md" not in str(served.value)
+    with pytest.raises(EvalInputError, match=r"did you mean `idle_timeout_s`\?.*rayeval up --help"):
+        build_config({"idle_timeout": "1h"}, schema=PoolConfig)
+
+
 def test_a_serve_config_refuses_run_settings_a_served_model_ignores():
     from cluster.config import ServeConfig
 
