@@ -78,6 +78,7 @@ def warn_lm_eval_options_unused(plan: RunPlan) -> None:
             ("--system-instruction", options.system_instruction),
             ("--gen-kwargs", options.gen_kwargs),
             ("--apply-chat-template", options.apply_chat_template),
+            ("--fewshot-as-multiturn", options.fewshot_as_multiturn),
         )
         if value
     ]

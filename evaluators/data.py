@@ -263,7 +263,7 @@ def _load_hub(name: str, task: str, split: str) -> list[dict[str, Any]]:
             f"Task '{task}': could not load '{repo}' from the Hugging Face hub "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}). "
             "This machine may be offline: download the split once elsewhere and pass its local "
-            ".jsonl or .parquet with --data-path (or `data_path` in the task's config)."
+            f".jsonl or .parquet with --data-path {task}=PATH (or `data_path` in the task's config)."
         ) from exc
 
 

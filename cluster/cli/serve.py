@@ -8,7 +8,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from cluster.cli.flags import ENGINE_MODEL_HELP, GROUPS, add_config_flags, flag_names, overrides, set_help
-from cluster.config import COMMAND_LINE, ServeConfig, build_config, load_config_file
+from cluster.config import COMMAND_LINE, CPU_MAX_NUM_SEQS, ServeConfig, build_config, load_config_file
 
 if TYPE_CHECKING:
     from cluster.serve import ServedModel
@@ -50,6 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     groups = {key: p.add_argument_group(title, text) for key, (title, text) in SERVE_GROUPS.items()}
     add_config_flags(groups, ServeConfig, skip=ServeConfig.not_served)
     set_help(p, "--model", ENGINE_MODEL_HELP, "PATH_OR_HF_ID")
+    set_help(p, "--max-model-len", "context length per request; longer ones get a 400 (default: on GPU the "
+             "model's own, as `vllm serve`; on CPU 2048, which the fixed --kv-cache-gib holds)")  # fmt: skip
+    set_help(p, "--max-num-seqs", f"sequences batched per engine step (default: {CPU_MAX_NUM_SEQS} on CPU; on GPU "
+             "vLLM's own default for the card)")  # fmt: skip
     manage = groups["serve"].add_mutually_exclusive_group()
     manage.add_argument("--status", action="store_true", help="print the application's state and exit")
     manage.add_argument("--shutdown", action="store_true", help="delete the application and exit")

@@ -197,7 +197,9 @@ class ModelOptions(Strict):
     max_num_batched_tokens: int | None = Field(
         None,
         ge=16,
-        description="tokens per engine step (default: what vllm.LLM uses on that device, e.g. 16384 on an H100)",
+        description="tokens per engine step, at least --max-model-len on CPU (no chunked prefill there) "
+        "(default: what vllm.LLM uses on that device: on CPU 4096 per engine worker or --max-model-len if "
+        "more, 16384 on an H100)",
         json_schema_extra=cli("--max-num-batched-tokens", "N"),
     )
     tensor_parallel_size: int = Field(
@@ -355,7 +357,7 @@ class ClusterOptions(Strict):
         2,
         ge=0,
         description="replacement replicas a run may start for replicas it loses (a node gone, an engine "
-        "crash); each waits up to placement_timeout_s for room (0: carry on with the replicas left)",
+        "crash); each waits up to --placement-timeout for room (0: carry on with the replicas left)",
         json_schema_extra=cli("--replica-restarts", "N"),
     )
     max_in_flight: int | None = Field(

@@ -19,6 +19,7 @@ _EXPORTS = {
         "ApiJudgeBackend",
         "JudgeIdentity",
         "build_judge_backend",
+        "judge_engine_settings",
     ),
     "runner": ("JudgeRunner", "JudgeStats", "SECOND_PASS_PAUSE_S"),
     "samples": ("JudgedSamples", "task_statistics"),

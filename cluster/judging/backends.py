@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from cluster.config import JudgeOptions, RunConfig
-from cluster.engines import ReplicaPlan
+from cluster.engines import EngineSettings, ReplicaPlan
 from cluster.models import PromptRenderer, ResolvedModel, resolve_model
 from evaluators.tasks.base import ChatMessage, Prompt
 from sharding.dispatcher import Replica
@@ -54,6 +54,16 @@ class JudgeBackend(Protocol):
     def shutdown(self) -> None: ...
 
 
+def judge_engine_settings(config: RunConfig, model_path: str, device: str) -> EngineSettings:
+    """A local judge's engines: built as the model's (dtype, parallelism, eager...) with the judge's context,
+    without what belongs to the model under test alone: its revision (a hub id's branch or commit, which
+    the judge model need not have) and its adapter's LoRA layers (slower, and a key no judge pool has)."""
+    from cluster.engines import engine_settings
+
+    settings = engine_settings(config.model, model_path, device, max_model_len=config.judge.max_model_len)
+    return replace(settings, revision=None, max_lora_rank=0, max_loras=1)
+
+
 class LocalJudgeBackend:
     """A judge model hosted on its own engine replicas: the same engine actor as the model under test."""
 
@@ -87,12 +97,9 @@ class LocalJudgeBackend:
 
     def start(self) -> list[Replica]:
         """The judge's replicas from its generation source: a warm pool with its settings, or its own."""
-        from cluster.engines import engine_settings
         from cluster.sources import SourceRequest, choose
 
-        settings = engine_settings(
-            self.config.model, self.model.path, self.device, max_model_len=self.options.max_model_len
-        )
+        settings = judge_engine_settings(self.config, self.model.path, self.device)
         cluster_options = self.config.cluster
         self._pool = choose(
             SourceRequest(

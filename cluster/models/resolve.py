@@ -85,7 +85,7 @@ def check_model_folder(folder: Path, label: str) -> None:
         if not any(next(folder.glob(pattern), None) for pattern in patterns):
             raise EvalInputError(
                 f"{label} has a config.json but no {kind} files. Download the complete model folder (e.g. "
-                "`huggingface-cli download ORG/NAME --local-dir DIR`) and pass that folder."
+                "`hf download ORG/NAME --local-dir DIR`) and pass that folder."
             )
 
 
@@ -98,7 +98,7 @@ def check_hub_model(repo: str, label: str) -> None:
         return
     raise EvalInputError(
         f"{label} is not in the Hugging Face cache ({HF_HUB_CACHE}), and this machine cannot reach the hub "
-        f"to download it. Download it where the hub is reachable (`huggingface-cli download {repo} "
+        f"to download it. Download it where the hub is reachable (`hf download {repo} "
         "--local-dir DIR`), copy the folder here and pass --model DIR (or fill HF_HOME's cache)."
     )
 

@@ -20,6 +20,8 @@ from cluster.engines.warm import (
     registry_version,
 )
 from cluster.errors import ClusterError
+from cluster.judging import judge_engine_settings, local_judge_replicas
+from cluster.models import resolve_model
 from cluster.plan import RunPlan, build_model_plan, resolve_device
 from cluster.session import joined_session
 from cluster.sources.registry import SourceRequest, lease_holder, run_engine_settings, start_registered
@@ -121,27 +123,38 @@ def down(address: str | None, names: list[str], every: bool, verbose: bool = Fal
 
 def explain(plan: RunPlan) -> str:
     """For a dry run on a cluster, in a session on it where warm pools are on: which warm pool would serve the
-    run's engines (and the replicas the run would start beside it), why each other one would not (the settings
-    that differ), and what becomes of the engines the run starts."""
+    run's engines, and a local judge's (and the replicas the run would start beside it), why each other one
+    would not (the settings that differ), and what becomes of the engines the run starts."""
     config = plan.config
     kept = config.cluster.kept_warm_s
     then = f"kept warm {kept:g} s after it as a pool of their own" if kept else "stopped when it ends"
     if not config.cluster.warm_pools:
         return f"warm pools: not used (--no-warm-pools); the run starts its own engines ({then})"
-    key = PoolKey.of(run_engine_settings(plan))
     records = pools_here()
+    lines = _pool_lines(records, PoolKey.of(run_engine_settings(plan)), config.cluster.replicas, then, "")
+    judges = local_judge_replicas(plan)
+    if judges:
+        judge_path = resolve_model(config.judge.target).path
+        judge_key = PoolKey.of(judge_engine_settings(config, judge_path, plan.device))
+        lines += _pool_lines(records, judge_key, judges, then, "the judge's engines: ")
+    return "\n".join(lines)
+
+
+def _pool_lines(records: list[PoolRecord], key: PoolKey, asked: int, then: str, whose: str) -> list[str]:
+    """Which pool would serve `asked` replicas of `key`, and why each other one would not."""
     differing = {r.name: r.differences(key) for r in records}
-    asked = config.cluster.replicas
     serving = [
-        f"warm pool {r.name} would serve this run ({replicas(len(r.engines))})"
+        f"{whose}warm pool {r.name} would serve this run ({replicas(len(r.engines))})"
         + (f"; the run starts {asked - len(r.engines)} more beside it" if asked > len(r.engines) else "")
         for r in records
         if not differing[r.name]
     ]
-    others = [f"warm pool {name} would not: {'; '.join(found)}" for name, found in differing.items() if found]
+    others = [
+        f"{whose}warm pool {name} would not: {'; '.join(found)}" for name, found in differing.items() if found
+    ]
     if not serving:
-        serving = [f"no warm pool has these engine settings: the run starts its own ({then})"]
-    return "\n".join(serving + others)
+        serving = [f"{whose}no warm pool has these engine settings: the run starts its own ({then})"]
+    return serving + others
 
 
 def replicas(count: int) -> str:

@@ -97,3 +97,13 @@ def test_a_dry_run_warns_that_max_tokens_past_the_context_is_not_the_limit():
                   timeout=120, local=True)  # fmt: skip  # arena_hard's own 2,048 tokens, the default context
     assert own.returncode == 0, own.stderr[-3000:]
     assert "the replies' own max_tokens (arena_hard 2048) is not below --max-model-len 2048" in own.stderr
+
+
+def test_lm_evals_prompt_flags_on_a_run_without_lm_eval_tasks_are_warned_about():
+    done = rayeval("run", "--limit", "2", "--tasks", "ifeval", "--system-instruction", "Be brief.",
+                   "--fewshot-as-multiturn", "--dry-run", timeout=120, local=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        "lm-eval's prompt and generation flags (--system-instruction, --fewshot-as-multiturn) apply to lm-eval's "
+        "tasks only, and this run has none (ifeval" in done.stderr
+    )

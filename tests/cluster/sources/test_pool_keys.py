@@ -107,6 +107,31 @@ def test_a_pool_with_lora_slots_serves_runs_with_an_adapter_of_its_rank_and_no_o
     assert PoolKey.of(lora_pool).differences(PoolKey.of(without)) == ["max_lora_rank 16 (wanted 0)"]
 
 
+def test_a_local_judges_engines_take_neither_the_models_revision_nor_its_adapters_lora_layers():
+    """A run with --lora and --revision judged by local:J: J's engines are those of `rayeval up --model J`
+    (its key matches), with the run's engine settings otherwise (dtype) and the judge's own context."""
+    from cluster.config import PoolConfig, RunConfig
+    from cluster.judging import judge_engine_settings
+    from cluster.sources.pools import pool_engine_settings
+
+    judge = "/models/judge"
+    run = RunConfig(
+        model={"path": "/models/m", "dtype": "float32", "lora": "/adapters/a", "revision": "abc123"},
+        judge={"model": f"local:{judge}", "max_model_len": 1024},
+    )
+    judged = judge_engine_settings(run, judge, "cpu")
+    up = pool_engine_settings(
+        PoolConfig(model=ModelOptions(dtype="float32", max_model_len=1024)), judge, "cpu"
+    )
+    assert PoolKey.of(judged) == PoolKey.of(up)
+    assert (judged.revision, judged.max_lora_rank, judged.dtype, judged.max_model_len) == (
+        None,
+        0,
+        "float32",
+        1024,
+    )
+
+
 def test_a_pool_is_named_after_its_model_and_key():
     base = settings()
     assert default_pool_name(base) == f"SmolLM2-135M-Instruct-{PoolKey.of(base).digest}"

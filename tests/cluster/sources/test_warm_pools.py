@@ -25,6 +25,7 @@ import pytest
 from cluster.cli.front_paths import WARM_CLI_ENV
 from cluster.engines.idle_wakeups import GROUP_THREAD_SLACK_NS
 from cluster.engines.settings import cpu_has_native_bf16
+from cluster.models.default import default_model_dir
 from tests.ray_head import HeadNode, start_head
 from tests.runs import (
     BASE_IFEVAL_ARGS,
@@ -240,6 +241,12 @@ def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: He
     assert f"warm pool {POOL} would not: max_model_len 1024 (wanted 768)" in dry.stdout
     same = run_on(head, tmp_path, "same", "--dry-run")
     assert f"warm pool {POOL} would serve this run (1 replica)" in same.stdout
+    # a local judge of the pool's model: its engines are the pool's, whatever the model under test's revision
+    judged = run_on(head, tmp_path, "judged", "--tasks", "alpaca_eval", "--judge", f"local:{default_model_dir()}",
+                    "--revision", "main", "--dry-run")  # fmt: skip
+    assert judged.returncode == 0, judged.stderr[-3000:]
+    assert f"warm pool {POOL} would not: revision None (wanted 'main')" in judged.stdout
+    assert f"the judge's engines: warm pool {POOL} would serve this run (1 replica)" in judged.stdout
     more = run_on(head, tmp_path, "more", "--replicas", "2", "--dry-run")
     assert (
         f"warm pool {POOL} would serve this run (1 replica); the run starts 1 more beside it" in more.stdout
