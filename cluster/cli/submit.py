@@ -162,6 +162,13 @@ def job_command(given: list[str]) -> tuple[list[str], argparse.Namespace]:
         )
     parsed = _command_parser().parse_args(command)  # a usage error exits 2 naming the flag, as on the cluster
     _refuse_credentials(command)
+    address = getattr(parsed, "cluster.address", None)
+    if isinstance(address, str) and address.startswith(("http://", "https://")):
+        raise EvalInputError(
+            f"--address {address} after `--` is the job server's: give it to submit, before `--` (`rayeval submit "
+            f"--address {address} -- {command[0]} ...`), and leave it out of the command, which runs on the "
+            "cluster and finds it there."
+        )
     return command, parsed
 
 

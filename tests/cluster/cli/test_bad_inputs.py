@@ -210,6 +210,8 @@ CASES = [
          ("(--base-url): the URL carries a credential (https://USER:...@...)", "--api-key-env")),
     Case("submit-output-uri-with-credentials", "submit --address 127.0.0.1:1 -- run --tasks gsm8k --output-dir s3://K:SECRETY@b/e", 2,
          ("--output-dir carries a credential in its URI", "job's command in its record", "--env NAME")),
+    Case("submit-job-server-in-command", "submit --address 127.0.0.1:1 -- run --address http://127.0.0.1:8265", 2,
+         ("--address http://127.0.0.1:8265 after `--` is the job server's", "give it to submit, before `--`")),
     Case("submit-query-credential", "submit --address 127.0.0.1:1 -- run --tasks gsm8k --output-dir=s3://b/e?secret_key=SECRETY", 2,
          ("--output-dir carries a credential in its URI (its query's secret_key)",)),
     Case("submit-bad-flag", "submit --address 127.0.0.1:1 -- run --tasks gsm8k --limit 0", 2,
