@@ -100,6 +100,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     row = up(config, args.verbose)
     state = "started" if row.started else "already running"
     print(f"warm pool {row.name} {state}: {row.replicas} replica(s) of {row.model} on {', '.join(row.nodes)}")
+    if not row.started and row.replicas < config.cluster.replicas:
+        print(
+            f"(--replicas {config.cluster.replicas} asked: runs that need more start the rest beside it; "
+            f"`rayeval down {row.name}` first for a pool of {config.cluster.replicas})"
+        )
     if config.name and config.name != row.name:
         print(
             f"(not started as {config.name}: pool {row.name} has these engine settings and serves the same runs)"

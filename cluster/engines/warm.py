@@ -187,13 +187,14 @@ class PoolRecord:
 
     def in_place_of(self, dead: str) -> EngineInfo | None:
         """The live replica in `dead`'s place, however many times it was replaced (a record saved before
-        `record_replacement` pointed every name at the last replacement holds chains); None if none is."""
+        `record_replacement` pointed every name at the last replacement holds chains); None if none is (or
+        `dead` was never replaced)."""
         current = dead
         for _ in range(len(self.replaced_by)):
             current = self.replaced_by.get(current, "")
             if current in self.engines or not current:
                 break
-        return self.engines.get(current)
+        return None if current == dead else self.engines.get(current)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A record pickled by an earlier version lacks the fields added since: they get their defaults."""
@@ -253,7 +254,7 @@ class PoolRecord:
 RECORDS_KEY = b"rayeval-pools"
 # Raised when the registry's methods or its records change, or the methods of its pools' engine actors (an
 # older pool's actors would lack them): a registry another version started is not used.
-REGISTRY_VERSION = 8
+REGISTRY_VERSION = 9
 
 
 def saved_records() -> dict[str, PoolRecord]:
@@ -313,9 +314,12 @@ class PoolRegistry:
         with self._lock:
             return copy.deepcopy(list(self.pools.values()))
 
-    def acquire(self, wanted: PoolKey, run_id: str, name: str | None = None) -> PoolRecord | None:
+    def acquire(
+        self, wanted: PoolKey, run_id: str, name: str | None = None, keep_warm_s: float | None = None
+    ) -> PoolRecord | None:
         """A lease on the pool `name`, or on any pool that serves engines of the `wanted` key (the least busy
-        first)."""
+        first); `keep_warm_s`: the run's --keep-warm, which the pool's idle timeout is raised to (never
+        lowered: other runs' and `rayeval up`'s stand)."""
         now = time.time()
         with self._lock:
             found = [p for p in self.pools.values() if (name is None or p.name == name) and p.serves(wanted)]
@@ -324,6 +328,18 @@ class PoolRegistry:
             pool = min(found, key=lambda p: len(p.live_leases(now)))
             pool.released.pop(run_id, None)  # a lease id taken again is held again
             pool.hold(run_id, now, sending=True)
+            pool.idle_timeout_s = max(pool.idle_timeout_s, keep_warm_s or 0.0)
+            return copy.deepcopy(pool)
+
+    def keep_warm_at_least(self, name: str, idle_timeout_s: float) -> PoolRecord | None:
+        """The pool `name` with its idle timeout raised to `idle_timeout_s` where that is longer (`rayeval up`
+        of a pool already there); None where there is no such pool."""
+        with self._lock:
+            pool = self.pools.get(name)
+            if pool is None:
+                return None
+            pool.idle_timeout_s = max(pool.idle_timeout_s, idle_timeout_s)
+            self._saved_or_logged()
             return copy.deepcopy(pool)
 
     def renew(self, name: str, run_id: str, sending: bool) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import ray
 
@@ -65,28 +66,50 @@ class PoolRow:
 
 def up(config: PoolConfig, verbose: bool = False) -> PoolRow:
     """Start a warm pool of `config.cluster.replicas` replicas on the cluster and return; a pool of the
-    same settings that is already there is returned as it is."""
+    same settings that is already there is returned as it is, its idle timeout raised to --idle-timeout
+    where that is longer (the CLI says where it has fewer replicas than asked)."""
     with joined_session(config.cluster.address or DEFAULT_ADDRESS, verbose):
         run_config = config.run_config()
         device = resolve_device(run_config, ray.cluster_resources().get("GPU", 0) > 0)
         plan = build_model_plan(run_config, device)
         settings = pool_engine_settings(config, plan.model.path, device)
-        name = config.name or default_pool_name(settings)
         key = PoolKey.of(settings)
+        found = registry()
         for record in pools_here():
             if record.serves(key):
-                return PoolRow.of(record)
-            if record.name == name:
+                kept = ray.get(found.keep_warm_at_least.remote(record.name, config.idle_timeout_s))
+                return PoolRow.of(kept or record)
+            if record.name == (config.name or default_pool_name(settings)):
                 raise ClusterError(
-                    f"A warm pool named {name} runs with other settings ({'; '.join(record.differences(key))}). "
-                    "Give another --name, or `rayeval down " + name + "` first."
+                    f"A warm pool named {record.name} runs with other settings "
+                    f"({'; '.join(record.differences(key))}). Give another --name, or `rayeval down {record.name}` "
+                    "first."
                 )
+        name = _claimed_name(found, config.name or default_pool_name(settings), config.name is not None)
         pool = ReplicaPool(settings, plan.replica, config.cluster.replicas, config.model.cpu_kv_cache_gib, verbose,
                            warm=name)  # fmt: skip
         request = SourceRequest(
             run_config, settings, plan.replica, config.cluster.replicas, run_id=f"up-{name}"
         )
-        return PoolRow.of(start_registered(pool, request, registry(), config.idle_timeout_s), started=True)
+        try:
+            return PoolRow.of(start_registered(pool, request, found, config.idle_timeout_s), started=True)
+        except BaseException:
+            found.release_name.remote(name)
+            raise
+
+
+def _claimed_name(found: Any, base: str, given: bool) -> str:
+    """The pool's name, held in the registry while its engines start (another `rayeval up`, or a run keeping
+    its engines warm, starting at once takes the next free one); a --name another starting pool holds is
+    refused rather than changed."""
+    name = ray.get(found.claim_name.remote(base))
+    if given and name != base:
+        found.release_name.remote(name)
+        raise ClusterError(
+            f"A warm pool named {base} is starting (another `rayeval up`, or a run keeping its engines warm): "
+            "`rayeval pools` lists it once it is up; give another --name to start one beside it."
+        )
+    return name
 
 
 def pool_engine_settings(config: PoolConfig, model_path: str, device: str) -> EngineSettings:

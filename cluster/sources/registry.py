@@ -358,16 +358,20 @@ class WarmReplicas:
     def _replace_registered(self, dead: str) -> tuple[Replica, EngineInfo] | None:
         """Replace `dead` in the pool and enter the replacement in the registry, in one call (blocking): a run
         that ends meanwhile cancels only its wait for this, not the registration, so a replacement that
-        started is never left outside the pool. Where another run replaced `dead` first, this one is
-        stopped and that one used; where the pool was stopped meanwhile (`rayeval down`, its idle timeout),
-        or no longer knows `dead` (`PoolRecord.record_replacement` keeps the last replacements), the
-        replacement is stopped too."""
+        started is never left outside the pool. Where another run replaced `dead` first (before this one
+        began, or while it waited for room that the other's replacement took), that one is used and this
+        one's stopped; where the pool was stopped meanwhile (`rayeval down`, its idle timeout), or no longer
+        knows `dead` (`PoolRecord.record_replacement` keeps the last replacements), the replacement is
+        stopped too."""
         import ray
 
         assert self.pool is not None and self.record is not None
+        adopted = self._adopt_replacement(dead)
+        if adopted is not None:
+            return adopted
         found = self.pool.replace(dead)
-        if found is None:
-            return None
+        if found is None:  # no room: another run's replacement may be what took it
+            return self._adopt_replacement(dead)
         info = found[1]
         started = self.pool.log_of(info.name)
         entered = self.registry.replaced.remote(
@@ -381,11 +385,20 @@ class WarmReplicas:
             log.warning("pool %s was stopped while %s replaced %s (or no longer knows %s): stopping it too",
                         self.record.name, info.name, dead, dead)  # fmt: skip
             return None
-        log.info("pool %s: another run replaced %s first (%s); using that one", self.record.name, dead,
-                 current.name)  # fmt: skip
+        return self._adopt_replacement(dead)
+
+    def _adopt_replacement(self, dead: str) -> tuple[Replica, EngineInfo] | None:
+        """The replica another run entered in `dead`'s place, taken into this run's pool; None where none is."""
+        import ray
+
+        assert self.pool is not None and self.record is not None
         record = ray.get(self.registry.get.remote(self.record.name))
-        if record is None or current.name not in record.groups:
+        current = record.in_place_of(dead) if record is not None else None
+        if current is None or current.name not in record.groups:
             return None
+        log.info(
+            "pool %s: another run replaced %s (%s); using that one", self.record.name, dead, current.name
+        )
         adopted = self.pool.adopt_replica(
             current,
             record.groups[current.name],
@@ -513,15 +526,20 @@ def _warm(request: SourceRequest) -> GenerationSource | None:
     import ray
 
     from cluster.engines.warm import PoolKey, registry
+    from cluster.errors import ClusterError
 
-    found = registry(create=request.keep_warm_s is not None)
+    try:
+        found = registry(create=request.keep_warm_s is not None)
+    except ClusterError as exc:  # another version's registry: its pools are not this run's to use or join
+        if request.warm_pool is not None:
+            raise
+        log.warning("the run starts its own engines and keeps none warm: %s", exc)
+        return None
     record = None
     if found is not None and request.warm_pools:
         key = PoolKey.of(request.settings)
-        record = ray.get(found.acquire.remote(key, request.lease_id, request.warm_pool))
+        record = ray.get(found.acquire.remote(key, request.lease_id, request.warm_pool, request.keep_warm_s))
     if record is None and request.warm_pool is not None:
-        from cluster.errors import ClusterError
-
         raise ClusterError(
             f"Warm pool {request.warm_pool}, which the sweep holds for its steps, no longer serves them (stopped "
             "with `rayeval down`?): run the sweep again; it reuses every finished step."

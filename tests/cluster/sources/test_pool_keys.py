@@ -297,3 +297,7 @@ def test_a_replaced_replicas_name_leads_to_the_live_one_and_the_record_stays_bou
     record.record_replacement(live, "next")
     assert record.in_place_of("other-0") is record.engines["other-1"]
     assert record.in_place_of("old") is record.engines["next"]
+    # a replica never replaced is in no one's place, its own neither (a run finding it dead starts one)
+    assert record.in_place_of("other-1") is None and record.in_place_of("next") is None
+    record.replaced_by.clear()
+    assert record.in_place_of("next") is None

@@ -172,6 +172,22 @@ def test_a_run_asking_more_replicas_than_the_pool_has_starts_the_rest_beside_it(
     assert head.engine_actor_pids() == before
 
 
+def test_up_of_a_pool_already_there_says_what_it_holds_and_keeps_it_up_at_least_as_long(pool: HeadNode):
+    head = pool
+    again = rayeval("up", *POOL_FLAGS, "--replicas", "2", "--idle-timeout", "2h", "--no-warm-cli", "--address",
+                    head.gcs_address, env=head.client_env())  # fmt: skip  # no engine starts
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.startswith(f"warm pool {POOL} already running: 1 replica(s) of ")
+    assert (
+        f"(--replicas 2 asked: runs that need more start the rest beside it; `rayeval down {POOL}`"
+        in again.stdout
+    )
+    assert "stops after 7200 s unused" in again.stdout  # raised from the fixture's 1h, never lowered
+    shorter = rayeval("up", *POOL_FLAGS, "--idle-timeout", "10m", "--no-warm-cli", "--address", head.gcs_address,
+                      env=head.client_env())  # fmt: skip
+    assert "stops after 7200 s unused" in shorter.stdout and "asked" not in shorter.stdout
+
+
 def test_a_registry_that_ray_restarts_still_knows_the_pools(pool: HeadNode, tmp_path):
     """The registry's process killed: Ray restarts the actor, which reads its records back from the cluster,
     so the pool is still listed and still serves (its engines were never lost)."""
@@ -360,7 +376,8 @@ ray.get(old.all.remote())
 
 # A LoRA sweep asks the cluster for a warm pool to hold for its steps (`SharedReplicas.hold_warm_pool`), and a
 # step's run asks for the pool the sweep holds by name (`SourceRequest.warm_pool`): what each does beside a
-# registry of another version, and where the held pool is no longer there. No engine starts.
+# registry of another version (and what a run does there), and where the held pool is no longer there. No engine
+# starts.
 SWEEP_BESIDE_REGISTRY = """
 import logging
 import sys
@@ -380,6 +397,9 @@ plan = build_model_plan(build_config({}, {}, "the test"), "cpu")
 shared = SharedReplicas(plan, lora=True)
 if sys.argv[2] == "hold":
     print("held:", shared.hold_warm_pool(plan.model.path))
+elif sys.argv[2] == "run":  # a run that would use a pool or keep its engines warm as one: its own, nothing kept
+    run = replace(shared._request(plan.model.path), shared=None, warm_pools=True, keep_warm_s=600.0)
+    print("run:", choose(run).kind.value)
 else:
     from cluster.engines.warm import registry
 
@@ -414,6 +434,11 @@ def test_a_registry_another_version_started_is_refused_held_by_no_sweep_and_stop
     assert said[-1] == "held: None" and any(
         line.startswith("WARNING the sweep starts its own engines: This cluster's warm-pool registry was "
                         "started by another version of rayeval") for line in said
+    )  # fmt: skip
+    said = script_on_cluster(head, SWEEP_BESIDE_REGISTRY, "run")  # a run beside it starts its own engines
+    assert said[-1] == "run: own" and any(
+        line.startswith("WARNING the run starts its own engines and keeps none warm: This cluster's warm-pool "
+                        "registry was started by another version") for line in said
     )  # fmt: skip
     stopped = rayeval("down", "--all", "--address", head.gcs_address, env=head.client_env())
     assert stopped.returncode == 0, stopped.stderr[-3000:]
