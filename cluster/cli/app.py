@@ -7,6 +7,7 @@ import atexit
 import gc
 import logging
 import os
+import signal
 import sys
 
 from cluster import timeline
@@ -129,10 +130,20 @@ def entry() -> int:
     interpreter's shutdown writes to goes to /dev/null. Libraries print there while they are torn down (triton's
     nanobind bindings list ~80 "leaked" objects when a sweep's driver imported torch), below the command's
     result."""
+    _hangup_as_interrupt()
     code = main()
     gc.freeze()
     atexit.register(_quiet_shutdown)  # runs before the handlers registered earlier (Ray's) and the teardown
     return code
+
+
+def _hangup_as_interrupt() -> None:
+    """A hangup (the terminal or ssh session gone) stops the command as Ctrl-C does, through its cleanup: by
+    default it would end the process at once, leaving what it started mid-way (a `rayeval up`'s detached
+    engines, placement groups and claimed name) outside any pool, holding the cluster's resources. A hangup
+    ignored (nohup) stays ignored. SIGTERM needs nothing: Ray's driver turns it into SystemExit."""
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        signal.signal(signal.SIGHUP, signal.default_int_handler)
 
 
 def _quiet_shutdown() -> None:

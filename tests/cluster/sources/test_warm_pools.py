@@ -220,10 +220,13 @@ def test_a_pool_that_cannot_be_placed_in_time_leaves_nothing_behind(pool: HeadNo
     assert set(pools_listed(head)) == {POOL}
 
 
-def test_ctrl_c_while_a_runs_engines_start_stops_them_at_once_and_leaves_no_pool(pool: HeadNode, tmp_path):
-    """A run that starts its own engines, to keep warm as a pool, gets Ctrl-C while its engine actor imports
-    vLLM (seconds before the engine is ready): the start gives up instead of finishing first, and what it
-    started is gone: no engine actor, no placement group, no pool."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "hangup"])
+def test_ctrl_c_while_a_runs_engines_start_stops_them_at_once_and_leaves_no_pool(
+    pool: HeadNode, tmp_path, signum
+):
+    """A run that starts its own engines, to keep warm as a pool, gets Ctrl-C (or its terminal hangs up)
+    while its engine actor imports vLLM (seconds before the engine is ready): the start gives up instead of
+    finishing first, and what it started is gone: no engine actor, no placement group, no pool."""
     head = pool
     pool_engines = head.engine_actor_pids()
     argv = ["run", *BASE_IFEVAL_ARGS, "--limit", "2", "--max-model-len", "768", "--keep-warm", "10m",
@@ -233,7 +236,7 @@ def test_ctrl_c_while_a_runs_engines_start_stops_them_at_once_and_leaves_no_pool
     while time.time() < deadline and head.engine_actor_pids() == pool_engines:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "rayeval: interrupted" in err, err[-3000:]
     assert "replica-0 ready" not in err and "Traceback" not in err
