@@ -4,6 +4,7 @@ the runs that follow use instead of starting engines."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from cluster.cli.flags import ENGINE_MODEL_HELP, GROUPS, add_config_flags, flag_names, overrides, set_help
@@ -136,7 +137,14 @@ def _start_warm_cli(idle_timeout_s: float) -> None:
 def cmd_pools(args: argparse.Namespace) -> int:
     from cluster.sources import list_pools
 
-    rows = list_pools(args.address)
+    listing = list_pools(args.address)
+    rows = listing.rows
+    if listing.strays:
+        print(
+            f"{len(listing.strays)} engine actor(s) named as a pool's belong to no pool listed: a pool still starting, "
+            f"or one whose start was killed outright ({', '.join(listing.strays)}); `rayeval down --all` stops them",
+            file=sys.stderr,
+        )
     if not rows:
         print("no warm pools on this cluster (`rayeval up` starts one)")
         return 0
@@ -167,7 +175,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     from cluster.sources import down  # Ray's import: after the checks, which answer at once
 
     stopped = down(args.address, args.names, args.all)
-    print(f"stopped {len(stopped)} warm pool(s): {', '.join(stopped) or 'none'}")
+    print(f"stopped {len(stopped.pools)} warm pool(s): {', '.join(stopped.pools) or 'none'}")
+    if stopped.stray_actors or stopped.stray_groups:
+        print(
+            f"stopped {len(stopped.stray_actors)} engine actor(s) and {stopped.stray_groups} placement group(s) "
+            f"that belonged to no pool: {', '.join(stopped.stray_actors) or '-'}"
+        )
     if args.all:
         from cluster.cli.front_control import stop_server
 

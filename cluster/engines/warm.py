@@ -41,6 +41,9 @@ from cluster.engines.settings import EngineSettings
 log = logging.getLogger(__name__)
 
 NAMESPACE = "rayeval"
+POOL_PREFIX = "rayeval-pool-"  # every pool's engine actors and placement groups are named so (`actor_name`)
+# a pool's member by name: the pool's, then its replica's (`replica-0`, `judge-1`, a replacement `replica-0.3fa2c1`)
+POOL_MEMBER = re.compile(rf"{POOL_PREFIX}(?P<pool>.+)-(?P<replica>[a-z]+-\d+(?:\.[0-9a-f]+)?)")
 REGISTRY_NAME = "rayeval-pools"
 LEASE_S = 30.0  # a lease not renewed for this long has lapsed (its run is gone)
 RENEW_S = 5.0
@@ -145,7 +148,7 @@ def free_name(base: str, taken: set[str]) -> str:
 
 
 def actor_name(pool: str, replica: str) -> str:
-    return f"rayeval-pool-{pool}-{replica}"
+    return f"{POOL_PREFIX}{pool}-{replica}"
 
 
 @dataclass
@@ -464,6 +467,45 @@ def stop_pool_actors(pool: PoolRecord) -> None:
     for group in pool.groups.values():
         try:
             remove_placement_group(placement_group_of(group))
+        except Exception:  # noqa: BLE001 - already removed, or its node gone
+            continue
+
+
+def strays(known: set[str]) -> tuple[list[str], list[str]]:
+    """The engine actors and placement groups named as a pool's that belong to none of the `known` pools:
+    a pool still starting, or what a start killed outright (SIGKILL, the OOM killer) left running. Read
+    from Ray's named actors and placement-group table, which any driver of the cluster sees."""
+    from ray.util.placement_group import placement_group_table
+
+    def stray(name: str) -> bool:
+        named = POOL_MEMBER.fullmatch(name)
+        return named is not None and named["pool"] not in known
+
+    actors = sorted(
+        entry["name"]
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry.get("namespace") == NAMESPACE and stray(entry.get("name") or "")
+    )
+    groups = sorted(
+        hex_id
+        for hex_id, info in placement_group_table().items()
+        if info.get("state") != "REMOVED" and stray(info.get("name") or "")
+    )
+    return actors, groups
+
+
+def stop_strays(actors: list[str], groups: list[str]) -> None:
+    """Kill the stray engine actors and remove the stray placement groups (`strays`)."""
+    from ray.util.placement_group import remove_placement_group
+
+    for name in actors:
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        except ValueError:  # gone meanwhile
+            continue
+    for hex_id in groups:
+        try:
+            remove_placement_group(placement_group_of(hex_id))
         except Exception:  # noqa: BLE001 - already removed, or its node gone
             continue
 

@@ -22,6 +22,6 @@ _EXPORTS = {
         "WarmReplicas",
         "SweepReplicas",
     ),
-    "pools": ("PoolRow", "up", "list_pools", "down", "explain"),
+    "pools": ("PoolRow", "PoolListing", "Stopped", "up", "list_pools", "down", "explain"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -19,6 +19,8 @@ from cluster.engines.warm import (
     pools_here,
     registry,
     registry_version,
+    stop_strays,
+    strays,
 )
 from cluster.errors import ClusterError
 from cluster.judging import judge_engine_settings, local_judge_replicas
@@ -120,13 +122,35 @@ def pool_engine_settings(config: PoolConfig, model_path: str, device: str) -> En
     return replace(base, max_lora_rank=lora_rank, max_loras=max(config.lora_slots, 1))
 
 
-def list_pools(address: str | None, verbose: bool = False) -> list[PoolRow]:
+@dataclass(frozen=True)
+class PoolListing:
+    """The cluster's warm pools, and the engine actors named as a pool's that belong to none of them (a pool
+    still starting, or what a start killed outright left: `rayeval down --all` stops those)."""
+
+    rows: list[PoolRow]
+    strays: list[str]
+
+
+def list_pools(address: str | None, verbose: bool = False) -> PoolListing:
     with joined_session(address or DEFAULT_ADDRESS, verbose):
-        return [PoolRow.of(record) for record in pools_here()]
+        records = pools_here()
+        actors, _ = strays({record.name for record in records})
+        return PoolListing([PoolRow.of(record) for record in records], actors)
 
 
-def down(address: str | None, names: list[str], every: bool, verbose: bool = False) -> list[str]:
-    """Stop the named pools (or every pool); returns the names stopped. An unknown name is an error."""
+@dataclass(frozen=True)
+class Stopped:
+    """What `down` stopped: the pools by name, and with --all the engine actors and placement groups named
+    as a pool's that no pool held (`engines.warm.strays`)."""
+
+    pools: list[str]
+    stray_actors: list[str]
+    stray_groups: int
+
+
+def down(address: str | None, names: list[str], every: bool, verbose: bool = False) -> Stopped:
+    """Stop the named pools (or every pool, and whatever is named as a pool's member outside them); an
+    unknown name is an error."""
     with joined_session(address or DEFAULT_ADDRESS, verbose):
         # --all also stops a registry another version started (refused elsewhere), so it reads any
         found = registry(create=False, same_version=not every)
@@ -141,7 +165,10 @@ def down(address: str | None, names: list[str], every: bool, verbose: bool = Fal
             ray.get(found.remove.remote(name))
         if every and found is not None and registry_version(found) != REGISTRY_VERSION:
             ray.kill(found, no_restart=True)  # another version's: the next command starts this version's
-        return wanted
+        # the pools just stopped are left out: an actor Ray is still killing would read as a stray
+        actors, groups = strays(set(wanted)) if every else ([], [])
+        stop_strays(actors, groups)
+        return Stopped(wanted, actors, len(groups))
 
 
 def explain(plan: RunPlan) -> str:

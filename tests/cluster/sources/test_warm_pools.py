@@ -336,24 +336,42 @@ def test_a_dead_pool_replica_is_replaced_by_the_next_run(pool: HeadNode, tmp_pat
     assert pools_listed(head)[POOL][3] == "1"  # still one replica: the replacement, registered in the pool
 
 
-def test_down_stops_the_pool_and_its_engines(pool: HeadNode):
+def test_down_stops_the_pool_and_its_engines_and_what_a_killed_start_left(pool: HeadNode):
+    """`down --all` stops the pool, and the detached engine actor and placement group of a `rayeval up`
+    killed outright (SIGKILL: no cleanup can run) while its engine started, which `pools` points at."""
     head = pool
     unknown = rayeval("down", "no-such-pool", "--address", head.gcs_address, env=head.client_env())
     assert (
         unknown.returncode == 1
         and f"No warm pool named no-such-pool on this cluster (its pools: {POOL})" in unknown.stderr
     )
+    pool_engines = head.engine_actor_pids()
+    killed = start_in_background(["up", *POOL_FLAGS, "--max-model-len", "640", "--name", "killed", "--no-warm-cli",
+                                  "--address", head.gcs_address], env={**head.client_env(), WARM_CLI_ENV: "0"})  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline and head.engine_actor_pids() == pool_engines:
+        assert killed.poll() is None, killed.communicate()[1][-3000:]
+        time.sleep(0.2)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=30)
+    listed = rayeval("pools", "--address", head.gcs_address, env=head.client_env())
+    assert "1 engine actor(s) named as a pool's belong to no pool listed" in listed.stderr, listed.stderr[
+        -3000:
+    ]
+    assert "rayeval-pool-killed-replica-0" in listed.stderr and set(pools_listed(head)) == {POOL}
     stopped = rayeval("down", "--all", "--address", head.gcs_address, env=head.client_env())
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     # and the warm CLI server that the pool's `rayeval up` started (its socket in this cluster's folder)
     assert stopped.stdout.splitlines() == [
         f"stopped 1 warm pool(s): {POOL}",
+        "stopped 1 engine actor(s) and 1 placement group(s) that belonged to no pool: "
+        "rayeval-pool-killed-replica-0",
         "stopped this machine's warm CLI server",
     ]
     deadline = time.time() + 30
     while time.time() < deadline and head.engine_actor_pids():
         time.sleep(0.5)
-    assert head.engine_actor_pids() == [] and pools_listed(head) == {}
+    assert head.engine_actor_pids() == [] and pools_listed(head) == {} and head.placement_groups() == []
 
 
 # A registry as an earlier rayeval started it: its `all` and `remove`, no `version` (a stand-in: an older
