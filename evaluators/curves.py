@@ -53,6 +53,31 @@ class CurvePoint:
         return (0.0 if math.isnan(below) else max(0.0, below), 0.0 if math.isnan(above) else max(0.0, above))
 
 
+def partial_because(run_dir: Path) -> str | None:
+    """Why a finished run's numbers stand on part of what it was to score, where they do: a task it could
+    not run (`task_errors`), or samples that failed outside the model (`failures.OUTSIDE_THE_MODEL`: dead
+    replicas, an API that kept failing), which a later run of the folder asks again. None for a run whose
+    every sample was answered and scored (or failed on the model's own account, as an over-long prompt)."""
+    from evaluators.failures import OUTSIDE_THE_MODEL
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return "no readable summary.json"
+    errors = (summary.get("run") or {}).get("task_errors") or {}
+    if errors:
+        return f"task(s) {', '.join(sorted(errors))} could not run"
+    failed: dict[str, int] = {}
+    for body in (summary.get("tasks") or {}).values():
+        for kind, count in (body.get("failure_reasons") or {}).items():
+            if kind in OUTSIDE_THE_MODEL:
+                failed[kind] = failed.get(kind, 0) + int(count)
+    if failed:
+        kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(failed.items()))
+        return f"{sum(failed.values())} sample(s) failed outside the model ({kinds})"
+    return None
+
+
 def points_from_run(
     run_dir: Path, series: str, step: int, judge: str | None = None, latest_judge: bool = False
 ) -> list[CurvePoint]:

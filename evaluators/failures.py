@@ -25,6 +25,21 @@ class FailureKind(StrEnum):
         return f"{self.value}: {detail}"
 
 
+# Failures of the machinery (replicas, the endpoint, the judge), not of the model's answers: a later run of the
+# same folder asks them again, so until it has, the run's numbers stand on part of its samples.
+OUTSIDE_THE_MODEL = frozenset(
+    {
+        FailureKind.REPLICAS_DEAD,
+        FailureKind.REPLICA_LOST,
+        FailureKind.NOT_DISPATCHED,
+        FailureKind.ENDPOINT_API,
+        FailureKind.JUDGE_API,
+        FailureKind.JUDGE_UNAVAILABLE,
+        FailureKind.JUDGE_UNANSWERED,
+    }
+)
+
+
 def failure_kind(error: str) -> str:
     """The KIND of an `error` text: a `FailureKind` value or an exception's type name."""
     return error.split(":", 1)[0] if ":" in error else error

@@ -71,10 +71,13 @@ def kind_of(folder: Path) -> CheckpointKind | None:
 
 
 def find_checkpoints(run_dir: Path, steps: list[int] | None = None) -> list[Checkpoint]:
-    """Every checkpoint under `run_dir`, by step (only `steps` where given). A step with two checkpoints,
-    or none found at all, is an error that names what was looked for."""
+    """Every checkpoint under `run_dir`, by step (only `steps` where given). A step asked for (any, without
+    `steps`) with two checkpoints, or none found at all, is an error that names what was looked for; a doubled
+    step not asked for is no obstacle to the others (a watch leaves it out, `--steps` passes it by)."""
     check_run_dir(run_dir)
     found, doubled = scan_checkpoints(run_dir)
+    if steps is not None:
+        doubled = {step: paths for step, paths in doubled.items() if step in steps}
     if doubled:
         step, paths = min(doubled.items())
         raise EvalInputError(two_checkpoints(step, paths))

@@ -13,6 +13,7 @@ _EXPORTS = {
         "SweepEngines",
         "run_sweep",
         "finished_steps",
+        "complete_steps",
         "draw_curves",
     ),
     "arrivals": ("ArrivalWatcher",),

@@ -37,7 +37,7 @@ from cluster.sweep.step_records import (
     weights_changed,
     weights_state,
 )
-from evaluators.curves import ErrorBar, plot_curves, points_from_run, write_tables
+from evaluators.curves import ErrorBar, partial_because, plot_curves, points_from_run, write_tables
 from evaluators.errors import EvalInputError
 
 if TYPE_CHECKING:
@@ -365,11 +365,13 @@ def _curves(plan: SweepPlan, errorbar: ErrorBar) -> list[Path]:
 
 
 def draw_curves(root: Path, series: str, errorbar: ErrorBar) -> list[Path]:
-    """The curves of every finished step in a sweep's folder (this call's and earlier ones'), by step: the
-    tables and one PNG per task, written in that folder."""
+    """The curves of every complete step in a sweep's folder (this call's and earlier ones'), by step: the
+    tables and one PNG per task, written in that folder. A finished step whose numbers stand on part of its
+    samples (`complete_steps`) is left off, with a warning: a point drawn as any other would read as that
+    checkpoint's score."""
     points = [
         point
-        for step, folder in finished_steps(root)
+        for step, folder in complete_steps(root)
         for point in points_from_run(folder, series, step, latest_judge=True)
     ]
     if not points:
@@ -388,15 +390,38 @@ def finished_steps(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def complete_steps(root: Path) -> list[tuple[int, Path]]:
+    """The finished steps whose every sample was answered and scored (`curves.partial_because`); the others
+    are logged with why, for a later run of the sweep (or watch) to ask what failed again."""
+    complete = []
+    for step, folder in finished_steps(root):
+        partial = partial_because(folder)
+        if partial is None:
+            complete.append((step, folder))
+        else:
+            log.warning(
+                "step %d is left off the curves: %s; run the sweep again to ask them again", step, partial
+            )
+    return complete
+
+
 def _write_sweep_json(plan: SweepPlan, result: SweepResult) -> None:
+    """sweep.json: every step's latest outcome, this call's over those an earlier call (a watch's earlier
+    batch, a sweep of other --steps) wrote; the times and engine counts are this call's."""
+    path = plan.root / "sweep.json"
+    try:
+        earlier = {int(o["step"]): o for o in json.loads(path.read_text()).get("steps", [])}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        earlier = {}
+    steps = earlier | {o.step: asdict(o) for o in result.outcomes}
     summary = {
         "checkpoint_dir": str(plan.checkpoint_dir),
         "series": plan.series,
         "wall_s": round(result.wall_s, 3),
         "engine_starts": result.engine_starts,
         "checkpoint_swaps": result.swaps,
-        "steps": [asdict(o) for o in result.outcomes],
+        "steps": [steps[step] for step in sorted(steps)],
         "files": [str(p) for p in result.files],
     }
     plan.root.mkdir(parents=True, exist_ok=True)
-    (plan.root / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
+    path.write_text(json.dumps(summary, indent=2) + "\n")

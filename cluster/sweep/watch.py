@@ -9,7 +9,6 @@ was in the middle of resumes from its store.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from cluster.preflight import check_lora_loglikelihoods
 from cluster.session import ray_session
 from cluster.sweep.arrivals import ArrivalWatcher, FilesState, files_state
 from cluster.sweep.plan import MAX_LORAS, SweepPlan, build_sweep_plan, check_sweep_judge, sweep_folder
-from cluster.sweep.runner import SweepEngines, SweepResult, check_sweep, finished_steps, sweep_steps
+from cluster.sweep.runner import SweepEngines, SweepResult, check_sweep, complete_steps, sweep_steps
 from cluster.sweep.step_records import weights_changed, weights_state
 from evaluators.curves import ErrorBar
 
@@ -79,13 +78,20 @@ def watch_checkpoints(
         engines: SweepEngines | None = None
         while True:
             complete = watcher.complete()
-            finished = {step for step, folder in finished_steps(root) if not _had_task_errors(folder)}
+            finished = {step for step, _ in complete_steps(root)}
             finished -= _saved_again(complete, finished, root)
             states = {c.step: files_state(c.path) for c in complete if c.step not in finished}
             new = sorted(step for step, state in states.items() if attempted.get(step) != state)
             if new:
                 plan = build_sweep_plan(config, checkpoint_dir, new, lora_merge=options.lora_merge)
                 attempted.update({step: states[step] for step in new})
+                if (
+                    not plan.steps
+                ):  # every new one skipped (an adapter that cannot run): said, tried once changed
+                    log.warning(
+                        "watch: %s", "; ".join(f"step {s.step} skipped: {s.reason}" for s in plan.skipped)
+                    )
+                    continue
                 if engines is None:
                     check_sweep(plan)  # once: the first batch's checks stand for the command
                     engines = _start_engines(stack, plan, verbose)
@@ -113,15 +119,6 @@ def _saved_again(complete: list[Checkpoint], finished: set[int], root: Path) -> 
         and c.kind is CheckpointKind.FULL
         and weights_changed(root / f"step_{c.step}", weights_state(c.path))
     }
-
-
-def _had_task_errors(run_dir: Path) -> bool:
-    """Whether a finished step's run could not run some task (lm-eval failed to load or score it): such a
-    step is tried again by a later watch (once per watch, unless its files change), as a sweep reruns it."""
-    try:
-        return bool(json.loads((run_dir / "summary.json").read_text())["run"].get("task_errors"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
 
 
 def check_watch(config: RunConfig) -> RunPlan:

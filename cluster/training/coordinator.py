@@ -221,7 +221,9 @@ class TrainingCoordinator:
 
             log_run(self.config.log_to, result.run_dir, self.root.name, step)
         draw_curves(self.root, self.series, ErrorBar.CI95)
-        rows = [asdict(point) for point in points_from_run(result.run_dir, self.series, step)]
+        rows = [
+            asdict(point) for point in points_from_run(result.run_dir, self.series, step, latest_judge=True)
+        ]
         return StepReport(step, str(result.run_dir), rows, result.requests_total,
                           result.requests_total - result.requests_reused, began, time.time())  # fmt: skip
 

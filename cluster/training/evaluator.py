@@ -271,15 +271,17 @@ class Evaluator:
         return [handle.result(_left(deadline)) for handle in self._evaluations]
 
     def curve(self) -> pd.DataFrame:
-        """Every finished step in the folder so far (steps still running are not in it: `wait()` first for
-        all of them): one row per step, task and metric (mean, sem, ci95_low, ci95_high, n...). Read from
-        the folder on this node, so it also works after `close()`."""
-        from cluster.sweep import finished_steps
+        """Every complete step in the folder so far (steps still running are not in it: `wait()` first for
+        all of them; a step whose samples failed in part, its replicas lost, is left out with a warning, as
+        the plots leave it): one row per step, task and metric (mean, sem, ci95_low, ci95_high, n...), a judged
+        task's from the judge its step was judged by. Read from the folder on this node, so it also works
+        after `close()`."""
+        from cluster.sweep import complete_steps
         from evaluators.curves import points_from_run
 
         # the series is the folder's name, as the coordinator's plots have it
-        return _frame([asdict(point) for step, folder in finished_steps(self.root)
-                       for point in points_from_run(folder, self.root.name, step)])  # fmt: skip
+        return _frame([asdict(point) for step, folder in complete_steps(self.root)
+                       for point in points_from_run(folder, self.root.name, step, latest_judge=True)])  # fmt: skip
 
     def engines(self) -> list[dict[str, Any]]:
         """The replicas' `EngineInfo`s as dicts (what each serves, how it got there), once they have started."""

@@ -104,18 +104,37 @@ def test_a_folder_removed_while_the_walk_reads_it_has_no_checkpoints(tmp_path: P
     assert _subfolders(tmp_path / "checkpoint-100") == [] and _subfolders(tmp_path / "a-file") == []
 
 
-def test_a_finished_step_whose_task_could_not_run_is_tried_again_by_a_later_watch(tmp_path: Path):
+def test_a_finished_step_whose_task_could_not_run_or_whose_replicas_died_is_left_off_and_tried_again(
+    tmp_path: Path, caplog
+):
+    """A step whose run could not run a task, or whose samples failed outside the model (its replicas died,
+    an API kept failing), is no checkpoint's score: the curves leave it off with a warning and a later watch
+    asks it again; one whose failures are the model's own (an over-long prompt) stands."""
     import json
 
-    from cluster.sweep.watch import _had_task_errors
+    from cluster.sweep import complete_steps
+    from evaluators.curves import partial_because
 
-    for name, errors in (("step_100", {}), ("step_200", {"mmlu": "lm-eval failed while evaluating it"})):
+    steps = {
+        "step_100": ({}, {"EmptyOutput": 1, "VLLMValidationError": 2}),
+        "step_200": ({"mmlu": "lm-eval failed while evaluating it"}, {}),
+        "step_300": ({}, {"ReplicasDead": 97}),
+        "step_400": ({}, {"JudgeAPIError": 2, "ReplicaLost": 1}),
+    }
+    for name, (errors, reasons) in steps.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(
-            json.dumps({"run": {"task_errors": errors}, "tasks": {}})
+            json.dumps({"run": {"task_errors": errors}, "tasks": {"gsm8k": {"failure_reasons": reasons}}})
         )
-    assert not _had_task_errors(tmp_path / "step_100") and _had_task_errors(tmp_path / "step_200")
-    assert not _had_task_errors(tmp_path / "step_300")  # no summary: not finished, decided elsewhere
+    (tmp_path / "step_500").mkdir()  # no summary: not finished
+    assert partial_because(tmp_path / "step_100") is None
+    assert partial_because(tmp_path / "step_200") == "task(s) mmlu could not run"
+    assert partial_because(tmp_path / "step_300") == "97 sample(s) failed outside the model (97 ReplicasDead)"
+    assert partial_because(tmp_path / "step_400") == (
+        "3 sample(s) failed outside the model (2 JudgeAPIError, 1 ReplicaLost)"
+    )
+    assert complete_steps(tmp_path) == [(100, tmp_path / "step_100")]
+    assert "step 300 is left off the curves: 97 sample(s) failed outside the model" in caplog.text
 
 
 def test_a_finished_full_checkpoint_saved_again_is_evaluated_again_by_the_watch(tmp_path: Path):
@@ -141,3 +160,59 @@ def test_a_finished_full_checkpoint_saved_again_is_evaluated_again_by_the_watch(
     assert (
         _saved_again([Checkpoint(100, checkpoint, CheckpointKind.LORA)], {100}, tmp_path / "sweep") == set()
     )
+
+
+def test_a_doubled_step_stops_only_a_sweep_that_asks_for_it(tmp_path: Path):
+    """checkpoint-200 holds an adapter and a merged copy of it: a watch leaves step 200 out and asks for
+    300 alone, which must plan (it raised for 200 before, and the watch ended); a sweep of every step, or
+    `--steps 200`, is told which folders to choose between."""
+    import pytest
+
+    from cluster.models.checkpoints import find_checkpoints
+    from evaluators.errors import EvalInputError
+
+    adapter(tmp_path / "checkpoint-200")
+    merged = tmp_path / "checkpoint-200" / "merged"
+    merged.mkdir()
+    (merged / "config.json").write_text("{}")
+    (merged / "model.safetensors").write_bytes(b"w")
+    adapter(tmp_path / "checkpoint-300")
+    assert [c.step for c in find_checkpoints(tmp_path, [300])] == [300]
+    for steps in (None, [200, 300]):
+        with pytest.raises(EvalInputError, match="Step 200 has 2 checkpoints"):
+            find_checkpoints(tmp_path, steps)
+
+
+def test_a_watch_whose_first_checkpoints_are_all_skipped_keeps_watching(tmp_path: Path, caplog):
+    """The first checkpoint to complete is an adapter that cannot run (IA3, not LoRA): the watch says why
+    and goes on polling until idle (it ended at once before, with the sweep's "no checkpoint can run")."""
+    from cluster.config import build_config
+    from cluster.sweep.watch import WatchOptions, watch_checkpoints
+
+    run = tmp_path / "train"
+    bad = adapter(run / "checkpoint-100")
+    (bad / "adapter_config.json").write_text('{"peft_type": "IA3"}')
+    config = build_config({"output_dir": str(tmp_path / "out")}, {}, "the test")
+    options = WatchOptions(until_idle_s=0.5, poll_s=0.1, settle_s=0.0)
+    result = watch_checkpoints(config, run, options, progress=False)
+    assert result.batches == []
+    assert "step 100 skipped:" in caplog.text and "only LoRA adapters run on vLLM" in caplog.text
+
+
+def test_sweep_json_keeps_every_steps_latest_outcome_across_calls(tmp_path: Path):
+    """A watch writes sweep.json after each batch (a sweep after each --steps call): the earlier steps stay."""
+    import json
+    from types import SimpleNamespace
+
+    from cluster.sweep.runner import StepOutcome, StepStatus, _write_sweep_json
+
+    plan = SimpleNamespace(root=tmp_path, checkpoint_dir=tmp_path / "train", series="train")
+
+    def call(*outcomes: StepOutcome) -> list[tuple[int, str]]:
+        result = SimpleNamespace(wall_s=1.0, engine_starts=1, swaps=0, outcomes=list(outcomes), files=[])
+        _write_sweep_json(plan, result)
+        return [(o["step"], o["status"]) for o in json.loads((tmp_path / "sweep.json").read_text())["steps"]]
+
+    assert call(StepOutcome(200, "lora", "c-200", StepStatus.FAILED)) == [(200, "failed")]
+    assert call(StepOutcome(100, "lora", "c-100", StepStatus.DONE)) == [(100, "done"), (200, "failed")]
+    assert call(StepOutcome(200, "lora", "c-200", StepStatus.DONE)) == [(100, "done"), (200, "done")]
