@@ -43,6 +43,8 @@ class RunSamples:
     judge_summaries: dict[str, dict[str, Any]] = field(default_factory=dict)
     # by task: the range each metric's values take, where summary.json gives it
     bounds: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    # judged tasks: what their judge was (kind, model, endpoint), where its folder records it
+    judge_specs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,13 +81,13 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
             f"{run_dir} holds no sample records (samples/<model>/<task>.jsonl): a run writes them as it goes; is "
             "it a run folder copied without its samples?"
         )
-    records, metrics, directions, judges, judge_summaries, bounds = {}, {}, {}, {}, {}, {}
+    records, metrics, directions, judges, judge_summaries, bounds, specs = {}, {}, {}, {}, {}, {}, {}
     for task, body in summary.get("tasks", {}).items():
         found = sorted(run_dir.glob(f"samples/*/{task}.jsonl"))[:1]
         chosen = choose_judge(run_dir, task, judge or (body.get("judge") if latest_judge else None))
         if chosen is not None:
             found, body = [chosen.samples(task)], chosen.task_summary(task) or body
-            judges[task], judge_summaries[task] = chosen.name, body
+            judges[task], judge_summaries[task], specs[task] = chosen.name, body, chosen.spec
         if not found or not body.get("metrics"):
             continue
         with found[0].open(encoding="utf-8") as lines:
@@ -98,7 +100,7 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
             if isinstance(entry, dict) and entry.get("bounds")
         }
     run_id = summary.get("run", {}).get("run_id", run_dir.name)
-    return RunSamples(run_dir, run_id, records, metrics, directions, judges, judge_summaries, bounds)
+    return RunSamples(run_dir, run_id, records, metrics, directions, judges, judge_summaries, bounds, specs)
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:
@@ -166,6 +168,9 @@ def check_same_judges(a: RunSamples, b: RunSamples, tasks: list[str]) -> None:
     """Refuse to pair one judge's verdicts in A with another's in B."""
     for task in tasks:
         judge_a, judge_b = a.judges.get(task), b.judges.get(task)
+        spec_a, spec_b = a.judge_specs.get(task), b.judge_specs.get(task)
+        if judge_a == judge_b and spec_a and spec_b and spec_a != spec_b:  # one name, two judges
+            judge_a, judge_b = f"{judge_a} ({spec_a})", f"{judge_b} ({spec_b})"
         if judge_a != judge_b:
             raise EvalInputError(
                 f"{task} was judged by {judge_a or 'no judge'} in A ({a.run_id}) and by {judge_b or 'no judge'} "

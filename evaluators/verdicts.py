@@ -38,6 +38,21 @@ class JudgeVerdicts:
         except (OSError, json.JSONDecodeError, KeyError, TypeError):
             return {}
 
+    @property
+    def spec(self) -> str:
+        """What the judge was (its kind, model and endpoint), as its folder records it; "" where it does not
+        (a folder an early version wrote)."""
+        for file, path in (("judge.json", ("spec",)), ("summary.json", ("run", "judge", "spec"))):
+            try:
+                found: Any = json.loads((self.folder / file).read_text())
+                for key in path:
+                    found = found[key]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if isinstance(found, str):
+                return found
+        return ""
+
     def answers_to(self, asked: str) -> bool:
         return asked in (self.name, self.slug)
 

@@ -13,6 +13,7 @@ import json
 import logging
 import re
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from cluster.config import JudgeOptions, RunConfig
@@ -83,10 +84,13 @@ class LocalJudgeBackend:
         self.core_slots = core_slots
         self.model: ResolvedModel = resolve_model(self.options.target)
         self.renderer = PromptRenderer(self.model, chat_template=None)
+        # a hub id is named whole (orgA/X and orgB/X are two judges); a folder by its name (`own_identity`
+        # tells two folders of one name apart within a run, `compare` by their specs)
+        shown = self.model.path if not Path(self.model.path).is_absolute() else self.model.name
         self.identity = JudgeIdentity(
             spec=f"local:{self.model.path}",
-            name=f"local:{self.model.name}",
-            slug=_slug(f"local-{self.model.name}"),
+            name=f"local:{shown}",
+            slug=_slug(f"local-{shown}"),
         )
         self._pool: Any = None
 
