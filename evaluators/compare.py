@@ -169,14 +169,16 @@ def check_same_judges(a: RunSamples, b: RunSamples, tasks: list[str]) -> None:
     for task in tasks:
         judge_a, judge_b = a.judges.get(task), b.judges.get(task)
         spec_a, spec_b = a.judge_specs.get(task), b.judge_specs.get(task)
+        moved = ""
         if judge_a == judge_b and spec_a and spec_b and spec_a != spec_b:  # one name, two judges
             judge_a, judge_b = f"{judge_a} ({spec_a})", f"{judge_b} ({spec_b})"
+            moved = " (where it is one judge served elsewhere, --allow-different-judges says so)"
         if judge_a != judge_b:
             raise EvalInputError(
                 f"{task} was judged by {judge_a or 'no judge'} in A ({a.run_id}) and by {judge_b or 'no judge'} "
                 f"in B ({b.run_id}): a difference would mix two judges' verdicts with the models' difference. "
                 "Judge both runs with one judge (rayeval run --judge-only --run-id RUN --judge NAME) and pass "
-                "--judge NAME, or pass --allow-different-judges to compare them anyway."
+                f"--judge NAME, or pass --allow-different-judges to compare them anyway{moved}."
             )
 
 
