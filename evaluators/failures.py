@@ -15,6 +15,7 @@ class FailureKind(StrEnum):
     REPLICA_LOST = "ReplicaLost"  # the replicas running it kept dying: given up after the last attempt
     NOT_DISPATCHED = "NotDispatched"  # the run stopped handing out work (its results could not be kept)
     JUDGE_PARSE = "JudgeParseError"  # the judge's answer held no verdict in the asked-for format
+    JUDGE_TRUNCATED = "JudgeTruncated"  # the judge's answer reached its token limit before a verdict
     JUDGE_API = "JudgeAPIError"  # the judge API kept failing after every retry
     ENDPOINT_API = "EndpointAPIError"  # the model's OpenAI-compatible endpoint kept failing after every retry
     JUDGE_UNAVAILABLE = "JudgeUnavailable"  # the judge could not start

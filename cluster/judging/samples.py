@@ -132,7 +132,15 @@ class JudgedSamples:
                     {k: c.text for k, c in waiting.answers.items()},
                 )
             except JudgeParseError as exc:
-                record.error = FailureKind.JUDGE_PARSE.error(str(exc))
+                cut = sorted(k for k, c in waiting.answers.items() if c.finish_reason == "length")
+                record.error = (
+                    FailureKind.JUDGE_TRUNCATED.error(
+                        f"judgment {', '.join(cut)} reached the judge's token limit (--judge-max-tokens) before "
+                        f"its verdict: {exc}"
+                    )
+                    if cut
+                    else FailureKind.JUDGE_PARSE.error(str(exc))
+                )
             else:
                 for metric, value in judged.scores.items():
                     record.scores[metric] = value.value / value.weight if value.weight else 0.0

@@ -50,6 +50,8 @@ FAILURE_HINTS = {
     FailureKind.SCORING: "The scorer raised on these outputs; the traceback summary is in the record",
     FailureKind.JUDGE_PARSE: "The judge's answer held no verdict in the format the task asks for (a stronger judge, "
     "or a larger --judge-max-tokens when answers were cut off, helps); the raw answers are in judge_outputs",
+    FailureKind.JUDGE_TRUNCATED: "The judge's answer was cut at --judge-max-tokens before its verdict: raise "
+    "--judge-max-tokens (and, for a local judge, --judge-max-model-len to hold it)",
     FailureKind.JUDGE_API: "The judge API kept failing after every retry; these are not cached, so rerunning the "
     "same command (or --judge-only --run-id) asks again",
 }

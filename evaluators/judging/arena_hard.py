@@ -99,7 +99,8 @@ class ArenaHard(JudgeTask):
         ),
         required_fields=("uid", "prompt", "baseline_answer"),
     )
-    judge_max_tokens = 1024
+    # the judge writes its own answer before judging: Arena-Hard v0.1 gives it 4,096 tokens (v2.0 16,000)
+    judge_max_tokens = 4096
     bootstrap_rounds = 1000
 
     def load_samples(self, data_path: str | None) -> list[Sample]:

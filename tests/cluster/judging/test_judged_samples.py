@@ -41,3 +41,25 @@ def test_two_judgments_of_one_prompt_ask_it_once_and_both_take_its_answer(tmp_pa
     # "A" in both orderings: the model wins one and loses one, a tie
     assert all(r["verdicts"] == {"model_first": "A", "reference_first": "A"} for r in written)
     assert all(r["scores"]["win_rate,none"] == 0.5 for r in written)
+
+
+def test_a_judgment_cut_at_the_token_limit_before_its_verdict_fails_as_truncated(tmp_path):
+    """The judge's answer ended at max_tokens (finish_reason "length") with no verdict: JudgeTruncated, whose
+    fix is a larger --judge-max-tokens; one that ended on its own without a verdict stays JudgeParseError."""
+    task = AlpacaEval()
+    judged, sent = _judged_samples(tmp_path, task)
+    for index, reason in enumerate(("length", "stop")):
+        output = f"answer {index}"  # other than the reference: two prompts, one per ordering
+        judged.add_output(task, Sample(index, {"instruction": "Say hi", "output": "Hi!"}),
+                          SampleRecord("alpaca_eval", index, 0, f"r{index}", "Say hi", output, "Hi!"))  # fmt: skip
+        first, second = sent[-2:]
+        judged.on_answer(Completion(first.request_id, text="[[A]]"))
+        judged.on_answer(
+            Completion(second.request_id, text="Let me think this through at", finish_reason=reason)
+        )
+    written = [json.loads(line) for line in (tmp_path / "alpaca_eval.jsonl").read_text().splitlines()]
+    assert (
+        written[0]["error"].startswith("JudgeTruncated: judgment ")
+        and "--judge-max-tokens" in written[0]["error"]
+    )
+    assert written[1]["error"].startswith("JudgeParseError: ")
