@@ -88,7 +88,12 @@ class ArenaHard(JudgeTask):
     description = (
         "Arena-Hard v2.0: weighted pairwise win rate against a baseline answer, both orders (750 prompts)"
     )
-    metrics = (MetricSpec("score", bounds=(0.0, 1.0)),)  # a weighted win rate
+    # a weighted win rate over every question, and per category against that category's own baseline: Arena-Hard
+    # v2.0 reports each category alone (hard_prompt by default), never the mix of two baselines
+    metrics = (
+        MetricSpec("score", bounds=(0.0, 1.0)),
+        *(MetricSpec(f"{category}_score", bounds=(0.0, 1.0)) for category in BASELINES),
+    )
     defaults = TaskDefaults(max_tokens=2048)
     source = DataSourceInfo(
         description=(
@@ -138,8 +143,12 @@ class ArenaHard(JudgeTask):
             a_outcome, game_weight = _A_OUTCOME[verdict]
             won += game_weight * (a_outcome if key == MODEL_FIRST else 1.0 - a_outcome)
             weight += game_weight
+        scores = {"score,none": MetricValue(won, weight)}
+        category = sample.doc.get("category")
+        if category in BASELINES:
+            scores[f"{category}_score,none"] = MetricValue(won, weight)
         return JudgedSample(
-            scores={"score,none": MetricValue(won, weight)},
+            scores=scores,
             verdicts=verdicts,
             features={
                 "output_chars": float(len(output)),
@@ -156,10 +165,22 @@ class ArenaHard(JudgeTask):
             "weighted win fraction against the baseline (win 1, tie 0.5, loss 0; '>>' verdicts weigh "
             f"{STRONG_WEIGHT:g}, others 1; both orders)"
         )
+        keys = ["score,none"] + [
+            key
+            for key in (f"{category}_score,none" for category in BASELINES)
+            if any(key in item.judged.scores for item in items)
+        ]
         return [
             metric_statistic(
-                "score,none", items, rounds=self.bootstrap_rounds, seed=seed, estimator=estimator
+                key,
+                items,
+                rounds=self.bootstrap_rounds,
+                seed=seed,
+                estimator=estimator
+                if key == "score,none"
+                else f"{estimator}, over that category's questions",
             )
+            for key in keys
         ]
 
 

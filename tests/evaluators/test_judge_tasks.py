@@ -196,6 +196,42 @@ def test_arena_weights_strong_verdicts(baseline_first, model_first, value, weigh
     assert judged.verdicts == {"baseline_first": baseline_first, "model_first": model_first}
 
 
+def test_arena_scores_each_category_alone_as_arena_hard_does():
+    """Arena-Hard v2.0 reports a category's score over its own questions (against its own baseline): the
+    per-game outcomes exploded by weight (3 for '>>') and averaged, as its show_result does per category."""
+    games = {  # question -> category, the two verdicts (baseline first, model first)
+        0: ("hard_prompt", "B>>A", "A>B"),
+        1: ("hard_prompt", "A>B", "B>A"),
+        2: ("creative_writing", "A=B", "A>>B"),
+        3: ("creative_writing", "B>A", "B>A"),
+    }
+    task, items = ArenaHard(), []
+    for q, (category, first, second) in games.items():
+        sample = Sample(q, {**ARENA.doc, "category": category})
+        judged = task.judge_score(
+            sample, "out", {"baseline_first": f"[[{first}]]", "model_first": f"[[{second}]]"}
+        )
+        items.append(JudgedItem(q, 0, judged))
+
+    def exploded(category: str | None) -> float:
+        """The reference: each game a row per weight unit (3 for '>>'), the model's outcome, then a mean."""
+        as_b = {"A>>B": (0.0, 3), "A>B": (0.0, 1), "A=B": (0.5, 1), "B>A": (1.0, 1), "B>>A": (1.0, 3)}
+        as_a = {"A>>B": (1.0, 3), "A>B": (1.0, 1), "A=B": (0.5, 1), "B>A": (0.0, 1), "B>>A": (0.0, 3)}
+        rows: list[float] = []
+        for cat, first, second in games.values():
+            if category in (None, cat):
+                for outcome, weight in (as_b[first], as_a[second]):  # the model is B, then A
+                    rows += [outcome] * weight
+        return float(np.mean(rows))
+
+    stats = {stat.key: stat.value for stat in task.statistics(items, seed=0)}
+    assert stats["hard_prompt_score,none"] == pytest.approx(exploded("hard_prompt"))
+    assert stats["creative_writing_score,none"] == pytest.approx(exploded("creative_writing"))
+    assert stats["score,none"] == pytest.approx(exploded(None))
+    assert "hard_prompt_score,none" not in ArenaHard().judge_score(ARENA, "out", {
+        "baseline_first": "[[A=B]]", "model_first": "[[A=B]]"}).scores  # fmt: skip  # no category: the whole only
+
+
 def test_arena_judge_prompts_put_the_baseline_first_then_the_model():
     prompts = {p.key: p.messages[1].content for p in ArenaHard().judge_prompts(ARENA, "MODEL-OUT")}
     assert list(prompts) == ["baseline_first", "model_first"]
@@ -413,7 +449,12 @@ def packaged() -> dict[str, tuple[JudgeTask, list[Sample]]]:
 def test_the_four_tasks_are_registered():
     assert sorted(JUDGE_TASKS) == ["alpaca_eval", "arena_hard", "healthbench", "writingbench"]
     for name, cls in JUDGE_TASKS.items():
-        assert cls.name == name and [m.key for m in cls.metrics] in (["win_rate,none"], ["score,none"])
+        assert cls.name == name and [m.key for m in cls.metrics][0] in ("win_rate,none", "score,none")
+    assert [m.key for m in ArenaHard.metrics] == [
+        "score,none",
+        "hard_prompt_score,none",
+        "creative_writing_score,none",
+    ]
 
 
 @pytest.mark.parametrize(
