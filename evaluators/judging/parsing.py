@@ -98,24 +98,33 @@ def extract_json_object(text: str, key: str, field: str) -> dict[str, Any]:
 
 
 _BARE_RATING = re.compile(r"\bRating:\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_ANCHORED_RATING = re.compile(r"\bRating:\s*\[\[([^\[\]\n]{1,40})\]\]", re.IGNORECASE)
+
+
+def _numbers(found: list[str]) -> list[tuple[str, int | None]]:
+    """Each distinct rating as found (a JSON score as JSON gives it), with its integer or None for a number
+    that is no integer; a non-number (`true`, a word in brackets) is none."""
+    shown = [_squash(c) for c in found]
+    return [
+        (c, int(c) if _INTEGER.fullmatch(c) else None) for c in dict.fromkeys(shown) if _NUMBER.fullmatch(c)
+    ]
 
 
 def integer_rating(text: str, key: str, low: int = 1, high: int = 10) -> int:
-    """An integer score given as `Rating: [[X]]` (any `[[X]]` with a number), else as JSON {"score": X},
-    else as a bare `Rating: X` (small judges often drop the brackets; the phrase is still unambiguous)."""
+    """An integer score given as asked, `Rating: [[X]]`; where the answer has none, the one its other forms
+    agree on: any `[[X]]` with a number, JSON {"score": X}, a bare `Rating: X` (small judges drop the
+    brackets). Forms that disagree are no rating (a `[[2]]` quoted from the text beside `Rating: 8` or
+    `{"score": 9}`): parsing never picks one."""
     expected = f'a rating "Rating: [[X]]" (or JSON {{"score": X}}) with X an integer {low}-{high}'
-    # Each candidate: (as found, the integer or None when it is no integer).
-    found = [_squash(c) for c in _BRACKETED.findall(text) if _NUMBER.fullmatch(_squash(c))]
-    candidates = [(c, int(c) if _INTEGER.fullmatch(c) else None) for c in dict.fromkeys(found)]
+    candidates = _numbers(_ANCHORED_RATING.findall(text))
     if not candidates:
-        scores = {json.dumps(obj["score"]): obj["score"] for obj in json_objects(text) if "score" in obj}
-        candidates = [
-            (shown, score if isinstance(score, int) and not isinstance(score, bool) else None)
-            for shown, score in scores.items()
-        ]
-    if not candidates:
-        bare = dict.fromkeys(m.group(1) for m in _BARE_RATING.finditer(text))
-        candidates = [(c, int(c) if _INTEGER.fullmatch(c) else None) for c in bare]
+        scores = {  # a JSON score of another type ("7", 7.5, true) is a rating given wrong: said as such
+            json.dumps(obj["score"]): obj["score"] if type(obj["score"]) is int else None
+            for obj in json_objects(text)
+            if "score" in obj
+        }
+        found = _numbers([*_BRACKETED.findall(text), *(m.group(1) for m in _BARE_RATING.finditer(text))])
+        candidates = list(dict(found + [c for c in scores.items() if c[0] not in dict(found)]).items())
     if not candidates:
         raise parse_error(key, expected, f"no rating in {quote(text, tail=True)}")
     if len(candidates) > 1:

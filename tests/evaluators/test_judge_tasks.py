@@ -112,6 +112,8 @@ def test_extract_json_object_rejects(answer):
         ("Rating: [[8]] (as said: Rating: [[8]])", 8),
         ('```json\n{"score": 6}\n```', 6),
         ('{"reason": "solid", "score": 9}', 9),
+        ("The table's [[2]] stays as it is.\nRating: [[8]]", 8),  # the asked-for form outranks a quoted [[2]]
+        ('{"score": 6}\n[[6]]', 6),  # two forms that agree
     ],
 )
 def test_integer_rating_reads_the_score(answer, expected):
@@ -129,6 +131,9 @@ def test_integer_rating_reads_the_score(answer, expected):
         ("A good essay overall; I would give it a seven.", "no rating"),
         ("Rating: seven", "no rating"),
         ("Rating: [[6]] ... Rating: [[8]]", "conflicting ratings"),
+        # a bracketed number quoted from the text beside another form's rating: neither is picked
+        ("...the cell [[2]] is kept verbatim... Rating: 8", "conflicting ratings '2, 8'"),
+        ('x = [[3]] ... {"score": 9}', "conflicting ratings '3, 9'"),
     ],
 )
 def test_integer_rating_rejects(answer, found):
