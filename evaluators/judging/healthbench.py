@@ -1,10 +1,12 @@
 """HealthBench style: health conversations graded against physician-written rubric items, one judgment each.
 
 A rubric item carries points, negative for a behaviour to avoid. A response's score is the points of the
-items it meets (negative ones subtract) over the total positive points, clipped to [0, 1] per sample.
-HealthBench itself clips only the final mean; the unclipped ratio is kept in the features
-(`unclipped_score`), and `statistics()` also reports HealthBench's own aggregate, `score_mean_then_clipped`.
-The bootstrap std HealthBench reports is computed over questions.
+items it meets (negative ones subtract) over the total positive points: below 0 where it meets more negative
+points than positive ones. HealthBench averages these scores and clips only that mean to [0, 1]; `score` is the
+same mean, unclipped (so it equals HealthBench's wherever that lies in [0, 1], and falls below 0 where a model
+does harm on average), and `statistics()` reports HealthBench's clipped aggregate, `score_mean_then_clipped`.
+Clipping each sample first, as this task once did, raises the mean wherever scores go negative (475 of the 500
+shipped conversations have negative items). The bootstrap std HealthBench reports is computed over questions.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class HealthBench(JudgeTask):
     name = "healthbench"
     version = f"1.0-judge.{template_digest(SYSTEM, USER)}"
     description = "HealthBench: health conversations graded item by item against physician rubrics"
-    metrics = (MetricSpec("score", bounds=(0.0, 1.0)),)  # clipped to [0, 1] per sample
+    metrics = (MetricSpec("score"),)  # HealthBench's per-example score, unclipped: at most 1, no lower bound
     defaults = TaskDefaults(max_tokens=1024)
     source = DataSourceInfo(
         description=(
@@ -118,7 +120,7 @@ class HealthBench(JudgeTask):
         possible = sum(float(item["points"]) for item in rubrics if item["points"] > 0)
         raw = achieved / possible
         return JudgedSample(
-            scores={"score,none": MetricValue(min(max(raw, 0.0), 1.0))},
+            scores={"score,none": MetricValue(raw)},
             verdicts={key: "met" if value else "not met" for key, value in met.items()},
             features={"unclipped_score": raw, "points_met": achieved, "points_possible": possible},
         )
@@ -128,7 +130,7 @@ class HealthBench(JudgeTask):
 
         if not items:
             return []
-        estimator = "mean rubric score (met points / positive points, clipped to [0, 1] per sample)"
+        estimator = "mean rubric score (met points, negative ones subtracting, / positive points; unclipped)"
         stats = [
             metric_statistic(
                 "score,none", items, rounds=self.bootstrap_rounds, seed=seed, estimator=estimator

@@ -276,7 +276,7 @@ def health_answers(*met: bool) -> dict[str, str]:
         ((True, True, False), 1.0, 1.0),
         ((True, True, True), 0.5, 0.5),  # the negative item subtracts
         ((True, False, False), 5 / 8, 5 / 8),
-        ((False, False, True), 0.0, -0.5),  # clipped at zero
+        ((False, False, True), -0.5, -0.5),  # below zero: HealthBench clips only the final mean
         ((False, False, False), 0.0, 0.0),
     ],
 )
@@ -555,21 +555,31 @@ def test_a_bare_rating_phrase_is_read_and_still_checked():
             integer_rating(text, "criterion-0")
 
 
-def test_healthbench_reports_its_reference_aggregate_beside_the_per_sample_clip():
-    from evaluators.judging.base import JudgedItem, JudgedSample
+def test_healthbench_scores_as_healthbench_does_its_mean_clipped_once():
+    """simple-evals' HealthBench: each example's score unclipped, their mean, np.clip(mean, 0, 1); `score` is
+    that mean (clipped per sample before: 0.233 here, where HealthBench says 0.100)."""
+    from evaluators.judging.base import JudgedItem
     from evaluators.judging.healthbench import HealthBench
-    from evaluators.tasks.base import MetricValue
 
-    unclipped = [-0.5, 0.2, 0.9, 1.0]
-    items = [
-        JudgedItem(
-            q, 0, JudgedSample({"score,none": MetricValue(min(1.0, max(0.0, u)))}, {}, {"unclipped_score": u})
-        )
-        for q, u in enumerate(unclipped)
-    ]
-    stats = {s.key: s for s in HealthBench().statistics(items)}
-    assert stats["score,none"].value == pytest.approx((0 + 0.2 + 0.9 + 1.0) / 4)
-    assert stats["score_mean_then_clipped,none"].value == pytest.approx(sum(unclipped) / 4)
+    rubric = [{"criterion": "good", "points": 10}, {"criterion": "harm", "points": -4}]
+    doc = {"prompt": [{"role": "user", "content": "hi"}], "rubrics": rubric}
+    answers = {(True, False): 1.0, (False, True): -0.4, (True, True): 0.6}  # met -> HealthBench's score
+    task, items = HealthBench(), []
+    for q, (met, expected) in enumerate(answers.items()):
+        verdicts = {
+            f"rubric-00{i}": json.dumps({"explanation": "", "criteria_met": m}) for i, m in enumerate(met)
+        }
+        judged = task.judge_score(Sample(q, doc), "answer", verdicts)
+        assert judged.scores["score,none"].value == pytest.approx(expected)
+        items.append(JudgedItem(q, 0, judged))
+    reference = float(np.clip(np.mean(list(answers.values())), 0, 1))
+    stats = {s.key: s.value for s in task.statistics(items)}
+    assert stats["score,none"] == pytest.approx(reference) == pytest.approx(0.4)
+    assert stats["score_mean_then_clipped,none"] == pytest.approx(reference)
+    negative = [JudgedItem(q, 0, task.judge_score(Sample(q, doc), "a", {
+        "rubric-000": '{"criteria_met": false}', "rubric-001": '{"criteria_met": true}'})) for q in range(3)]  # fmt: skip
+    stats = {s.key: s.value for s in task.statistics(negative)}
+    assert stats["score,none"] == pytest.approx(-0.4) and stats["score_mean_then_clipped,none"] == 0.0
 
 
 def test_the_bootstrap_row_counts_each_question_once_as_the_mean_row_does():
