@@ -42,19 +42,29 @@ class JudgeVerdicts:
     def spec(self) -> str:
         """What the judge was (its kind, model and endpoint), as its folder records it; "" where it does not
         (a folder an early version wrote)."""
-        for file, path in (("judge.json", ("spec",)), ("summary.json", ("run", "judge", "spec"))):
-            try:
-                found: Any = json.loads((self.folder / file).read_text())
-                for key in path:
-                    found = found[key]
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if isinstance(found, str):
-                return found
-        return ""
+        return recorded_spec(self.folder) or ""
 
     def answers_to(self, asked: str) -> bool:
         return asked in (self.name, self.slug)
+
+
+# in a judge's folder: its name and spec, so that another judge of that name is told apart
+JUDGE_FILE = "judge.json"
+
+
+def recorded_spec(folder: Path) -> str | None:
+    """The spec of the judge whose verdicts a judge folder holds: its judge.json, else (a folder an earlier
+    version wrote) its summary.json's run.judge.spec; None for a new folder or one that says nothing."""
+    for file, path in ((JUDGE_FILE, ("spec",)), ("summary.json", ("run", "judge", "spec"))):
+        try:
+            found: Any = json.loads((folder / file).read_text())
+            for key in path:
+                found = found[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(found, str):
+            return found
+    return None
 
 
 def judges_of(run_dir: Path, task: str) -> list[JudgeVerdicts]:

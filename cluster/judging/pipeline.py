@@ -9,7 +9,6 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cluster.judging.backends import JudgeIdentity, build_judge_backend
 from cluster.judging.rules import core_slots
@@ -20,6 +19,7 @@ from cluster.progress import progress_bar
 from evaluators.errors import EvalInputError
 from evaluators.failures import FailureKind
 from evaluators.judging.base import JudgeTask
+from evaluators.verdicts import JUDGE_FILE, recorded_spec
 from sharding.store import ResultStore, StoreInUse
 
 log = logging.getLogger(__name__)
@@ -65,18 +65,13 @@ class JudgePipeline:
         self.store.close()
 
 
-JUDGE_FILE = (
-    "judge.json"  # in a judge's folder: its name and spec, so another judge of that name is told apart
-)
-
-
 def own_identity(judges_root: Path, identity: JudgeIdentity) -> JudgeIdentity:
     """The judge's identity in this run folder: as it is, unless a judge of the same name and another spec
     (another endpoint, or another folder of that name) judged the run before: then its name and folder get
     a digest of its spec (`local:final#3fa2c1d0`), so neither judge's verdicts overwrite or pass for the
     other's. The folder records the identity it holds (`judge.json`)."""
     folder = judges_root / identity.slug
-    recorded = _recorded_spec(folder)
+    recorded = recorded_spec(folder)
     if recorded is not None and recorded != identity.spec:
         digest = hashlib.sha256(identity.spec.encode()).hexdigest()[:8]
         identity = JudgeIdentity(identity.spec, f"{identity.name}#{digest}", f"{identity.slug}-{digest}")
@@ -84,21 +79,6 @@ def own_identity(judges_root: Path, identity: JudgeIdentity) -> JudgeIdentity:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / JUDGE_FILE).write_text(json.dumps({"name": identity.name, "spec": identity.spec}) + "\n")
     return identity
-
-
-def _recorded_spec(folder: Path) -> str | None:
-    """The spec of the judge whose verdicts a judge folder holds: its judge.json, else (a folder an earlier
-    version wrote) its summary.json's run.judge.spec; None for a new folder or one that says nothing."""
-    for file, path in ((JUDGE_FILE, ("spec",)), ("summary.json", ("run", "judge", "spec"))):
-        try:
-            found: Any = json.loads((folder / file).read_text())
-            for key in path:
-                found = found[key]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if isinstance(found, str):
-            return found
-    return None
 
 
 def start_judging(plan: RunPlan, judges_root: Path, verbose: bool) -> JudgePipeline | None:

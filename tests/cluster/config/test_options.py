@@ -47,22 +47,21 @@ def test_python_values_a_notebook_passes_are_taken_as_their_yaml_forms(tmp_path)
     assert adaptive.sampling.target_sem == 0.02  # the target given as a model counts, as one given as a dict
 
 
+def saved_run(tmp_path, tasks: str) -> dict:
+    """A run folder r1 under tmp_path whose config.yaml holds `tasks` (YAML), and a judge-only dict for it."""
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r1" / "config.yaml").write_text(
+        f"{tasks}run_id: r1\nmodel: {{path: /models/m}}\nresolved_model_path: /x\n"
+    )
+    return {"mode": "judge_only", "run_id": "r1", "output_dir": str(tmp_path), "judge": {"model": "openai:j"}}
+
+
 def test_a_judge_only_config_from_python_is_laid_over_the_runs_saved_config(tmp_path):
     """`cluster.evaluate({"mode": "judge_only", ...})` re-judges the run as `rayeval run --judge-only` does: its
     model, tasks and N from its config.yaml, the judge from the caller (a dict, or a RunConfig changed in place)."""
     from cluster.api import judge_only_settings
 
-    run = tmp_path / "r1"
-    run.mkdir()
-    (run / "config.yaml").write_text(
-        "tasks: [alpaca_eval]\nrun_id: r1\nnum_samples: 3\nmodel: {path: /models/m}\nresolved_model_path: /x\n"
-    )
-    given = {
-        "mode": "judge_only",
-        "run_id": "r1",
-        "output_dir": str(tmp_path),
-        "judge": {"model": "openai:j"},
-    }
+    given = saved_run(tmp_path, "tasks: [alpaca_eval]\nnum_samples: 3\n")
     as_model = RunConfig(mode="judge_only", run_id="r1", output_dir=str(tmp_path))
     as_model.judge.model = "openai:j"
     for settings in (given, as_model):
@@ -78,18 +77,10 @@ def test_a_judge_only_config_from_python_keeps_the_options_given_with_each_task(
     which keeps its own (data_path); a task given by name keeps the saved entry whole."""
     from cluster.api import judge_only_settings
 
-    run = tmp_path / "r1"
-    run.mkdir()
-    (run / "config.yaml").write_text(
-        "tasks: [{name: alpaca_eval, data_path: /d/a.jsonl}, {name: arena_hard, limit: 9}, writingbench]\n"
-        "run_id: r1\nmodel: {path: /models/m}\nresolved_model_path: /x\n"
+    given = saved_run(
+        tmp_path,
+        "tasks: [{name: alpaca_eval, data_path: /d/a.jsonl}, {name: arena_hard, limit: 9}, writingbench]\n",
     )
-    given = {
-        "mode": "judge_only",
-        "run_id": "r1",
-        "output_dir": str(tmp_path),
-        "judge": {"model": "openai:j"},
-    }
     as_model = RunConfig(**given, tasks=[{"name": "alpaca_eval", "limit": 5}, "arena_hard"])
     for settings in ({**given, "tasks": [{"name": "alpaca_eval", "limit": 5}, "arena_hard"]}, as_model):
         stored = judge_only_settings(settings, build_config(given, {}, "the config"))
