@@ -322,24 +322,25 @@ def _run_step(
 
 
 def _answers_these_weights(step: SweepStep) -> None:
-    """A full checkpoint's requests are named by its folder, not its weights: where the files there changed
-    since the step's folder answered them (a trainer that restarted from an earlier step and saved this one
-    again), that folder is set aside and the step evaluated afresh; on object storage the store's folder is
-    moved too (else the step's pull would bring the old answers back), the sweep having read the store's
-    folder first. The record of the files is written for the next sweep. A LoRA step needs none (its
-    adapter's digest names its requests). Not done where a run on this node holds the folder now (it is
-    refused its turn there anyway)."""
+    """Where the checkpoint's files changed since the step's folder answered them (a trainer that restarted
+    from an earlier step and saved this one again), that folder is set aside and the step evaluated afresh
+    (a full checkpoint's requests are named by its folder, not its weights; an adapter's by its digest, but
+    its old answers would stay in the folder beside the new); on object storage the store's folder is moved
+    too (else the step's pull would bring the old answers back), the sweep having read the store's folder
+    first. The record of the files (the checkpoint's own: an adapter's, not its merged copy's) is written
+    for the next sweep and the watch. Not done where a run on this node holds the folder now (it is refused
+    its turn there anyway)."""
     paths = RunPaths.of(step.plan.config.output_dir, step.plan.config.run_id or f"step_{step.step}")
-    if step.kind is not CheckpointKind.FULL or is_held(paths.root):
+    if is_held(paths.root):
         return
-    current = weights_state(Path(step.plan.model.path))
+    current = weights_state(step.checkpoint.path)
     if weights_changed(paths.root, current):
         from cluster.storage import move_on_store
 
         aside = set_aside(paths.root)
         kept = move_on_store(paths.remote, aside).uri if paths.remote is not None else aside
         log.warning("step %d: %s changed since its folder was evaluated; that folder is kept as %s",
-                    step.step, step.plan.model.path, kept)  # fmt: skip
+                    step.step, step.checkpoint.path, kept)  # fmt: skip
     paths.make()
     record = paths.root / WEIGHTS_RECORD
     partial = record.with_name(f".{record.name}.tmp")

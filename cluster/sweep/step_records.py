@@ -1,5 +1,5 @@
-"""What a sweep records in its folders to know later what it did: the files a full checkpoint's step answered
-(a checkpoint saved again is evaluated afresh) and which tracker had which step's numbers (a rerun logs none
+"""What a sweep records in its folders to know later what it did: the files a checkpoint's step answered
+(a checkpoint or adapter saved again is evaluated afresh) and which tracker had which step's numbers (a rerun logs none
 twice)."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 
 # in the sweep folder: the numbers each --log-to tracker had, by step
 TRACKED_STEPS = "tracker-steps.json"
-# in a full checkpoint's step folder: the files its answers came from
+# in a checkpoint's step folder: the files its answers came from
 WEIGHTS_RECORD = "checkpoint-files.json"
+CONFIG_FILES = ("config.json", "adapter_config.json")  # a model's, an adapter's
 
 
 def weights_changed(run_dir: Path, current: list[list[str | int]]) -> bool:
-    """Whether a full checkpoint's step folder answered other files than `current` (`weights_state` of the
+    """Whether a checkpoint's step folder answered other files than `current` (`weights_state` of the
     checkpoint now); a folder without a record (none yet, or made before records were kept) did not. An
     unreadable record did: which weights answered is unknown."""
     record = run_dir / WEIGHTS_RECORD
@@ -26,10 +27,11 @@ def weights_changed(run_dir: Path, current: list[list[str | int]]) -> bool:
 
 
 def weights_state(folder: Path) -> list[list[str | int]]:
-    """(name, size, modification time) of the files an engine loads from a model folder: weights and config."""
+    """(name, size, modification time) of the files an engine loads from a model or adapter folder: weights
+    and config."""
     found = []
     for path in sorted(folder.iterdir()):
-        if path.is_file() and (path.suffix in (".safetensors", ".bin") or path.name == "config.json"):
+        if path.is_file() and (path.suffix in (".safetensors", ".bin") or path.name in CONFIG_FILES):
             stat = path.stat()
             found.append([path.name, stat.st_size, stat.st_mtime_ns])
     return found

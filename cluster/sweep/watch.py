@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cluster.addresses import check_address_reachable
 from cluster.config import RunConfig
-from cluster.models.checkpoints import Checkpoint, CheckpointKind
+from cluster.models.checkpoints import Checkpoint
 from cluster.plan import RunPlan, build_plan
 from cluster.preflight import check_lora_loglikelihoods
 from cluster.session import ray_session
@@ -110,14 +110,13 @@ def watch_checkpoints(
 
 
 def _saved_again(complete: list[Checkpoint], finished: set[int], root: Path) -> set[int]:
-    """The finished full checkpoints whose files changed since their step was evaluated (a trainer restarted
-    from an earlier step saved them again): evaluated again, their old folders set aside by the sweep."""
+    """The finished checkpoints (full or adapters) whose files changed since their step was evaluated (a
+    trainer restarted from an earlier step saved them again): evaluated again, their old folders set aside
+    by the sweep."""
     return {
         c.step
         for c in complete
-        if c.step in finished
-        and c.kind is CheckpointKind.FULL
-        and weights_changed(root / f"step_{c.step}", weights_state(c.path))
+        if c.step in finished and weights_changed(root / f"step_{c.step}", weights_state(c.path))
     }
 
 

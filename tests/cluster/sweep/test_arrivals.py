@@ -137,10 +137,10 @@ def test_a_finished_step_whose_task_could_not_run_or_whose_replicas_died_is_left
     assert "step 300 is left off the curves: 97 sample(s) failed outside the model" in caplog.text
 
 
-def test_a_finished_full_checkpoint_saved_again_is_evaluated_again_by_the_watch(tmp_path: Path):
+def test_a_finished_checkpoint_saved_again_is_evaluated_again_by_the_watch(tmp_path: Path):
     """Its step folder records the files it answered (the sweep writes checkpoint-files.json); a trainer
     restarted from an earlier step saves the step again: the watch counts it unfinished (the sweep then sets
-    the old folder aside, tests/cluster/sweep/test_full_sweep.py). An adapter's digest names its requests."""
+    the old folder aside, tests/cluster/sweep/test_full_sweep.py), a full checkpoint's or an adapter's."""
     import json
 
     from cluster.models.checkpoints import Checkpoint, CheckpointKind
@@ -157,9 +157,13 @@ def test_a_finished_full_checkpoint_saved_again_is_evaluated_again_by_the_watch(
     assert _saved_again(full, {100}, tmp_path / "sweep") == set()
     (checkpoint / "model.safetensors").write_bytes(b"v" * 80)  # saved again
     assert _saved_again(full, {100}, tmp_path / "sweep") == {100}
-    assert (
-        _saved_again([Checkpoint(100, checkpoint, CheckpointKind.LORA)], {100}, tmp_path / "sweep") == set()
-    )
+    saved = adapter(tmp_path / "run" / "checkpoint-200")
+    (tmp_path / "sweep" / "step_200").mkdir(parents=True)
+    (tmp_path / "sweep" / "step_200" / WEIGHTS_RECORD).write_text(json.dumps(weights_state(saved)))
+    lora = [Checkpoint(200, saved, CheckpointKind.LORA)]
+    assert _saved_again(lora, {200}, tmp_path / "sweep") == set()
+    (saved / "adapter_model.safetensors").write_bytes(b"v" * 80)  # the adapter saved again
+    assert _saved_again(lora, {200}, tmp_path / "sweep") == {200}
 
 
 def test_a_doubled_step_stops_only_a_sweep_that_asks_for_it(tmp_path: Path):
