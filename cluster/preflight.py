@@ -306,17 +306,26 @@ def check_local_replicas(plan: RunPlan) -> None:
         )
 
 
+def _local_engines(plan: RunPlan) -> int:
+    """Engine replicas the run starts here: the model's (none for a --judge-only run) and a local judge's."""
+    model = 0 if plan.config.mode is RunMode.JUDGE_ONLY else plan.config.cluster.replicas
+    return model + local_judge_replicas(plan)
+
+
 def _local_workers(plan: RunPlan) -> int:
     """Engine workers the run starts here: each replica of the model and of a local judge has
     tensor-parallel × pipeline-parallel of them (a judge's replicas are built as the model's)."""
-    return (plan.config.cluster.replicas + local_judge_replicas(plan)) * plan.replica.workers
+    return _local_engines(plan) * plan.replica.workers
 
 
 def _engines_asked(plan: RunPlan) -> str:
     judges = local_judge_replicas(plan)
-    asked = f"--replicas {plan.config.cluster.replicas}" + (
-        f" plus --judge-replicas {judges}" if judges else ""
-    )
+    if plan.config.mode is RunMode.JUDGE_ONLY:
+        asked = f"--judge-replicas {judges}"
+    else:
+        asked = f"--replicas {plan.config.cluster.replicas}" + (
+            f" plus --judge-replicas {judges}" if judges else ""
+        )
     model = plan.config.model
     if plan.replica.workers > 1:
         asked += f" at {plan.replica.workers} workers each (TP {model.tensor_parallel_size} x PP {model.pipeline_parallel_size})"
@@ -327,7 +336,7 @@ def _fewer(plan: RunPlan, units: int) -> str:
     """What to lower so that the workers fit `units` cores or GPUs."""
     judges = local_judge_replicas(plan)
     most = units // plan.replica.workers - judges
-    if most >= 1:
+    if most >= 1 and plan.config.mode is not RunMode.JUDGE_ONLY:
         return f"Lower --replicas to at most {most}"
     return "Lower --tensor-parallel-size or --pipeline-parallel-size" + (
         " or --judge-replicas" if judges else ""
@@ -339,7 +348,7 @@ def check_kv_cache_fits(plan: RunPlan) -> None:
     this machine's free memory when rayeval starts the cluster here."""
     if not _local_cpu_run(plan):
         return
-    engines = plan.config.cluster.replicas + local_judge_replicas(plan)
+    engines = _local_engines(plan)
     gib = plan.config.model.cpu_kv_cache_gib
     memory = psutil.virtual_memory()
     available = memory.available

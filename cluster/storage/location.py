@@ -45,9 +45,9 @@ SECRET_WORDS = frozenset(
     }
 )
 # a `*_key` query parameter whose word before `key` names what the key indexes, not a secret (partition_key,
-# sort_key, object_key); a bare `key`, `api_key`, `access_key` or `account_key` still counts as one
-INDEX_KEY_WORDS = frozenset({"partition", "sort", "primary", "object", "cache", "routing", "row", "shard", "hash",
-                             "lookup", "group", "order", "foreign", "idempotency", "dedup", "range"})  # fmt: skip
+# sort_key, object_key); a bare `key`, `api_key`, `access_key`, `account_key` or Azure's `primary_key` is one
+INDEX_KEY_WORDS = frozenset({"partition", "sort", "object", "cache", "routing", "row", "shard", "hash", "lookup",
+                             "group", "order", "foreign", "idempotency", "dedup", "range"})  # fmt: skip
 # where an s3:// URI's store is named outside it: the environment pyarrow's S3 reads, first match wins
 S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 

@@ -11,6 +11,7 @@ import subprocess
 import psutil
 import pytest
 
+from cluster.models.default import default_model_dir
 from tests.runs import rayeval
 
 
@@ -106,4 +107,20 @@ def test_lm_evals_prompt_flags_on_a_run_without_lm_eval_tasks_are_warned_about()
     assert (
         "lm-eval's prompt and generation flags (--system-instruction, --fewshot-as-multiturn) apply to lm-eval's "
         "tasks only, and this run has none (ifeval" in done.stderr
+    )
+
+
+def test_a_judge_only_run_counts_only_its_judges_engines(tmp_path):
+    """--judge-only starts no engine of the model: `--replicas` (which a config may hold) does not count."""
+    cores = len(os.sched_getaffinity(0))
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r1" / "config.yaml").write_text("tasks: [alpaca_eval]\nrun_id: r1\nlimit: 2\n")
+    base = ["run", "--judge-only", "--output-dir", str(tmp_path), "--run-id", "r1", "--judge",
+            f"local:{default_model_dir()}", "--replicas", str(cores), "--dry-run"]  # fmt: skip
+    done = rayeval(*base, "--judge-replicas", str(cores), timeout=120, local=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    over = rayeval(*base, "--judge-replicas", str(cores + 1), timeout=120, local=True)
+    assert (
+        over.returncode == 2
+        and f"--judge-replicas {cores + 1} needs {cores + 1} CPU engine workers" in over.stderr
     )

@@ -16,6 +16,7 @@ SECRET = [
     ("https://h/o?sessionToken=abc", "its query's sessionToken"),
     ("s3://b/runs?account_key=abc", "its query's account_key"),
     ("s3://b/runs?sig=abc", "its query's sig"),
+    ("https://h/x?primaryKey=abc", "its query's primaryKey"),  # Azure's account keys
 ]
 PLAIN = [
     "s3://b/runs?partition_key=day",
