@@ -309,6 +309,12 @@ class PoolRegistry:
         with self._lock:
             self.claimed.discard(name)
 
+    def release_names(self) -> list[str]:
+        """Every claimed name freed (`rayeval down --all`: a start killed outright never released its own)."""
+        with self._lock:
+            freed, self.claimed = sorted(self.claimed), set()
+            return freed
+
     def get(self, name: str) -> PoolRecord | None:
         with self._lock:  # a copy: Ray serializes the reply after the lock is let go
             return copy.deepcopy(self.pools.get(name))
@@ -321,8 +327,8 @@ class PoolRegistry:
         self, wanted: PoolKey, run_id: str, name: str | None = None, keep_warm_s: float | None = None
     ) -> PoolRecord | None:
         """A lease on the pool `name`, or on any pool that serves engines of the `wanted` key (the least busy
-        first); `keep_warm_s`: the run's --keep-warm, which the pool's idle timeout is raised to (never
-        lowered: other runs' and `rayeval up`'s stand)."""
+        first); `keep_warm_s`: the --keep-warm the run was given (not its default), which the pool's idle
+        timeout is raised to (never lowered: other runs' and `rayeval up`'s stand)."""
         now = time.time()
         with self._lock:
             found = [p for p in self.pools.values() if (name is None or p.name == name) and p.serves(wanted)]
@@ -331,7 +337,9 @@ class PoolRegistry:
             pool = min(found, key=lambda p: len(p.live_leases(now)))
             pool.released.pop(run_id, None)  # a lease id taken again is held again
             pool.hold(run_id, now, sending=True)
-            pool.idle_timeout_s = max(pool.idle_timeout_s, keep_warm_s or 0.0)
+            if (keep_warm_s or 0.0) > pool.idle_timeout_s:
+                pool.idle_timeout_s = float(keep_warm_s or 0.0)
+                self._saved_or_logged()
             return copy.deepcopy(pool)
 
     def keep_warm_at_least(self, name: str, idle_timeout_s: float) -> PoolRecord | None:

@@ -132,13 +132,13 @@ class JudgedSamples:
                     {k: c.text for k, c in waiting.answers.items()},
                 )
             except JudgeParseError as exc:
-                cut = sorted(k for k, c in waiting.answers.items() if c.finish_reason == "length")
-                record.error = (
+                answer = waiting.answers.get(exc.key)
+                record.error = (  # the unreadable answer is one the judge's limit cut off
                     FailureKind.JUDGE_TRUNCATED.error(
-                        f"judgment {', '.join(cut)} reached the judge's token limit (--judge-max-tokens) before "
-                        f"its verdict: {exc}"
+                        f"judgment {exc.key} reached the judge's token limit (--judge-max-tokens, or a local judge's "
+                        f"context, --judge-max-model-len) before its verdict: {exc}"
                     )
-                    if cut
+                    if answer is not None and answer.finish_reason == "length"
                     else FailureKind.JUDGE_PARSE.error(str(exc))
                 )
             else:

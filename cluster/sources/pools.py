@@ -109,7 +109,8 @@ def _claimed_name(found: Any, base: str, given: bool) -> str:
         found.release_name.remote(name)
         raise ClusterError(
             f"A warm pool named {base} is starting (another `rayeval up`, or a run keeping its engines warm): "
-            "`rayeval pools` lists it once it is up; give another --name to start one beside it."
+            "`rayeval pools` lists it once it is up; give another --name to start one beside it (where no "
+            "start is running, one was killed outright: `rayeval down --all` frees its name)."
         )
     return name
 
@@ -168,6 +169,8 @@ def down(address: str | None, names: list[str], every: bool, verbose: bool = Fal
         # the pools just stopped are left out: an actor Ray is still killing would read as a stray
         actors, groups = strays(set(wanted)) if every else ([], [])
         stop_strays(actors, groups)
+        if every and found is not None and registry_version(found) == REGISTRY_VERSION:
+            ray.get(found.release_names.remote())  # a start killed outright holds its name until now
         return Stopped(wanted, actors, len(groups))
 
 

@@ -538,7 +538,8 @@ def _warm(request: SourceRequest) -> GenerationSource | None:
     record = None
     if found is not None and request.warm_pools:
         key = PoolKey.of(request.settings)
-        record = ray.get(found.acquire.remote(key, request.lease_id, request.warm_pool, request.keep_warm_s))
+        asked = request.config.cluster.keep_warm_s  # as given: a run's default keep-warm raises no pool's
+        record = ray.get(found.acquire.remote(key, request.lease_id, request.warm_pool, asked))
     if record is None and request.warm_pool is not None:
         raise ClusterError(
             f"Warm pool {request.warm_pool}, which the sweep holds for its steps, no longer serves them (stopped "

@@ -391,18 +391,21 @@ def finished_steps(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def complete_steps(root: Path) -> list[tuple[int, Path]]:
+def complete_steps(root: Path, warned: set[tuple[int, str]] | None = None) -> list[tuple[int, Path]]:
     """The finished steps whose every sample was answered and scored (`curves.partial_because`); the others
-    are logged with why, for a later run of the sweep (or watch) to ask what failed again."""
+    are logged with why, for a later run of the sweep (or watch) to ask what failed again: once per step and
+    reason where the caller keeps `warned` (a watch, which looks every few seconds)."""
     complete = []
     for step, folder in finished_steps(root):
         partial = partial_because(folder)
         if partial is None:
             complete.append((step, folder))
-        else:
+        elif warned is None or (step, partial) not in warned:
             log.warning(
                 "step %d is left off the curves: %s; run the sweep again to ask them again", step, partial
             )
+            if warned is not None:
+                warned.add((step, partial))
     return complete
 
 

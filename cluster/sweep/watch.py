@@ -73,12 +73,13 @@ def watch_checkpoints(
         int, FilesState
     ] = {}  # step -> its files when planned (a skipped one is retried once changed)
     result = WatchResult(root)
+    warned: set[tuple[int, str]] = set()  # partial steps said once each, not at every poll
     idle_since = time.monotonic()
     with ExitStack() as stack:
         engines: SweepEngines | None = None
         while True:
             complete = watcher.complete()
-            finished = {step for step, _ in complete_steps(root)}
+            finished = {step for step, _ in complete_steps(root, warned)}
             finished -= _saved_again(complete, finished, root)
             states = {c.step: files_state(c.path) for c in complete if c.step not in finished}
             new = sorted(step for step, state in states.items() if attempted.get(step) != state)

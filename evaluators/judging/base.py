@@ -16,7 +16,12 @@ from evaluators.tasks.base import ChatMessage, MetricValue, Sample, Task
 
 
 class JudgeParseError(ValueError):
-    """A judge answer holds no verdict the task can read; the message says what was expected."""
+    """A judge answer holds no verdict the task can read; the message says what was expected, and `key`
+    names the judgment whose answer it is ("" where unknown)."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)

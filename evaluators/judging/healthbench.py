@@ -5,8 +5,8 @@ items it meets (negative ones subtract) over the total positive points: below 0 
 points than positive ones. HealthBench averages these scores and clips only that mean to [0, 1]; `score` is the
 same mean, unclipped (so it equals HealthBench's wherever that lies in [0, 1], and falls below 0 where a model
 does harm on average), and `statistics()` reports HealthBench's clipped aggregate, `score_mean_then_clipped`.
-Clipping each sample first, as this task once did, raises the mean wherever scores go negative (475 of the 500
-shipped conversations have negative items). The bootstrap std HealthBench reports is computed over questions.
+Clipping each sample first would raise the mean wherever scores go negative (475 of the 500 shipped
+conversations have negative items). The bootstrap std HealthBench reports is computed over questions.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ Does the final response meet this rubric item? Answer with the JSON object only.
 
 class HealthBench(JudgeTask):
     name = "healthbench"
-    version = f"1.0-judge.{template_digest(SYSTEM, USER)}"
+    version = f"1.1-judge.{template_digest(SYSTEM, USER)}"  # 1.1: the mean of unclipped scores
     description = "HealthBench: health conversations graded item by item against physician rubrics"
     metrics = (MetricSpec("score"),)  # HealthBench's per-example score, unclipped: at most 1, no lower bound
     defaults = TaskDefaults(max_tokens=1024)

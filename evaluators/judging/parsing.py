@@ -27,7 +27,7 @@ def quote(text: str, limit: int = QUOTE_CHARS, tail: bool = False) -> str:
 
 
 def parse_error(key: str, expected: str, found: str) -> JudgeParseError:
-    return JudgeParseError(f"judgment '{key}': expected {expected}; found {found}")
+    return JudgeParseError(f"judgment '{key}': expected {expected}; found {found}", key)
 
 
 def answer_for(answers: Mapping[str, str], key: str) -> str:

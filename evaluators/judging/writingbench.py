@@ -57,7 +57,7 @@ Score the response on this criterion only, and end with "Rating: [[X]]"."""
 
 class WritingBench(JudgeTask):
     name = "writingbench"
-    version = f"1.0-judge.{template_digest(SYSTEM, USER)}"
+    version = f"1.1-judge.{template_digest(SYSTEM, USER)}"  # 1.1: Rating: [[X]] outranks other forms
     description = "WritingBench: writing requests scored 1-10 per query-specific criterion (1000 queries)"
     metrics = (MetricSpec("score", bounds=(1.0, 10.0)),)  # the mean of 1-10 ratings
     # Many requests ask for documents of a thousand words or more.

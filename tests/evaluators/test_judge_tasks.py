@@ -557,7 +557,7 @@ def test_a_bare_rating_phrase_is_read_and_still_checked():
 
 def test_healthbench_scores_as_healthbench_does_its_mean_clipped_once():
     """simple-evals' HealthBench: each example's score unclipped, their mean, np.clip(mean, 0, 1); `score` is
-    that mean (clipped per sample before: 0.233 here, where HealthBench says 0.100)."""
+    that mean (clipping each sample first would give a higher mean wherever scores go negative)."""
     from evaluators.judging.base import JudgedItem
     from evaluators.judging.healthbench import HealthBench
 

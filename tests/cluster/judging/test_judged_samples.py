@@ -48,14 +48,17 @@ def test_a_judgment_cut_at_the_token_limit_before_its_verdict_fails_as_truncated
     fix is a larger --judge-max-tokens; one that ended on its own without a verdict stays JudgeParseError."""
     task = AlpacaEval()
     judged, sent = _judged_samples(tmp_path, task)
-    for index, reason in enumerate(("length", "stop")):
+    # (the first judgment's end, the second's): the second, unreadable, cut; ended; the first cut but read
+    for index, (first_end, second_end) in enumerate(
+        (("stop", "length"), ("stop", "stop"), ("length", "stop"))
+    ):
         output = f"answer {index}"  # other than the reference: two prompts, one per ordering
         judged.add_output(task, Sample(index, {"instruction": "Say hi", "output": "Hi!"}),
                           SampleRecord("alpaca_eval", index, 0, f"r{index}", "Say hi", output, "Hi!"))  # fmt: skip
         first, second = sent[-2:]
-        judged.on_answer(Completion(first.request_id, text="[[A]]"))
+        judged.on_answer(Completion(first.request_id, text="[[A]]", finish_reason=first_end))
         judged.on_answer(
-            Completion(second.request_id, text="Let me think this through at", finish_reason=reason)
+            Completion(second.request_id, text="Let me think this through at", finish_reason=second_end)
         )
     written = [json.loads(line) for line in (tmp_path / "alpaca_eval.jsonl").read_text().splitlines()]
     assert (
@@ -63,3 +66,4 @@ def test_a_judgment_cut_at_the_token_limit_before_its_verdict_fails_as_truncated
         and "--judge-max-tokens" in written[0]["error"]
     )
     assert written[1]["error"].startswith("JudgeParseError: ")
+    assert written[2]["error"].startswith("JudgeParseError: ")  # the cut answer is not the unreadable one

@@ -372,6 +372,8 @@ def test_down_stops_the_pool_and_its_engines_and_what_a_killed_start_left(pool: 
     while time.time() < deadline and head.engine_actor_pids():
         time.sleep(0.5)
     assert head.engine_actor_pids() == [] and pools_listed(head) == {} and head.placement_groups() == []
+    # the name the killed start had claimed is free again
+    assert script_on_cluster(head, CLAIM_NAME, "killed")[-1] == "claimed: killed"
 
 
 # A registry as an earlier rayeval started it: its `all` and `remove`, no `version` (a stand-in: an older
@@ -429,6 +431,18 @@ else:
         choose(replace(shared._request(plan.model.path), warm_pool="held-pool"))
     except ClusterError as exc:
         print("step:", exc)
+"""
+
+
+CLAIM_NAME = """
+import sys
+import ray
+from cluster.engines.warm import registry
+ray.init(address=sys.argv[1], logging_level="ERROR")
+found = registry()
+name = ray.get(found.claim_name.remote(sys.argv[2]))
+ray.get(found.release_name.remote(name))
+print("claimed:", name)
 """
 
 

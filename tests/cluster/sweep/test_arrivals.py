@@ -135,6 +135,11 @@ def test_a_finished_step_whose_task_could_not_run_or_whose_replicas_died_is_left
     )
     assert complete_steps(tmp_path) == [(100, tmp_path / "step_100")]
     assert "step 300 is left off the curves: 97 sample(s) failed outside the model" in caplog.text
+    warned: set[tuple[int, str]] = set()  # a watch's: each partial step said once, not at every poll
+    caplog.clear()
+    complete_steps(tmp_path, warned)
+    complete_steps(tmp_path, warned)
+    assert caplog.text.count("step 300 is left off the curves") == 1
 
 
 def test_a_finished_checkpoint_saved_again_is_evaluated_again_by_the_watch(tmp_path: Path):
@@ -168,7 +173,7 @@ def test_a_finished_checkpoint_saved_again_is_evaluated_again_by_the_watch(tmp_p
 
 def test_a_doubled_step_stops_only_a_sweep_that_asks_for_it(tmp_path: Path):
     """checkpoint-200 holds an adapter and a merged copy of it: a watch leaves step 200 out and asks for
-    300 alone, which must plan (it raised for 200 before, and the watch ended); a sweep of every step, or
+    300 alone, which must plan (and not end the watch over step 200); a sweep of every step, or
     `--steps 200`, is told which folders to choose between."""
     import pytest
 
@@ -189,7 +194,7 @@ def test_a_doubled_step_stops_only_a_sweep_that_asks_for_it(tmp_path: Path):
 
 def test_a_watch_whose_first_checkpoints_are_all_skipped_keeps_watching(tmp_path: Path, caplog):
     """The first checkpoint to complete is an adapter that cannot run (IA3, not LoRA): the watch says why
-    and goes on polling until idle (it ended at once before, with the sweep's "no checkpoint can run")."""
+    and goes on polling until idle, rather than ending with the sweep's "no checkpoint can run"."""
     from cluster.config import build_config
     from cluster.sweep.watch import WatchOptions, watch_checkpoints
 
