@@ -34,6 +34,8 @@ from cluster.sweep.step_records import (
     TRACKED_STEPS,
     WEIGHTS_RECORD,
     numbers_digest,
+    settings_differences,
+    step_settings,
     weights_changed,
     weights_state,
 )
@@ -370,10 +372,10 @@ def draw_curves(root: Path, series: str, errorbar: ErrorBar) -> list[Path]:
     tables and one PNG per task, written in that folder. A finished step whose numbers stand on part of its
     samples (`complete_steps`) is left off, with a warning: a point drawn as any other would read as that
     checkpoint's score."""
+    steps = complete_steps(root)
+    _warn_of_mixed_settings(steps)
     points = [
-        point
-        for step, folder in complete_steps(root)
-        for point in points_from_run(folder, series, step, latest_judge=True)
+        point for step, folder in steps for point in points_from_run(folder, series, step, latest_judge=True)
     ]
     if not points:
         return []
@@ -389,6 +391,21 @@ def finished_steps(root: Path) -> list[tuple[int, Path]]:
         if number.isdigit():
             found.append((int(number), summary.parent))
     return sorted(found)
+
+
+def _warn_of_mixed_settings(steps: list[tuple[int, Path]]) -> None:
+    """A warning where the steps on the curves ran with other settings than the last one (a --limit or -n
+    changed between sweeps of some steps): their points do not answer the same questions the same way."""
+    ran = {step: step_settings(folder) for step, folder in steps}
+    known = {step: settings for step, settings in ran.items() if settings is not None}
+    if not known:
+        return
+    last = max(known)
+    for step, settings in sorted(known.items()):
+        if settings != known[last]:
+            said = "; ".join(settings_differences(settings, known[last]))
+            log.warning("step %d ran with other settings than step %d (%s): its points on the curves are not "
+                        "comparable; run the sweep again over every step", step, last, said)  # fmt: skip
 
 
 def complete_steps(root: Path, warned: set[tuple[int, str]] | None = None) -> list[tuple[int, Path]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 # in the sweep folder: the numbers each --log-to tracker had, by step
 TRACKED_STEPS = "tracker-steps.json"
@@ -44,3 +45,42 @@ def numbers_digest(run_dir: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         return ""
     return hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# What a step's numbers depend on besides its checkpoint (and its judge, which the curves check apart):
+# steps run with other values of these are not points of one curve.
+SCORING_SETTINGS = ("tasks", "limit", "test_range", "num_fewshot", "num_samples", "sampling", "lm_eval")
+SCORING_MODEL_SETTINGS = ("dtype", "max_model_len", "chat_template", "think_end_token")
+
+
+def scoring_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The part of a run's settings (its config.yaml, or a config's `model_dump(mode="json")`) that its
+    numbers depend on besides the checkpoint."""
+    model = settings.get("model") or {}
+    return {
+        **{key: settings.get(key) for key in SCORING_SETTINGS},
+        "model": {key: model.get(key) for key in SCORING_MODEL_SETTINGS},
+    }
+
+
+def step_settings(run_dir: Path) -> dict[str, Any] | None:
+    """`scoring_settings` of a step folder's run, from its config.yaml; None where it has none readable."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return scoring_settings(saved) if isinstance(saved, dict) else None
+
+
+def settings_differences(ran: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The settings (dotted) whose values differ between two `scoring_settings`, with both values."""
+    found = []
+    for key in sorted(set(ran) | set(now)):
+        a, b = ran.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += [f"{key}.{inner}" for inner in settings_differences(a, b)]
+        elif a != b:
+            found.append(f"{key} {json.dumps(a)} (now {json.dumps(b)})")
+    return found

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cluster.addresses import check_address_reachable
 from cluster.config import RunConfig
@@ -25,7 +26,13 @@ from cluster.session import ray_session
 from cluster.sweep.arrivals import ArrivalWatcher, FilesState, files_state
 from cluster.sweep.plan import MAX_LORAS, SweepPlan, build_sweep_plan, check_sweep_judge, sweep_folder
 from cluster.sweep.runner import SweepEngines, SweepResult, check_sweep, complete_steps, sweep_steps
-from cluster.sweep.step_records import weights_changed, weights_state
+from cluster.sweep.step_records import (
+    scoring_settings,
+    settings_differences,
+    step_settings,
+    weights_changed,
+    weights_state,
+)
 from evaluators.curves import ErrorBar
 
 log = logging.getLogger(__name__)
@@ -62,7 +69,7 @@ def watch_checkpoints(
     on_batch: Callable[[SweepResult], None] = lambda _: None,
 ) -> WatchResult:
     """Evaluate checkpoints under `checkpoint_dir` as they complete until idle for `options.until_idle_s`."""
-    check_watch(config)
+    settings = scoring_settings(check_watch(config).config.model_dump(mode="json"))
     root, remote = sweep_folder(config, checkpoint_dir)
     if remote is not None:  # the steps finished before, wherever the watch ran then
         from cluster.storage import local_copy
@@ -80,7 +87,9 @@ def watch_checkpoints(
         while True:
             complete = watcher.complete()
             finished = {step for step, _ in complete_steps(root, warned)}
-            finished -= _saved_again(complete, finished, root)
+            finished -= _saved_again(complete, finished, root) | _ran_otherwise(
+                finished, root, settings, warned
+            )
             states = {c.step: files_state(c.path) for c in complete if c.step not in finished}
             new = sorted(step for step, state in states.items() if attempted.get(step) != state)
             if new:
@@ -119,6 +128,24 @@ def _saved_again(complete: list[Checkpoint], finished: set[int], root: Path) -> 
         for c in complete
         if c.step in finished and weights_changed(root / f"step_{c.step}", weights_state(c.path))
     }
+
+
+def _ran_otherwise(
+    finished: set[int], root: Path, settings: dict[str, Any], warned: set[tuple[int, str]]
+) -> set[int]:
+    """The finished steps whose run had other settings than the watch's (another --limit, --tasks, -n...):
+    evaluated again with these, so that every point of the curves answers the same questions the same way
+    (said once per step)."""
+    otherwise = set()
+    for step in sorted(finished):
+        ran = step_settings(root / f"step_{step}")
+        if ran is not None and ran != settings:
+            otherwise.add(step)
+            said = "; ".join(settings_differences(ran, settings))
+            if (step, said) not in warned:
+                warned.add((step, said))
+                log.warning("watch: step %d ran with other settings (%s): it is evaluated again", step, said)
+    return otherwise
 
 
 def check_watch(config: RunConfig) -> RunPlan:

@@ -225,3 +225,28 @@ def test_sweep_json_keeps_every_steps_latest_outcome_across_calls(tmp_path: Path
     assert call(StepOutcome(200, "lora", "c-200", StepStatus.FAILED)) == [(200, "failed")]
     assert call(StepOutcome(100, "lora", "c-100", StepStatus.DONE)) == [(100, "done"), (200, "failed")]
     assert call(StepOutcome(200, "lora", "c-200", StepStatus.DONE)) == [(100, "done"), (200, "done")]
+
+
+def test_steps_run_with_other_settings_are_evaluated_again_by_a_watch_and_flagged_on_the_curves(
+    tmp_path: Path, caplog
+):
+    """Step 100 ran with --limit 50, step 200 with --limit 100 (the watch restarted with another limit): the
+    watch evaluates step 100 again, saying why once, and the curves warn that its points are not comparable."""
+    import yaml
+
+    from cluster.config import build_config
+    from cluster.sweep.runner import _warn_of_mixed_settings
+    from cluster.sweep.step_records import scoring_settings
+    from cluster.sweep.watch import _ran_otherwise
+
+    for step, limit in ((100, 50), (200, 100)):
+        (tmp_path / f"step_{step}").mkdir()
+        saved = {**build_config({"limit": limit}, {}, "t").model_dump(mode="json"), "run_id": f"step_{step}"}
+        (tmp_path / f"step_{step}" / "config.yaml").write_text(yaml.safe_dump(saved))
+    now = scoring_settings(build_config({"limit": 100}, {}, "t").model_dump(mode="json"))
+    warned: set[tuple[int, str]] = set()
+    assert _ran_otherwise({100, 200}, tmp_path, now, warned) == {100}
+    assert _ran_otherwise({100, 200}, tmp_path, now, warned) == {100}
+    assert caplog.text.count("watch: step 100 ran with other settings (limit 50 (now 100))") == 1
+    _warn_of_mixed_settings([(100, tmp_path / "step_100"), (200, tmp_path / "step_200")])
+    assert "step 100 ran with other settings than step 200 (limit 50 (now 100))" in caplog.text
