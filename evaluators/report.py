@@ -69,7 +69,7 @@ def summarize_task(
     summary = summarize_records(
         task.name,
         task.version,
-        [m.key for m in task.metrics],
+        [m.key for m in task.metrics if not m.optional or any(m.key in r.scores for r in records)],
         records,
         num_runs,
         num_fewshot,
@@ -77,7 +77,7 @@ def summarize_task(
         bounds={m.key: m.bounds for m in task.metrics if m.bounds is not None},
         common_runs=common_runs,
     )
-    summary.higher_is_better = {m.key: m.higher_is_better for m in task.metrics}
+    summary.higher_is_better = {m.key: m.higher_is_better for m in task.metrics if m.key in summary.metrics}
     return summary
 
 

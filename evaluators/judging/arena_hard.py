@@ -92,7 +92,7 @@ class ArenaHard(JudgeTask):
     # v2.0 reports each category alone (hard_prompt by default), never the mix of two baselines
     metrics = (
         MetricSpec("score", bounds=(0.0, 1.0)),
-        *(MetricSpec(f"{category}_score", bounds=(0.0, 1.0)) for category in BASELINES),
+        *(MetricSpec(f"{category}_score", bounds=(0.0, 1.0), optional=True) for category in BASELINES),
     )
     defaults = TaskDefaults(max_tokens=2048)
     source = DataSourceInfo(

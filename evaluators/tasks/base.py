@@ -61,6 +61,8 @@ class MetricSpec:
     filter: str = "none"
     higher_is_better: bool = True
     bounds: tuple[float, float] | None = None
+    # reported only where some sample has it (a category's score, for data that may hold no such category)
+    optional: bool = False
 
     @property
     def key(self) -> str:

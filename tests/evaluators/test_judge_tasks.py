@@ -237,6 +237,26 @@ def test_arena_scores_each_category_alone_as_arena_hard_does():
         "baseline_first": "[[A=B]]", "model_first": "[[A=B]]"}).scores  # fmt: skip  # no category: the whole only
 
 
+def test_arena_reports_a_category_score_only_where_its_questions_were_asked():
+    """Three hard_prompt questions (or data without categories): no creative_writing_score row, which would
+    stand on no question (a row of 0 questions in the table and in compare)."""
+    from evaluators.records import SampleRecord
+    from evaluators.report import summarize_task
+
+    def record(q: int, scores: dict[str, float]) -> SampleRecord:
+        return SampleRecord(
+            "arena_hard", q, 0, f"r{q}", "p", "o", "t", scores=scores, weights=dict.fromkeys(scores, 2.0)
+        )
+
+    hard = [record(q, {"score,none": 0.5, "hard_prompt_score,none": 0.5}) for q in range(3)]
+    assert list(summarize_task(ArenaHard(), hard, 1, 0, 750).metrics) == [
+        "score,none",
+        "hard_prompt_score,none",
+    ]
+    plain = [record(q, {"score,none": 0.5}) for q in range(3)]
+    assert list(summarize_task(ArenaHard(), plain, 1, 0, 3).metrics) == ["score,none"]
+
+
 def test_arena_judge_prompts_put_the_baseline_first_then_the_model():
     prompts = {p.key: p.messages[1].content for p in ArenaHard().judge_prompts(ARENA, "MODEL-OUT")}
     assert list(prompts) == ["baseline_first", "model_first"]
