@@ -278,8 +278,9 @@ def check_local_gpus(plan: RunPlan) -> None:
     gpus = nvml_gpu_count() if "CUDA_VISIBLE_DEVICES" not in os.environ else None
     if gpus is not None and _local_workers(plan) > gpus:
         raise EvalInputError(
-            f"{_engines_asked(plan)} needs {_local_workers(plan)} GPUs, one per engine worker, but this machine "
-            f"has {gpus}. {_fewer(plan, gpus)}, or pass --address of a Ray cluster with more GPUs."
+            f"{_engines_asked(plan, workers=True)} needs {_local_workers(plan)} GPUs, one per engine worker, but this machine "
+            f"has {gpus}. {_fewer(plan, gpus, plan.replica.workers)}, or pass --address of a Ray cluster with "
+            "more GPUs."
         )
 
 
@@ -293,16 +294,17 @@ def usable_cores() -> int:
 
 
 def check_local_replicas(plan: RunPlan) -> None:
-    """A local cluster that rayeval starts holds one CPU engine worker per core at most: each worker's threads
-    are bound to cores of their own, and more workers than cores only thrash (or crash Ray)."""
+    """A local cluster that rayeval starts holds one CPU replica per core at most: each replica's engine
+    threads are bound to cores of their own (its tensor-parallel workers share them), and more replicas than
+    cores only thrash (or crash Ray)."""
     if not _local_cpu_run(plan):
         return
     cores = usable_cores()
-    if _local_workers(plan) > cores:
+    if _local_engines(plan) > cores:  # a replica's tensor-parallel workers share its cores
         raise EvalInputError(
-            f"{_engines_asked(plan)} needs {_local_workers(plan)} CPU engine workers, but this machine has "
-            f"{cores} usable core(s) and a local cluster holds one CPU engine worker per core. "
-            f"{_fewer(plan, cores)}, or pass --address of a Ray cluster with more nodes."
+            f"{_engines_asked(plan, workers=False)} asks for {_local_engines(plan)} CPU engine replicas, but this machine has "
+            f"{cores} usable core(s) and a local cluster holds one CPU replica per core. "
+            f"{_fewer(plan, cores, 1)}, or pass --address of a Ray cluster with more nodes."
         )
 
 
@@ -318,7 +320,8 @@ def _local_workers(plan: RunPlan) -> int:
     return _local_engines(plan) * plan.replica.workers
 
 
-def _engines_asked(plan: RunPlan) -> str:
+def _engines_asked(plan: RunPlan, workers: bool) -> str:
+    """The replicas the command asks for, and (`workers`) how many engine workers each has."""
     judges = local_judge_replicas(plan)
     if plan.config.mode is RunMode.JUDGE_ONLY:
         asked = f"--judge-replicas {judges}"
@@ -327,15 +330,15 @@ def _engines_asked(plan: RunPlan) -> str:
             f" plus --judge-replicas {judges}" if judges else ""
         )
     model = plan.config.model
-    if plan.replica.workers > 1:
+    if workers and plan.replica.workers > 1:
         asked += f" at {plan.replica.workers} workers each (TP {model.tensor_parallel_size} x PP {model.pipeline_parallel_size})"
     return asked
 
 
-def _fewer(plan: RunPlan, units: int) -> str:
-    """What to lower so that the workers fit `units` cores or GPUs."""
+def _fewer(plan: RunPlan, units: int, per_replica: int) -> str:
+    """What to lower so that the replicas, `per_replica` cores or GPUs each, fit `units`."""
     judges = local_judge_replicas(plan)
-    most = units // plan.replica.workers - judges
+    most = units // per_replica - judges
     if most >= 1 and plan.config.mode is not RunMode.JUDGE_ONLY:
         return f"Lower --replicas to at most {most}"
     return "Lower --tensor-parallel-size or --pipeline-parallel-size" + (

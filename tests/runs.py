@@ -78,12 +78,14 @@ def ray_cli() -> str:
 def start_in_background(
     argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, ignore: tuple[int, ...] = ()
 ) -> subprocess.Popen[str]:
-    """`rayeval ARGV` in a session of its own, with Ctrl-C as a user's terminal sends it (a test suite started
-    in the background, `cmd &` in a script, inherits SIGINT as ignored, and Python then installs no
-    KeyboardInterrupt handler), and the signals in `ignore` ignored (as under `nohup`)."""
+    """`rayeval ARGV` in a session of its own, with Ctrl-C and a hangup as a user's terminal sends them (a test
+    suite started in the background, `cmd &` in a script, inherits SIGINT as ignored, and Python then installs
+    no KeyboardInterrupt handler; one started under `nohup` inherits SIGHUP ignored), and the signals in
+    `ignore` ignored (as under `nohup`)."""
 
     def signals() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         for signum in ignore:
             signal.signal(signum, signal.SIG_IGN)
 
