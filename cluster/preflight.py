@@ -341,6 +341,9 @@ def _fewer(plan: RunPlan, units: int, per_replica: int) -> str:
     most = units // per_replica - judges
     if most >= 1 and plan.config.mode is not RunMode.JUDGE_ONLY:
         return f"Lower --replicas to at most {most}"
+    if per_replica == 1:  # the judge's replicas fill what the model's leave
+        left = units - (0 if plan.config.mode is RunMode.JUDGE_ONLY else plan.config.cluster.replicas)
+        return f"Lower --judge-replicas to at most {left}" if judges and left >= 1 else "Lower --replicas"
     return "Lower --tensor-parallel-size or --pipeline-parallel-size" + (
         " or --judge-replicas" if judges else ""
     )
