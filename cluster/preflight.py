@@ -267,7 +267,7 @@ def check_local_gpus(plan: RunPlan) -> None:
     comes: the replicas' placement timeout, minutes)."""
     if plan.config.cluster.address is not None or plan.device != "gpu" or plan.model.endpoint:
         return
-    from cluster.engines.devices import local_gpus_visible, nvml_gpu_count
+    from cluster.engines.devices import local_gpus_visible, visible_gpu_count
 
     if not local_gpus_visible():
         raise EvalInputError(
@@ -275,10 +275,10 @@ def check_local_gpus(plan: RunPlan) -> None:
             "--address rayeval starts a local cluster of this machine. Leave --device out (auto: CPU here), or "
             "pass --address of a cluster with GPUs."
         )
-    gpus = nvml_gpu_count() if "CUDA_VISIBLE_DEVICES" not in os.environ else None
-    if gpus is not None and _local_workers(plan) > gpus:
+    gpus, workers = visible_gpu_count(), _local_engines(plan) * plan.replica.workers
+    if gpus is not None and workers > gpus:
         raise EvalInputError(
-            f"{_engines_asked(plan, workers=True)} needs {_local_workers(plan)} GPUs, one per engine worker, but this machine "
+            f"{_engines_asked(plan, workers=True)} needs {workers} GPUs, one per engine worker, but this machine "
             f"has {gpus}. {_fewer(plan, gpus, plan.replica.workers)}, or pass --address of a Ray cluster with "
             "more GPUs."
         )
@@ -299,25 +299,24 @@ def check_local_replicas(plan: RunPlan) -> None:
     cores only thrash (or crash Ray)."""
     if not _local_cpu_run(plan):
         return
-    cores = usable_cores()
-    if _local_engines(plan) > cores:  # a replica's tensor-parallel workers share its cores
+    cores, engines = usable_cores(), _local_engines(plan)
+    if engines > cores:  # a replica's tensor-parallel workers share its cores
         raise EvalInputError(
-            f"{_engines_asked(plan, workers=False)} asks for {_local_engines(plan)} CPU engine replicas, but this machine has "
+            f"{_engines_asked(plan, workers=False)} asks for {engines} CPU engine replicas, but this machine has "
             f"{cores} usable core(s) and a local cluster holds one CPU replica per core. "
             f"{_fewer(plan, cores, 1)}, or pass --address of a Ray cluster with more nodes."
         )
 
 
+def _model_replicas(plan: RunPlan) -> int:
+    """The model's engine replicas the run starts: none for a --judge-only run."""
+    return 0 if plan.config.mode is RunMode.JUDGE_ONLY else plan.config.cluster.replicas
+
+
 def _local_engines(plan: RunPlan) -> int:
-    """Engine replicas the run starts here: the model's (none for a --judge-only run) and a local judge's."""
-    model = 0 if plan.config.mode is RunMode.JUDGE_ONLY else plan.config.cluster.replicas
-    return model + local_judge_replicas(plan)
-
-
-def _local_workers(plan: RunPlan) -> int:
-    """Engine workers the run starts here: each replica of the model and of a local judge has
-    tensor-parallel × pipeline-parallel of them (a judge's replicas are built as the model's)."""
-    return _local_engines(plan) * plan.replica.workers
+    """Engine replicas the run starts here, the model's and a local judge's (built as the model's: as many
+    tensor-parallel × pipeline-parallel workers each)."""
+    return _model_replicas(plan) + local_judge_replicas(plan)
 
 
 def _engines_asked(plan: RunPlan, workers: bool) -> str:
@@ -342,7 +341,7 @@ def _fewer(plan: RunPlan, units: int, per_replica: int) -> str:
     if most >= 1 and plan.config.mode is not RunMode.JUDGE_ONLY:
         return f"Lower --replicas to at most {most}"
     if per_replica == 1:  # the judge's replicas fill what the model's leave
-        left = units - (0 if plan.config.mode is RunMode.JUDGE_ONLY else plan.config.cluster.replicas)
+        left = units - _model_replicas(plan)
         return f"Lower --judge-replicas to at most {left}" if judges and left >= 1 else "Lower --replicas"
     return "Lower --tensor-parallel-size or --pipeline-parallel-size" + (
         " or --judge-replicas" if judges else ""

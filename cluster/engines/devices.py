@@ -20,12 +20,18 @@ def local_gpus_visible() -> bool:
         return False
     if not gpu_device_files():
         return False
-    counted = nvml_gpu_count() if "CUDA_VISIBLE_DEVICES" not in os.environ else None
+    counted = visible_gpu_count()
     if counted is not None:
         return counted > 0
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def visible_gpu_count() -> int | None:
+    """The GPUs this process may use as NVML counts them; None where NVML cannot say, or where
+    CUDA_VISIBLE_DEVICES (which NVML ignores) narrows them."""
+    return nvml_gpu_count() if "CUDA_VISIBLE_DEVICES" not in os.environ else None
 
 
 def gpu_device_files() -> bool:

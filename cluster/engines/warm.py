@@ -337,9 +337,7 @@ class PoolRegistry:
             pool = min(found, key=lambda p: len(p.live_leases(now)))
             pool.released.pop(run_id, None)  # a lease id taken again is held again
             pool.hold(run_id, now, sending=True)
-            if (keep_warm_s or 0.0) > pool.idle_timeout_s:
-                pool.idle_timeout_s = float(keep_warm_s or 0.0)
-                self._saved_or_logged()
+            self._keep_warm_at_least(pool, keep_warm_s or 0.0)
             return copy.deepcopy(pool)
 
     def keep_warm_at_least(self, name: str, idle_timeout_s: float) -> PoolRecord | None:
@@ -349,9 +347,15 @@ class PoolRegistry:
             pool = self.pools.get(name)
             if pool is None:
                 return None
-            pool.idle_timeout_s = max(pool.idle_timeout_s, idle_timeout_s)
-            self._saved_or_logged()
+            self._keep_warm_at_least(pool, idle_timeout_s)
             return copy.deepcopy(pool)
+
+    def _keep_warm_at_least(self, pool: PoolRecord, idle_timeout_s: float) -> None:
+        """Raise the pool's idle timeout to `idle_timeout_s` where that is longer, and save it (the caller
+        holds `_lock`)."""
+        if idle_timeout_s > pool.idle_timeout_s:
+            pool.idle_timeout_s = float(idle_timeout_s)
+            self._saved_or_logged()
 
     def renew(self, name: str, run_id: str, sending: bool) -> int:
         """Renew `run_id`'s lease (`PoolRecord.hold`): how many leases send work to the pool, 0 where there is
@@ -460,8 +464,6 @@ class PoolRegistry:
 
 def stop_pool_actors(pool: PoolRecord) -> None:
     """Kill the pool's engine actors (each stops its engine first, within 30 s) and remove their groups."""
-    from ray.util.placement_group import remove_placement_group
-
     actors = []
     for replica in pool.engines:
         try:
@@ -472,9 +474,16 @@ def stop_pool_actors(pool: PoolRecord) -> None:
         ray.wait([a.shutdown.remote() for a in actors], num_returns=len(actors), timeout=30)
     for actor in actors:
         ray.kill(actor, no_restart=True)
-    for group in pool.groups.values():
+    remove_groups(list(pool.groups.values()))
+
+
+def remove_groups(hex_ids: list[str]) -> None:
+    """Remove placement groups by id; one already removed, or on a node gone, is passed by."""
+    from ray.util.placement_group import remove_placement_group
+
+    for hex_id in hex_ids:
         try:
-            remove_placement_group(placement_group_of(group))
+            remove_placement_group(placement_group_of(hex_id))
         except Exception:  # noqa: BLE001 - already removed, or its node gone
             continue
 
@@ -504,18 +513,12 @@ def strays(known: set[str]) -> tuple[list[str], list[str]]:
 
 def stop_strays(actors: list[str], groups: list[str]) -> None:
     """Kill the stray engine actors and remove the stray placement groups (`strays`)."""
-    from ray.util.placement_group import remove_placement_group
-
     for name in actors:
         try:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
         except ValueError:  # gone meanwhile
             continue
-    for hex_id in groups:
-        try:
-            remove_placement_group(placement_group_of(hex_id))
-        except Exception:  # noqa: BLE001 - already removed, or its node gone
-            continue
+    remove_groups(groups)
 
 
 def placement_group_of(hex_id: str) -> Any:

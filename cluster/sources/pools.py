@@ -75,19 +75,19 @@ def up(config: PoolConfig, verbose: bool = False) -> PoolRow:
         device = resolve_device(run_config, ray.cluster_resources().get("GPU", 0) > 0)
         plan = build_model_plan(run_config, device)
         settings = pool_engine_settings(config, plan.model.path, device)
-        key = PoolKey.of(settings)
+        key, base = PoolKey.of(settings), config.name or default_pool_name(settings)
         found = registry()
         for record in pools_here():
             if record.serves(key):
                 kept = ray.get(found.keep_warm_at_least.remote(record.name, config.idle_timeout_s))
                 return PoolRow.of(kept or record)
-            if record.name == (config.name or default_pool_name(settings)):
+            if record.name == base:
                 raise ClusterError(
                     f"A warm pool named {record.name} runs with other settings "
                     f"({'; '.join(record.differences(key))}). Give another --name, or `rayeval down {record.name}` "
                     "first."
                 )
-        name = _claimed_name(found, config.name or default_pool_name(settings), config.name is not None)
+        name = _claimed_name(found, base, config.name is not None)
         pool = ReplicaPool(settings, plan.replica, config.cluster.replicas, config.model.cpu_kv_cache_gib, verbose,
                            warm=name)  # fmt: skip
         request = SourceRequest(
@@ -164,13 +164,14 @@ def down(address: str | None, names: list[str], every: bool, verbose: bool = Fal
             )
         for name in wanted:
             ray.get(found.remove.remote(name))
-        if every and found is not None and registry_version(found) != REGISTRY_VERSION:
-            ray.kill(found, no_restart=True)  # another version's: the next command starts this version's
+        if every and found is not None:
+            if registry_version(found) != REGISTRY_VERSION:
+                ray.kill(found, no_restart=True)  # another version's: the next command starts this version's
+            else:
+                ray.get(found.release_names.remote())  # a start killed outright holds its name until now
         # the pools just stopped are left out: an actor Ray is still killing would read as a stray
         actors, groups = strays(set(wanted)) if every else ([], [])
         stop_strays(actors, groups)
-        if every and found is not None and registry_version(found) == REGISTRY_VERSION:
-            ray.get(found.release_names.remote())  # a start killed outright holds its name until now
         return Stopped(wanted, actors, len(groups))
 
 

@@ -1,6 +1,7 @@
 """What a sweep records in its folders to know later what it did: the files a checkpoint's step answered
-(a checkpoint or adapter saved again is evaluated afresh) and which tracker had which step's numbers (a rerun logs none
-twice)."""
+(a checkpoint or adapter saved again is evaluated afresh), which tracker had which step's numbers (a rerun
+logs none twice), and the settings a step's numbers depend on (steps run otherwise are not points of one
+curve)."""
 
 from __future__ import annotations
 

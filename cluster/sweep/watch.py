@@ -95,9 +95,8 @@ def watch_checkpoints(
             if new:
                 plan = build_sweep_plan(config, checkpoint_dir, new, lora_merge=options.lora_merge)
                 attempted.update({step: states[step] for step in new})
-                if (
-                    not plan.steps
-                ):  # every new one skipped (an adapter that cannot run): said, tried once changed
+                # every new one skipped (an adapter that cannot run): said, and tried again once changed
+                if not plan.steps:
                     log.warning(
                         "watch: %s", "; ".join(f"step {s.step} skipped: {s.reason}" for s in plan.skipped)
                     )

@@ -33,6 +33,8 @@ BASELINES = {
     "creative_writing": "data/arena-hard-v2.0/model_answer/gemini-2.0-flash-001.jsonl",
 }
 HUB = "hf://lmarena-ai/arena-hard-auto"
+# each category's score, against its own baseline (a run's data may hold no question of one: optional)
+CATEGORY_METRICS = {c: MetricSpec(f"{c}_score", bounds=(0.0, 1.0), optional=True) for c in BASELINES}
 
 BASELINE_FIRST = "baseline_first"
 MODEL_FIRST = "model_first"
@@ -90,10 +92,7 @@ class ArenaHard(JudgeTask):
     )
     # a weighted win rate over every question, and per category against that category's own baseline: Arena-Hard
     # v2.0 reports each category alone (hard_prompt by default), never the mix of two baselines
-    metrics = (
-        MetricSpec("score", bounds=(0.0, 1.0)),
-        *(MetricSpec(f"{category}_score", bounds=(0.0, 1.0), optional=True) for category in BASELINES),
-    )
+    metrics = (MetricSpec("score", bounds=(0.0, 1.0)), *CATEGORY_METRICS.values())
     defaults = TaskDefaults(max_tokens=2048)
     source = DataSourceInfo(
         description=(
@@ -145,8 +144,8 @@ class ArenaHard(JudgeTask):
             weight += game_weight
         scores = {"score,none": MetricValue(won, weight)}
         category = sample.doc.get("category")
-        if category in BASELINES:
-            scores[f"{category}_score,none"] = MetricValue(won, weight)
+        if category in CATEGORY_METRICS:
+            scores[CATEGORY_METRICS[category].key] = MetricValue(won, weight)
         return JudgedSample(
             scores=scores,
             verdicts=verdicts,
@@ -165,10 +164,10 @@ class ArenaHard(JudgeTask):
             "weighted win fraction against the baseline (win 1, tie 0.5, loss 0; '>>' verdicts weigh "
             f"{STRONG_WEIGHT:g}, others 1; both orders)"
         )
-        keys = ["score,none"] + [
-            key
-            for key in (f"{category}_score,none" for category in BASELINES)
-            if any(key in item.judged.scores for item in items)
+        keys = [  # a category's only where some question of it was judged, as its summary row
+            m.key
+            for m in self.metrics
+            if not m.optional or any(m.key in item.judged.scores for item in items)
         ]
         return [
             metric_statistic(

@@ -123,8 +123,12 @@ def integer_rating(text: str, key: str, low: int = 1, high: int = 10) -> int:
             for obj in json_objects(text)
             if "score" in obj
         }
-        found = _numbers([*_BRACKETED.findall(text), *(m.group(1) for m in _BARE_RATING.finditer(text))])
-        candidates = list(dict(found + [c for c in scores.items() if c[0] not in dict(found)]).items())
+        merged = dict(
+            _numbers([*_BRACKETED.findall(text), *(m.group(1) for m in _BARE_RATING.finditer(text))])
+        )
+        for shown, score in scores.items():
+            merged.setdefault(shown, score)
+        candidates = list(merged.items())
     if not candidates:
         raise parse_error(key, expected, f"no rating in {quote(text, tail=True)}")
     if len(candidates) > 1:
