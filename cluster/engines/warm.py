@@ -272,8 +272,11 @@ def saved_records() -> dict[str, PoolRecord]:
 
 
 # calls run in threads of their own (state under `_lock`): stopping a pool (`remove`, up to 30 s while its
-# engines stop) does not hold up other runs' lease renewals, which would otherwise lapse behind it
-@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16)
+# engines stop) does not hold up other runs' lease renewals, which would otherwise lapse behind it. A call
+# made while Ray restarts it waits for the restart rather than fail a run's replacement or lease; one the
+# lost registry had run and not answered runs again (a replacement entered twice is entered once; a release
+# adds its requests to `requests_served` twice).
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=16)
 class PoolRegistry:
     """The cluster's warm pools. Stops a pool that nobody has used for its idle timeout."""
 
@@ -539,7 +542,7 @@ def registry(create: bool = True, same_version: bool = True) -> Any:
         if not create:
             return None
         found = PoolRegistry.options(
-            name=REGISTRY_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+            name=REGISTRY_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **_on_the_head()
         ).remote()
     if same_version and registry_version(found) != REGISTRY_VERSION:
         from cluster.errors import ClusterError
@@ -550,6 +553,17 @@ def registry(create: bool = True, same_version: bool = True) -> Any:
             "`rayeval up` starts them again."
         )
     return found
+
+
+def _on_the_head() -> dict[str, Any]:
+    """The registry's placement: the head node (soft, so a cluster whose head reports no head resource still
+    gets one). Anywhere else the loss of that worker node restarts it while runs on the others call it."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from cluster.head_node import head_node_id
+
+    head = head_node_id(ray.nodes())
+    return {} if head is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(head, soft=True)}
 
 
 def registry_version(found: Any) -> int:

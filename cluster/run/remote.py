@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from cluster.config import RunConfig
 from cluster.errors import ClusterError
 from cluster.forwarded_env import ForwardedEnv, api_key_names, collect, names_for
+from cluster.head_node import HEAD_RESOURCE
 from cluster.progress import Stage, progress_bar, snapshot
 from cluster.run.paths import StoredConfigOverrides
 from cluster.run.result import RunResult, load_records
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "rayeval"
 POLL_S = 1.0
-HEAD_RESOURCE = "node:__internal_head__"  # Ray's resource of the head node
 
 
 def actor_name(run_id: str) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +26,14 @@ def three_nodes(tmp_path_factory) -> Iterator[Cluster]:
     token = tmp_path_factory.mktemp("three_nodes") / "auth_token"
     token.write_text(secrets.token_hex(32))
     with token_auth(token):  # on, as `ray start` has it by default; the run finds the token and uses it
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the head hosts no replica
+        # the head hosts no replica; its GCS marks a silent node dead after 3 missed 1 s health checks (Ray's
+        # default, 5 of 3 s, gave the survivor 15 s more of the rest, and on a slow machine it finished
+        # everything before the replacement joined, so the test saw none take a share)
+        head = {
+            "num_cpus": 0,
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
+        }
+        cluster = Cluster(initialize_head=True, head_node_args=head)
         cluster.add_node(num_cpus=2)
         cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
@@ -94,3 +103,23 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_loses_nothing(three_nodes: C
     rows = records(tmp_path / "nodes" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert sorted(r["doc_id"] for r in rows) == list(range(48)) and all(r["error"] is None for r in rows)
     assert f"in place of {lost}" in err
+    # the warm-pool registry the run entered its pool and replacement in lives on the head, never on the lost
+    # node (there Ray restarted it while the run called it, and the replacement failed as "unavailable")
+    assert registry_node(three_nodes.address) == three_nodes.head_node.node_id
+
+
+def registry_node(address: str) -> str:
+    """The node id of the cluster's warm-pool registry, read by a process of its own joined to the cluster."""
+    script = (
+        "import sys, ray\n"
+        "from ray.util.state import list_actors\n"
+        "from cluster.engines.warm import REGISTRY_NAME\n"
+        "ray.init(address=sys.argv[1], logging_level='ERROR')\n"
+        "(found,) = list_actors(filters=[('name', '=', REGISTRY_NAME), ('state', '=', 'ALIVE')])\n"
+        "print(found.node_id)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, address], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
