@@ -45,6 +45,8 @@ class RunSamples:
     bounds: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     # judged tasks: what their judge was (kind, model, endpoint), where its folder records it
     judge_specs: dict[str, str] = field(default_factory=dict)
+    # by task: the task's version that scored the records (a new version can score one answer otherwise)
+    versions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,13 @@ class ComparedMetric:
 
 @dataclass(frozen=True)
 class CompareOptions:
-    """How `compare_runs` treats two runs that do not match: another judge, other prompts."""
+    """How `compare_runs` treats two runs that do not match: another judge, other prompts, a task scored by
+    another version of it."""
 
     level: float = 0.05
     allow_different_judges: bool = False
     allow_different_prompts: bool = False
+    allow_different_versions: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.level < 1:
@@ -81,7 +85,16 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
             f"{run_dir} holds no sample records (samples/<model>/<task>.jsonl): a run writes them as it goes; is "
             "it a run folder copied without its samples?"
         )
-    records, metrics, directions, judges, judge_summaries, bounds, specs = {}, {}, {}, {}, {}, {}, {}
+    records, metrics, directions, judges, judge_summaries, bounds, specs, versions = (
+        {},
+        {},
+        {},
+        {},
+        {},
+        {},
+        {},
+        {},
+    )
     for task, body in summary.get("tasks", {}).items():
         found = sorted(run_dir.glob(f"samples/*/{task}.jsonl"))[:1]
         chosen = choose_judge(run_dir, task, judge or (body.get("judge") if latest_judge else None))
@@ -93,6 +106,8 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
         with found[0].open(encoding="utf-8") as lines:
             records[task] = [SampleRecord(**json.loads(line)) for line in lines if line.strip()]
         metrics[task] = list(body["metrics"])
+        if body.get("version") is not None:
+            versions[task] = str(body["version"])
         directions[task] = body.get("higher_is_better", {})
         bounds[task] = {
             key: (float(entry["bounds"][0]), float(entry["bounds"][1]))
@@ -100,7 +115,9 @@ def load_run(run_dir: Path, judge: str | None = None, latest_judge: bool = False
             if isinstance(entry, dict) and entry.get("bounds")
         }
     run_id = summary.get("run", {}).get("run_id", run_dir.name)
-    return RunSamples(run_dir, run_id, records, metrics, directions, judges, judge_summaries, bounds, specs)
+    return RunSamples(
+        run_dir, run_id, records, metrics, directions, judges, judge_summaries, bounds, specs, versions
+    )
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:
@@ -122,8 +139,8 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
 
 def compare_runs(a: RunSamples, b: RunSamples, options: CompareOptions | None = None) -> list[ComparedMetric]:
     """Every metric of every task both runs scored, B minus A, Holm-adjusted over all of them. Runs whose
-    judged tasks were judged by different judges, or whose questions were asked with different prompts,
-    are refused unless `options` allows it."""
+    judged tasks were judged by different judges, whose questions were asked with different prompts, or whose
+    task was scored by different versions of it, are refused unless `options` allows it."""
     options = options or CompareOptions()
     pairs = [
         (task, metric)
@@ -143,6 +160,8 @@ def compare_runs(a: RunSamples, b: RunSamples, options: CompareOptions | None = 
         check_same_judges(a, b, tasks)
     if not options.allow_different_prompts:
         check_same_prompts(a, b, tasks)
+    if not options.allow_different_versions:
+        check_same_versions(a, b, tasks)
     results = [
         paired_difference(
             scored_items(a.records[t], m),
@@ -203,6 +222,21 @@ def check_same_prompts(a: RunSamples, b: RunSamples, tasks: list[str]) -> None:
                     "question. Compare runs of the same data and prompt settings, or pass "
                     "--allow-different-prompts to pair them by doc_id anyway."
                 )
+
+
+def check_same_versions(a: RunSamples, b: RunSamples, tasks: list[str]) -> None:
+    """Refuse a task scored by one version in A and another in B: a version changes how an answer scores (a
+    checker, a parser, a metric's rule), so their difference would mix that change with the models'."""
+    for task in tasks:
+        version_a, version_b = a.versions.get(task), b.versions.get(task)
+        if version_a and version_b and version_a != version_b:
+            raise EvalInputError(
+                f"{task} was scored by version {version_a} of the task in A ({a.run_id}) and {version_b} in B "
+                f"({b.run_id}): a difference would mix the scoring change with the models'. Run the older one's "
+                "command again with this rayeval (same --output-dir and --run-id: its completions are read back "
+                "from its store and scored again; a judged task with --judge-only), or pass "
+                "--allow-different-versions to compare them anyway."
+            )
 
 
 def first_record(records: list[SampleRecord]) -> dict[int, SampleRecord]:

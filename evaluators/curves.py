@@ -2,13 +2,15 @@
 every metric's curve and its error bars. Read from run folders (one per step) through their summary.json, so
 any finished runs can be drawn, several training runs on one axis. A judged task's numbers come from one
 judge's summary (`evaluators.verdicts`), named in the table and the plot; points of one task judged by
-different judges are refused unless allowed (`check_one_judge`)."""
+different judges, or scored by different versions of the task, are refused unless allowed
+(`check_one_judge`, `check_one_version`)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -38,6 +40,7 @@ class CurvePoint:
     n: int
     questions: int
     judge: str = ""  # a judged task's judge, whose verdicts the numbers are
+    version: str = ""  # the task's version that scored the run
 
     def error(self, bar: ErrorBar) -> tuple[float, float]:
         """(below, above) the mean, NaN-free: 0 where the run has no such spread (one question, N = 1)."""
@@ -103,7 +106,7 @@ def points_from_run(
             points.append(
                 CurvePoint(series, step, task, metric, _num(m.get("mean")), _num(m.get("sem")), low, high,
                            _num(m.get("std_across_runs")), int(m.get("n", 1)), int(m.get("questions", 0)),
-                           chosen.name if chosen else "")
+                           chosen.name if chosen else "", str(body.get("version") or ""))
             )  # fmt: skip
         points += _other_points(series, step, task, body, chosen.name if chosen else "")
     return points
@@ -113,33 +116,63 @@ def _other_points(series: str, step: int, task: str, body: dict, judge: str) -> 
     """A task's numbers beside its mean metrics: lm-eval's aggregates other than a mean (perplexity, a
     group's accuracy) and a judged task's statistics (bootstraps, the LC win rate)."""
     questions, runs, nan = int(body.get("num_questions") or 0), int(body.get("num_runs") or 1), math.nan
+    version = str(body.get("version") or "")
     points = [
-        CurvePoint(series, step, task, key, _num(value), _num(stderr), nan, nan, nan, 1, questions, judge)
+        CurvePoint(
+            series, step, task, key, _num(value), _num(stderr), nan, nan, nan, 1, questions, judge, version
+        )  # fmt: skip
         for key, (value, stderr) in (body.get("aggregate_only") or {}).items()
     ]
     for key, stat in (body.get("statistics") or {}).items():
         low, high = (_num(v) for v in stat.get("ci95") or [None, None])
         points.append(CurvePoint(series, step, task, f"{key} (bootstrap)", _num(stat.get("value")),
-                                 _num(stat.get("std")), low, high, nan, runs, questions, judge))  # fmt: skip
+                                 _num(stat.get("std")), low, high, nan, runs, questions, judge, version))  # fmt: skip
     return points
 
 
 def check_one_judge(points: list[CurvePoint]) -> None:
     """Refuse a task whose points come from different judges: its curve would move with the judge."""
-    judges: dict[str, dict[str, list[str]]] = {}
+    for task, seen in _mixed(points, lambda p: p.judge):
+        raise EvalInputError(
+            f"{task}: the runs were judged by different judges ({seen}), so the curve would mix judges. "
+            "Pass --judge NAME to draw one judge's verdicts (judge the other runs with it first: rayeval run "
+            "--judge-only --run-id RUN --judge NAME), or --allow-different-judges."
+        )
+
+
+def mixed_versions(points: list[CurvePoint]) -> list[tuple[str, str]]:
+    """(task, where each version scored it) for each task whose points different versions of it scored: its
+    curve would move with the scoring change."""
+    return _mixed(points, lambda p: p.version)
+
+
+def check_one_version(points: list[CurvePoint]) -> None:
+    """Refuse a task whose points different versions of it scored."""
+    for task, seen in mixed_versions(points):
+        raise EvalInputError(
+            f"{task}: the runs scored it with different versions of the task ({seen}), so the curve would mix "
+            "scoring rules. Run the older runs' commands again with this rayeval (their completions are read "
+            "back and scored anew), or pass --allow-different-versions."
+        )
+
+
+def _mixed(points: list[CurvePoint], value_of: Callable[[CurvePoint], str]) -> list[tuple[str, str]]:
+    """(task, each value with the first places it is found) for each task whose points have more than one
+    value (`value_of`: a judge, a version; points without one are left out)."""
+    found: dict[str, dict[str, list[str]]] = {}
     for p in points:
-        if p.judge:
-            judges.setdefault(p.task, {}).setdefault(p.judge, []).append(f"{p.series} step {p.step}")
-    for task, by_judge in sorted(judges.items()):
-        if len(by_judge) > 1:
-            seen = "; ".join(
-                f"{name} at {', '.join(sorted(set(at))[:3])}" for name, at in sorted(by_judge.items())
-            )
-            raise EvalInputError(
-                f"{task}: the runs were judged by different judges ({seen}), so the curve would mix judges. "
-                "Pass --judge NAME to draw one judge's verdicts (judge the other runs with it first: rayeval run "
-                "--judge-only --run-id RUN --judge NAME), or --allow-different-judges."
-            )
+        if value_of(p):
+            found.setdefault(p.task, {}).setdefault(value_of(p), []).append(f"{p.series} step {p.step}")
+    return [
+        (
+            task,
+            "; ".join(
+                f"{value} at {', '.join(sorted(set(at))[:3])}" for value, at in sorted(by_value.items())
+            ),
+        )
+        for task, by_value in sorted(found.items())
+        if len(by_value) > 1
+    ]
 
 
 def _num(value: float | None) -> float:
@@ -147,7 +180,7 @@ def _num(value: float | None) -> float:
 
 
 COLUMNS = ("series", "step", "task", "metric", "mean", "sem", "ci95_low", "ci95_high", "std_across_runs", "n",
-           "questions", "judge")  # fmt: skip
+           "questions", "judge", "version")  # fmt: skip
 
 
 def write_tables(points: list[CurvePoint], folder: Path, name: str = "sweep_summary") -> tuple[Path, Path]:

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cluster.cli.judge_choice import add_judge_choice, add_prompt_choice
+from cluster.cli.judge_choice import add_judge_choice, add_prompt_choice, add_version_choice, compare_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,14 +24,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", type=Path, metavar="FILE", help="also write the comparison as JSON here")
     add_judge_choice(p, "A and B")
     add_prompt_choice(p)
+    add_version_choice(p, "A and B")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from cluster.cli.output_paths import output_file, written
     from cluster.storage import readable_folder
-    from evaluators.compare import CompareOptions, compare_runs, comparison_json, load_run, render_comparison
+    from evaluators.compare import compare_runs, comparison_json, load_run, render_comparison
 
-    options = CompareOptions(args.level, args.allow_different_judges, args.allow_different_prompts)
+    options = compare_options(args)
     output = output_file(args.output, "--output") if args.output else None
     folder_a, folder_b = readable_folder(args.run_a), readable_folder(args.run_b)
     a, b = load_run(folder_a, args.judge), load_run(folder_b, args.judge)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.cli.judge_choice import add_judge_choice
+from cluster.cli.judge_choice import add_judge_choice, add_version_choice
 from evaluators.errors import EvalInputError
 
 
@@ -32,12 +32,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--output", type=Path, default=Path("plots"), metavar="DIR", help="where to write (default plots/)"
     )
     add_judge_choice(p, "the runs drawn")
+    add_version_choice(p, "the runs drawn")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from cluster.cli.output_paths import output_folder, written
     from cluster.storage import readable_folder
-    from evaluators.curves import ErrorBar, check_one_judge, plot_curves, points_from_run, write_tables
+    from evaluators.curves import (
+        ErrorBar,
+        check_one_judge,
+        check_one_version,
+        plot_curves,
+        points_from_run,
+        write_tables,
+    )
 
     output = output_folder(args.output, "--output")  # before any run is read
     folders = [readable_folder(run) for run in args.runs]
@@ -50,6 +58,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise EvalInputError("The runs given hold no scored metric to draw.")
     if not args.allow_different_judges:
         check_one_judge(points)
+    if not args.allow_different_versions:
+        check_one_version(points)
     with written(output, "--output"):
         csv_path, md_path = write_tables(points, output)
         pngs = plot_curves(points, output, ErrorBar(args.errorbar))

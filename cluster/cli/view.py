@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.cli.judge_choice import add_judge_choice, add_prompt_choice
+from cluster.cli.judge_choice import add_judge_choice, add_prompt_choice, add_version_choice, compare_options
 
 EPILOG = """examples:
   rayeval view runs/qwen-gsm8k                 # runs/qwen-gsm8k/report/index.html
@@ -47,13 +47,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "summary.json); a comparison pairs this judge's verdicts, as `rayeval compare --judge`",
     )
     add_prompt_choice(p)
+    add_version_choice(p, "the two runs")
     p.set_defaults(handler=cmd_view)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
     from cluster.cli.output_paths import output_folder, written
     from cluster.storage import readable_folder
-    from evaluators.compare import CompareOptions
     from evaluators.errors import EvalInputError
     from evaluators.view import is_sweep_folder, write_comparison_report, write_run_report, write_sweep_report
 
@@ -61,7 +61,7 @@ def cmd_view(args: argparse.Namespace) -> int:
         raise EvalInputError(
             f"rayeval view takes one folder, or two run folders to compare (got {len(args.folders)})"
         )
-    options = CompareOptions(args.level, args.allow_different_judges, args.allow_different_prompts)
+    options = compare_options(args)
     if args.out and len(args.folders) == 1:
         raise EvalInputError(
             "--output is where a comparison's page goes; a run's or a sweep's page goes in its folder's report/"

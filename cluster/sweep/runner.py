@@ -39,7 +39,14 @@ from cluster.sweep.step_records import (
     weights_changed,
     weights_state,
 )
-from evaluators.curves import ErrorBar, partial_because, plot_curves, points_from_run, write_tables
+from evaluators.curves import (
+    ErrorBar,
+    mixed_versions,
+    partial_because,
+    plot_curves,
+    points_from_run,
+    write_tables,
+)
 from evaluators.errors import EvalInputError
 
 if TYPE_CHECKING:
@@ -379,6 +386,9 @@ def draw_curves(root: Path, series: str, errorbar: ErrorBar) -> list[Path]:
     ]
     if not points:
         return []
+    for task, seen in mixed_versions(points):
+        log.warning("%s: the steps scored it with different versions of the task (%s): its curve mixes scoring "
+                    "rules; run the sweep again over every step", task, seen)  # fmt: skip
     csv_path, md_path = write_tables(points, root)
     return [csv_path, md_path, *plot_curves(points, root, errorbar)]
 

@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from cluster.cli import main
+from evaluators.tasks.gsm8k import GSM8K
 from tests.run_folders import STRICT, write_judged_run
 from tests.run_folders import write_gsm8k_run as write_run
 
@@ -65,6 +66,22 @@ def test_compare_refuses_a_question_asked_with_another_prompt_unless_allowed(tmp
     assert "gsm8k: question 3 was asked with different prompts" in err and "'Question 3, reworded'" in err
     assert "--allow-different-prompts" in err
     assert main(["compare", str(a), str(b), "--allow-different-prompts"]) == 0
+    assert "within noise" in capsys.readouterr().out
+
+
+def test_compare_refuses_a_task_scored_by_another_version_of_it_unless_allowed(tmp_path, capsys):
+    """A task's version changes how an answer scores (HealthBench 1.1 stopped clipping each sample): two runs
+    scored by different versions are refused, naming both and the rerun that scores the older one again."""
+    scores = {q: [1, 0] for q in range(6)}
+    a, b = write_run(tmp_path, "a", scores, scores), write_run(tmp_path, "b", scores, scores)
+    summary = json.loads((a / "summary.json").read_text())
+    summary["tasks"]["gsm8k"]["version"] = "0.9"
+    (a / "summary.json").write_text(json.dumps(summary))
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert f"gsm8k was scored by version 0.9 of the task in A (a) and {GSM8K().version} in B (b)" in err
+    assert "--judge-only" in err and "--allow-different-versions" in err and err.count("rayeval: error:") == 1
+    assert main(["compare", str(a), str(b), "--allow-different-versions"]) == 0
     assert "within noise" in capsys.readouterr().out
 
 

@@ -4,6 +4,7 @@ task's curve drawn from one named judge's verdicts."""
 from __future__ import annotations
 
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from matplotlib.image import imread
 from cluster.cli import main
 from cluster.cli.plot import runs_in
 from evaluators.curves import ErrorBar, curves_by_task, points_from_run
+from evaluators.tasks.gsm8k import GSM8K
 from tests.run_folders import STRICT, write_gsm8k_run, write_judged_run
 
 
@@ -99,6 +101,34 @@ def test_judged_curves_name_their_judge_and_never_mix_two(tmp_path, capsys):
     assert main(["plot", str(rl), "--output", str(out), "--allow-different-judges"]) == 0
     rows = list(csv.DictReader((out / "sweep_summary.csv").open()))
     assert {(r["step"], r["judge"]) for r in rows} == {("100", "openai:strict"), ("200", "openai:lenient")}
+
+
+def test_steps_scored_by_different_versions_of_a_task_are_refused_unless_allowed(
+    two_training_runs, tmp_path, capsys
+):
+    """A task's version changes how an answer scores: a curve whose steps two versions scored would move with
+    the change, so plot refuses it, naming each version's steps, and draws it when told to."""
+    sft, _ = two_training_runs
+    summary_file = sft / "step_360" / "summary.json"
+    summary = json.loads(summary_file.read_text())
+    summary["tasks"]["gsm8k"]["version"] = "9.9"
+    summary_file.write_text(json.dumps(summary))
+    out = tmp_path / "plots"
+    assert main(["plot", str(sft), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    now = GSM8K().version
+    assert (
+        f"gsm8k: the runs scored it with different versions of the task ({now} at sft step 120, sft step 240; "
+        in err
+    )
+    assert "9.9 at sft step 360)" in err and "--allow-different-versions" in err and not out.exists()
+    assert main(["plot", str(sft), "--output", str(out), "--allow-different-versions"]) == 0
+    rows = list(csv.DictReader((out / "sweep_summary.csv").open()))
+    assert len(rows) == 3 * 2 and {(r["step"], r["version"]) for r in rows} == {
+        ("120", now),
+        ("240", now),
+        ("360", "9.9"),
+    }
 
 
 def test_a_perplexity_and_a_bootstrap_statistic_are_curves_too(tmp_path):

@@ -250,3 +250,32 @@ def test_steps_run_with_other_settings_are_evaluated_again_by_a_watch_and_flagge
     assert caplog.text.count("watch: step 100 ran with other settings (limit 50 (now 100))") == 1
     _warn_of_mixed_settings([(100, tmp_path / "step_100"), (200, tmp_path / "step_200")])
     assert "step 100 ran with other settings than step 200 (limit 50 (now 100))" in caplog.text
+
+
+def test_a_sweeps_curves_warn_where_its_steps_were_scored_by_different_versions_of_a_task(
+    tmp_path: Path, caplog
+):
+    """Step 100 scored by an older version of gsm8k (the sweep's folder outlived an upgrade): the curves are
+    drawn with a warning naming each version's steps, and the table says which version scored each point."""
+    import csv
+    import json
+
+    from cluster.sweep.runner import draw_curves
+    from evaluators.curves import ErrorBar
+    from evaluators.tasks.gsm8k import GSM8K
+    from tests.run_folders import write_gsm8k_run
+
+    for step in (100, 200):
+        write_gsm8k_run(tmp_path, f"step_{step}", {q: [q % 2] for q in range(4)}, {q: [1] for q in range(4)})
+    summary_file = tmp_path / "step_100" / "summary.json"
+    summary = json.loads(summary_file.read_text())
+    summary["tasks"]["gsm8k"]["version"] = "0.9"
+    summary_file.write_text(json.dumps(summary))
+    files = draw_curves(tmp_path, "s", ErrorBar.CI95)
+    now = GSM8K().version
+    assert (
+        f"gsm8k: the steps scored it with different versions of the task (0.9 at s step 100; {now} at s step 200)"
+        in caplog.text
+    )
+    rows = list(csv.DictReader(files[0].open()))
+    assert {(r["step"], r["version"]) for r in rows} == {("100", "0.9"), ("200", now)}
