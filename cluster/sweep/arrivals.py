@@ -5,7 +5,9 @@ tensor or an adapter without its weights. A checkpoint is complete when its trai
 layout has a marker: HF Trainer (and TRL and LLaMA-Factory, which save through it) writes
 `trainer_state.json` into the checkpoint folder last; verl records the last step it finished saving in
 `latest_checkpointed_iteration.txt` at the run's root. Without a marker (a plain `save_pretrained` loop)
-a checkpoint is complete once none of its files changed for `settle_s` seconds.
+a checkpoint is complete once none of its files changed for `settle_s` seconds. A marker counts where it is
+at least as new as every file of the checkpoint; one older than a file (the checkpoint saved again in place
+over its old marker, or copied in another order) counts once the files have settled as well.
 """
 
 from __future__ import annotations
@@ -81,14 +83,28 @@ class ArrivalWatcher:
         ready = []
         for checkpoint in (c for c in everything if not self.every or c.step % self.every == 0):
             if marked:
-                done = (checkpoint.path / HF_TRAINER_MARKER).is_file() or (
-                    verl_step is not None and checkpoint.step <= verl_step
-                )
+                done = self._marked(checkpoint, verl_step, now)
             else:
                 done = self._settled(checkpoint.path, now)
             if done:
                 ready.append(checkpoint)
         return ready
+
+    def _marked(self, checkpoint: Checkpoint, verl_step: int | None, now: float) -> bool:
+        """Marked complete by its trainer after its last file was written, or marked and settled."""
+        marks = (
+            [checkpoint.path / HF_TRAINER_MARKER] if (checkpoint.path / HF_TRAINER_MARKER).is_file() else []
+        )
+        if verl_step is not None and checkpoint.step <= verl_step:
+            marks.append(self.run_dir / VERL_TRACKER)
+        try:
+            marked_at = max(mark.stat().st_mtime_ns for mark in marks) if marks else None
+        except FileNotFoundError:  # a mark removed since (a checkpoint deleted by the trainer's rotation)
+            return False
+        if marked_at is None:
+            return False
+        newest = max((mtime for _, _, mtime in files_state(checkpoint.path)), default=0)
+        return newest <= marked_at or self._settled(checkpoint.path, now)
 
     def _settled(self, folder: Path, now: float) -> bool:
         state = files_state(folder)

@@ -4,6 +4,7 @@ where there is no marker; --every."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -53,6 +54,31 @@ def test_a_trainers_marker_decides_where_the_layout_has_one(tmp_path: Path):
     assert steps(watcher, 0) == [5]
     (verl / "latest_checkpointed_iteration.txt").write_text("10\n")
     assert steps(watcher, 1) == [5, 10]
+
+
+def test_a_marker_older_than_the_checkpoints_files_counts_once_they_settle(tmp_path: Path):
+    """A checkpoint saved again in place writes new weights over its old trainer_state.json: it is not taken
+    (mid-write, it would be read in mixed shards) until its new marker comes, or its files settle (a folder
+    copied in another order keeps a marker older than its weights for good)."""
+    run = tmp_path / "hf"
+    folder = adapter(run / "checkpoint-10")
+    marker, weights = folder / "trainer_state.json", folder / "adapter_model.safetensors"
+    marker.write_text("{}")
+    at = marker.stat().st_mtime_ns
+    os.utime(weights, ns=(at - 10**9, at - 10**9))
+    watcher = ArrivalWatcher(run, settle_s=10)
+    assert steps(watcher, 0) == [10]  # marked after its files
+
+    weights.write_bytes(b"v" * 64)  # saved again: new weights, the old marker
+    os.utime(weights, ns=(at + 10**9, at + 10**9))
+    assert steps(watcher, 1) == []
+    assert steps(watcher, 5) == []
+    os.utime(marker, ns=(at + 2 * 10**9, at + 2 * 10**9))  # the new marker, written last
+    assert steps(watcher, 6) == [10]
+
+    os.utime(marker, ns=(at, at))  # a copy whose marker is older than its weights
+    assert steps(watcher, 7) == []
+    assert steps(watcher, 17) == [10]  # its files unchanged for settle_s
 
 
 def test_every_keeps_the_multiples(tmp_path: Path):
