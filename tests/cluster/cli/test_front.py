@@ -22,7 +22,15 @@ import pytest
 
 from cluster.cli.front_paths import SOCKET_DIR_ENV, WARM_CLI_ENV, command_request
 from cluster.cli.front_state import CodeState
-from tests.runs import BASE_IFEVAL_ARGS, BASE_IFEVAL_LIMIT, MODEL_DIR, rayeval, records, start_in_background
+from tests.runs import (
+    BASE_IFEVAL_ARGS,
+    BASE_IFEVAL_LIMIT,
+    MODEL_DIR,
+    rayeval,
+    records,
+    start_in_background,
+    wait_for_records,
+)
 from tests.warm_cluster import warm_cluster
 
 SERVED = re.compile(r"command \d+: pid (\d+) runs `rayeval run` in (.*)")
@@ -262,14 +270,16 @@ def _interrupts(shared, tmp_path: Path, log: Path) -> None:  # noqa: ANN001 - te
     ends its client by the same signal."""
     env, common = shared.env(), [*BASE_IFEVAL_ARGS, "--output-dir", str(tmp_path), "--limit", "40"]
 
-    def start(run_id: str, ignore: tuple[int, ...] = ()) -> tuple[subprocess.Popen[str], int]:
+    def start(run_id: str, ignore: tuple[int, ...] = (), *more: str) -> tuple[subprocess.Popen[str], int]:
         count = len(served(log, tmp_path))
-        argv = ["run", *common, "--run-id", run_id, *shared.run_args()]
+        argv = ["run", *common, "--run-id", run_id, *more, *shared.run_args()]
         proc = start_in_background(argv, env=env, ignore=ignore, cwd=tmp_path)
         return proc, _command_pid(log, tmp_path, count + 1)
 
-    proc, pid = start("cut")
-    time.sleep(1.5)
+    # four requests in flight (a setting of the run: the pool serves it), so at its first result most of the
+    # run is still to come on any CPU, and the interrupt lands mid-run
+    proc, pid = start("cut", (), "--max-in-flight", "4")
+    wait_for_records(proc, tmp_path / "cut" / "cache" / "completions.jsonl", 1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "rayeval: interrupted" in err, err[-3000:]

@@ -115,7 +115,9 @@ def test_two_runs_at_once_share_the_pool_and_a_third_killed_mid_way_leaves_it_he
     head = pool
     argv = ["run", "--tasks", "ifeval", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
             "--no-progress", "--max-tokens", "32", "--address", head.gcs_address, "--output-dir", str(tmp_path),
-            "--limit", "16", "--temperature", "0.7"]  # fmt: skip
+            "--limit", "16", "--temperature", "0.7", "--max-in-flight", "4"]  # fmt: skip
+    # four requests in flight per run (a setting of the run: the pool serves it), so each run's generation
+    # lasts several rounds and the two windows overlap whatever the CPU's speed and the runs' start skew;
     # the killed run in its own process, as a driver that dies (through the warm CLI server, killing its client
     # would interrupt it as Ctrl-C does)
     envs = {
@@ -284,13 +286,14 @@ def test_a_run_with_other_settings_is_not_served_and_a_dry_run_says_why(pool: He
         else f"warm pool {POOL} would serve this run (1 replica)"
     ) in auto.stdout
 
-    done = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "10s")
+    # 20 s: time for the run's exit and the listing below on a slow machine before the pool's idle time ends
+    done = run_on(head, tmp_path, "other", "--max-model-len", "768", "--keep-warm", "20s")
     assert done.returncode == 0, done.stderr[-3000:]
     source = summary_of(tmp_path, "other")["engines_source"]
     assert source["kind"] == "warm" and source["started_by_this_run"] and source["pool"] != POOL
     assert (
         f"engines: started by this run and left up as warm pool {source['pool']} for the runs that follow "
-        f"(stopped after 10 s unused; `rayeval down {source['pool']}` stops it now)" in done.stdout
+        f"(stopped after 20 s unused; `rayeval down {source['pool']}` stops it now)" in done.stdout
     )
     listed = pools_listed(head)
     assert set(listed) == {POOL, source["pool"]}  # the run's engines stay up as a pool of their own...

@@ -110,8 +110,10 @@ def test_a_killed_run_resumes_from_the_store_on_another_node_generating_only_the
     s3: ObjectStore, tmp_path: Path
 ):
     total = 30
+    # four requests in flight (so the journal grows a few lines at a time, and the kill lands mid-run on any
+    # CPU); the resumed run below leaves the last six arguments out
     argv = ["run", *BASE_IFEVAL_ARGS, "--limit", str(total), "--output-dir", s3.uri("killed"), "--run-id", "r",
-            "--sync-every", "2", "--sync-interval", "1s"]  # fmt: skip
+            "--sync-every", "2", "--sync-interval", "1s", "--max-in-flight", "4"]  # fmt: skip
     # a driver that dies: in its own process, not forked by the warm CLI server (which would interrupt it)
     proc = _start(argv, {**node_env(s3, tmp_path / "node-a"), WARM_CLI_ENV: "0"}, tmp_path / "node-a")
     _wait_for_journal_lines(s3, "killed/r", proc, 2)
@@ -122,7 +124,7 @@ def test_a_killed_run_resumes_from_the_store_on_another_node_generating_only_the
 
     # another node: another working folder, nothing staged; what the store holds is all it has
     (tmp_path / "node-b").mkdir()
-    resumed = rayeval(*argv[:-4], env=node_env(s3, tmp_path / "node-b"), cwd=tmp_path / "node-b")
+    resumed = rayeval(*argv[:-6], env=node_env(s3, tmp_path / "node-b"), cwd=tmp_path / "node-b")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{total} requests, {len(kept)} reused" in resumed.stderr
     journal = lines(s3.read("killed/r")[JOURNAL])
@@ -138,8 +140,10 @@ def test_a_store_that_stops_mid_run_loses_nothing_and_the_rerun_uploads_the_fold
     s3: ObjectStore, tmp_path: Path
 ):
     total = 24
+    # four requests in flight: the run outlasts the store's shutdown on any CPU; the rerun below leaves the
+    # last six arguments out
     argv = ["run", *BASE_IFEVAL_ARGS, "--limit", str(total), "--output-dir", s3.uri("outage"), "--run-id", "r",
-            "--sync-every", "2", "--sync-interval", "1s"]  # fmt: skip
+            "--sync-every", "2", "--sync-interval", "1s", "--max-in-flight", "4"]  # fmt: skip
     env = node_env(s3, tmp_path / "node")
     proc = _start(argv, env, tmp_path / "node")
     _wait_for_journal_lines(s3, "outage/r", proc, 2)
@@ -163,7 +167,7 @@ def test_a_store_that_stops_mid_run_loses_nothing_and_the_rerun_uploads_the_fold
     assert f"Nothing is lost: the whole folder is in {staged}" in err
     assert len(records(staged / JOURNAL)) == total
 
-    again = rayeval(*argv[:-4], env=env)  # the same node once the store is back
+    again = rayeval(*argv[:-6], env=env)  # the same node once the store is back
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{total} requests, {total} reused" in again.stderr
     stored = s3.read("outage/r")
