@@ -5,6 +5,7 @@ curve)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -65,14 +66,28 @@ def scoring_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def step_settings(run_dir: Path) -> dict[str, Any] | None:
-    """`scoring_settings` of a step folder's run, from its config.yaml; None where it has none readable."""
+    """`scoring_settings` of a step folder's run, from its config.yaml; None where it has none readable. A
+    watch asks this of every finished step at each poll: the file is parsed again only where its size or
+    modification time changed (PyYAML takes milliseconds a file, hundreds of steps a good part of a poll)."""
+    config = run_dir / "config.yaml"
+    try:
+        stat = config.stat()
+    except OSError:
+        return None
+    saved = _parsed_config(str(config), stat.st_mtime_ns, stat.st_size)
+    return scoring_settings(saved) if isinstance(saved, dict) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_config(path: str, mtime_ns: int, size: int) -> Any:
+    """The YAML of the file at `path` as it was at (`mtime_ns`, `size`); None where it cannot be read. The
+    result is shared between calls: read it, never change it."""
     import yaml
 
     try:
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        return yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
         return None
-    return scoring_settings(saved) if isinstance(saved, dict) else None
 
 
 def settings_differences(ran: dict[str, Any], now: dict[str, Any]) -> list[str]:

@@ -305,3 +305,21 @@ def test_a_sweeps_curves_warn_where_its_steps_were_scored_by_different_versions_
     )
     rows = list(csv.DictReader(files[0].open()))
     assert {(r["step"], r["version"]) for r in rows} == {("100", "0.9"), ("200", now)}
+
+
+def test_a_steps_settings_are_read_again_once_its_config_is_written_again(tmp_path: Path):
+    """A watch asks every finished step's settings at each poll, parsed once per version of the file: a step
+    run again with another --limit is seen with it, even where the file keeps its size."""
+    import yaml
+
+    from cluster.config import build_config
+    from cluster.sweep.step_records import step_settings
+
+    config = tmp_path / "config.yaml"
+    for limit, at in ((50, 10**18), (70, 10**18 + 10**9)):  # one size, another modification time
+        config.write_text(yaml.safe_dump(build_config({"limit": limit}, {}, "t").model_dump(mode="json")))
+        os.utime(config, ns=(at, at))
+        assert step_settings(tmp_path)["limit"] == limit
+        assert step_settings(tmp_path)["limit"] == limit
+    config.unlink()
+    assert step_settings(tmp_path) is None
