@@ -274,8 +274,8 @@ def saved_records() -> dict[str, PoolRecord]:
 # calls run in threads of their own (state under `_lock`): stopping a pool (`remove`, up to 30 s while its
 # engines stop) does not hold up other runs' lease renewals, which would otherwise lapse behind it. A call
 # made while Ray restarts it waits for the restart rather than fail a run's replacement or lease; one the
-# lost registry had run and not answered runs again (a replacement entered twice is entered once; a release
-# adds its requests to `requests_served` twice).
+# lost registry had run and not answered runs again, so each method may run twice (a replacement entered
+# twice is entered once, a lease released twice counts its requests once).
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=16)
 class PoolRegistry:
     """The cluster's warm pools. Stops a pool that nobody has used for its idle timeout."""
@@ -374,7 +374,7 @@ class PoolRegistry:
         logs of the replicas that answered it at its end stood then."""
         with self._lock:
             pool = self.pools.get(name)
-            if pool is not None:
+            if pool is not None and run_id not in pool.released:
                 pool.let_go(run_id, time.time())
                 pool.requests_served += served
                 pool.last_used = time.time()

@@ -6,8 +6,10 @@ layout has a marker: HF Trainer (and TRL and LLaMA-Factory, which save through i
 `trainer_state.json` into the checkpoint folder last; verl records the last step it finished saving in
 `latest_checkpointed_iteration.txt` at the run's root. Without a marker (a plain `save_pretrained` loop)
 a checkpoint is complete once none of its files changed for `settle_s` seconds. A marker counts where it is
-at least as new as every file of the checkpoint; one older than a file (the checkpoint saved again in place
-over its old marker, or copied in another order) counts once the files have settled as well.
+at least as new as every file an engine loads from the checkpoint (its weights and config: other ranks'
+files, as each rank's RNG state, may come after HF Trainer's marker); one older than such a file (the
+checkpoint saved again in place over its old marker, or copied in another order) counts once the files have
+settled as well.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.models.checkpoints import Checkpoint, check_run_dir, scan_checkpoints, two_checkpoints
+from cluster.sweep.step_records import weights_state
 
 log = logging.getLogger(__name__)
 
@@ -91,19 +94,19 @@ class ArrivalWatcher:
         return ready
 
     def _marked(self, checkpoint: Checkpoint, verl_step: int | None, now: float) -> bool:
-        """Marked complete by its trainer after its last file was written, or marked and settled."""
+        """Marked complete by its trainer after the weights and config were written, or marked and settled."""
         marks = (
             [checkpoint.path / HF_TRAINER_MARKER] if (checkpoint.path / HF_TRAINER_MARKER).is_file() else []
         )
         if verl_step is not None and checkpoint.step <= verl_step:
             marks.append(self.run_dir / VERL_TRACKER)
+        if not marks:
+            return False
         try:
-            marked_at = max(mark.stat().st_mtime_ns for mark in marks) if marks else None
-        except FileNotFoundError:  # a mark removed since (a checkpoint deleted by the trainer's rotation)
+            marked_at = max(mark.stat().st_mtime_ns for mark in marks)
+            newest = max((int(mtime) for _, _, mtime in weights_state(checkpoint.path)), default=0)
+        except FileNotFoundError:  # removed since it was listed (a checkpoint the trainer's rotation deleted)
             return False
-        if marked_at is None:
-            return False
-        newest = max((mtime for _, _, mtime in files_state(checkpoint.path)), default=0)
         return newest <= marked_at or self._settled(checkpoint.path, now)
 
     def _settled(self, folder: Path, now: float) -> bool:

@@ -103,23 +103,25 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_loses_nothing(three_nodes: C
     rows = records(tmp_path / "nodes" / "samples" / MODEL_DIR / "ifeval.jsonl")
     assert sorted(r["doc_id"] for r in rows) == list(range(48)) and all(r["error"] is None for r in rows)
     assert f"in place of {lost}" in err
-    # the warm-pool registry the run entered its pool and replacement in lives on the head, never on the lost
-    # node (there Ray restarted it while the run called it, and the replacement failed as "unavailable")
-    assert registry_node(three_nodes.address) == three_nodes.head_node.node_id
+    # the warm-pool registry the run entered its pool and replacement in lives on the head and was never lost
+    # (on the lost node, Ray restarted it while the run called it, and the replacement failed as "unavailable")
+    assert registry_node(three_nodes.address) == (three_nodes.head_node.node_id, 0)
 
 
-def registry_node(address: str) -> str:
-    """The node id of the cluster's warm-pool registry, read by a process of its own joined to the cluster."""
+def registry_node(address: str) -> tuple[str, int]:
+    """The node id of the cluster's warm-pool registry and the times Ray restarted it, read by a process of its
+    own joined to the cluster."""
     script = (
         "import sys, ray\n"
         "from ray.util.state import list_actors\n"
         "from cluster.engines.warm import REGISTRY_NAME\n"
         "ray.init(address=sys.argv[1], logging_level='ERROR')\n"
-        "(found,) = list_actors(filters=[('name', '=', REGISTRY_NAME), ('state', '=', 'ALIVE')])\n"
-        "print(found.node_id)\n"
+        "(found,) = list_actors(filters=[('name', '=', REGISTRY_NAME), ('state', '=', 'ALIVE')], detail=True)\n"
+        "print(found.node_id, found.num_restarts)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, address], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip().splitlines()[-1]
+    node_id, restarts = done.stdout.strip().splitlines()[-1].split()
+    return node_id, int(restarts)

@@ -68,6 +68,10 @@ def test_a_marker_older_than_the_checkpoints_files_counts_once_they_settle(tmp_p
     os.utime(weights, ns=(at - 10**9, at - 10**9))
     watcher = ArrivalWatcher(run, settle_s=10)
     assert steps(watcher, 0) == [10]  # marked after its files
+    rng = folder / "rng_state_1.pth"  # another rank's file, written after the marker: no engine loads it
+    rng.write_bytes(b"r")
+    os.utime(rng, ns=(at + 10**9, at + 10**9))
+    assert steps(watcher, 0.5) == [10]
 
     weights.write_bytes(b"v" * 64)  # saved again: new weights, the old marker
     os.utime(weights, ns=(at + 10**9, at + 10**9))
