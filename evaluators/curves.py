@@ -41,6 +41,7 @@ class CurvePoint:
     questions: int
     judge: str = ""  # a judged task's judge, whose verdicts the numbers are
     version: str = ""  # the task's version that scored the run
+    judge_spec: str = ""  # what that judge was (kind, model, endpoint), where its folder records it
 
     def error(self, bar: ErrorBar) -> tuple[float, float]:
         """(below, above) the mean, NaN-free: 0 where the run has no such spread (one question, N = 1)."""
@@ -106,37 +107,63 @@ def points_from_run(
             points.append(
                 CurvePoint(series, step, task, metric, _num(m.get("mean")), _num(m.get("sem")), low, high,
                            _num(m.get("std_across_runs")), int(m.get("n", 1)), int(m.get("questions", 0)),
-                           chosen.name if chosen else "", str(body.get("version") or ""))
+                           chosen.name if chosen else "", str(body.get("version") or ""),
+                           chosen.spec if chosen else "")
             )  # fmt: skip
-        points += _other_points(series, step, task, body, chosen.name if chosen else "")
+        points += _other_points(
+            series, step, task, body, chosen.name if chosen else "", chosen.spec if chosen else ""
+        )
     return points
 
 
-def _other_points(series: str, step: int, task: str, body: dict, judge: str) -> list[CurvePoint]:
+def _other_points(
+    series: str, step: int, task: str, body: dict, judge: str, judge_spec: str
+) -> list[CurvePoint]:
     """A task's numbers beside its mean metrics: lm-eval's aggregates other than a mean (perplexity, a
     group's accuracy) and a judged task's statistics (bootstraps, the LC win rate)."""
     questions, runs, nan = int(body.get("num_questions") or 0), int(body.get("num_runs") or 1), math.nan
     version = str(body.get("version") or "")
     points = [
         CurvePoint(
-            series, step, task, key, _num(value), _num(stderr), nan, nan, nan, 1, questions, judge, version
+            series,
+            step,
+            task,
+            key,
+            _num(value),
+            _num(stderr),
+            nan,
+            nan,
+            nan,
+            1,
+            questions,
+            judge,
+            version,
+            judge_spec,
         )  # fmt: skip
         for key, (value, stderr) in (body.get("aggregate_only") or {}).items()
     ]
     for key, stat in (body.get("statistics") or {}).items():
         low, high = (_num(v) for v in stat.get("ci95") or [None, None])
         points.append(CurvePoint(series, step, task, f"{key} (bootstrap)", _num(stat.get("value")),
-                                 _num(stat.get("std")), low, high, nan, runs, questions, judge, version))  # fmt: skip
+                                 _num(stat.get("std")), low, high, nan, runs, questions, judge, version,
+                                 judge_spec))  # fmt: skip
     return points
 
 
 def check_one_judge(points: list[CurvePoint]) -> None:
-    """Refuse a task whose points come from different judges: its curve would move with the judge."""
+    """Refuse a task whose points come from different judges, named apart or one name for two judges (their
+    recorded specs differ): its curve would move with the judge."""
     for task, seen in _mixed(points, lambda p: p.judge):
         raise EvalInputError(
             f"{task}: the runs were judged by different judges ({seen}), so the curve would mix judges. "
             "Pass --judge NAME to draw one judge's verdicts (judge the other runs with it first: rayeval run "
             "--judge-only --run-id RUN --judge NAME), or --allow-different-judges."
+        )
+    for task, seen in _mixed(points, lambda p: p.judge_spec):
+        raise EvalInputError(
+            f"{task}: the runs' judges share a name but were different judges ({seen}), so the curve would mix "
+            "judges. Judge every run with one judge (rayeval run --judge-only --run-id RUN --judge NAME), or "
+            "pass --allow-different-judges (where it is one judge served elsewhere)."
         )
 
 
@@ -189,7 +216,7 @@ def write_tables(points: list[CurvePoint], folder: Path, name: str = "sweep_summ
     ordered = sorted(points, key=lambda p: (p.series, p.task, p.metric, p.step))
     csv_path, md_path = folder / f"{name}.csv", folder / f"{name}.md"
     with csv_path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")  # a judge's spec stays out
         writer.writeheader()
         writer.writerows(asdict(p) for p in ordered)
     lines = ["| training run | step | task | metric | mean | SEM | CI95 | N | questions | judge |",

@@ -40,3 +40,27 @@ def test_compare_refuses_two_runs_judged_by_one_name_at_two_endpoints(tmp_path, 
         json.dumps({"name": "openai:judge", "spec": "openai:judge@http://10.0.0.1:8000/v1"})
     )
     assert main(["compare", str(a), str(b)]) == 0  # the same judge: compared
+
+
+def test_plot_refuses_steps_judged_by_one_name_at_two_endpoints(tmp_path, capsys):
+    """As compare: one judge name at two endpoints is two judges, and a curve over both would mix them; a
+    step whose folder records no spec (an earlier version's) is taken as that name's judge."""
+    wins = {q: [2, q % 3] for q in range(6)}
+    steps = {
+        step: write_judged_run(tmp_path / "sft", f"step_{step}", {"openai:judge": wins}) for step in (1, 2, 3)
+    }
+    for step, endpoint in ((1, "http://10.0.0.1:8000/v1"), (2, "https://other.example/v1")):
+        (steps[step] / "judges" / "openai-judge" / "judge.json").write_text(
+            json.dumps({"name": "openai:judge", "spec": f"openai:judge@{endpoint}"})
+        )
+    out = tmp_path / "plots"
+    assert main(["plot", str(tmp_path / "sft"), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "alpaca_eval: the runs' judges share a name but were different judges (" in err
+    assert (
+        "openai:judge@http://10.0.0.1:8000/v1 at sft step 1; openai:judge@https://other.example/v1 at sft step 2"
+        in err
+    )
+    assert main(["plot", str(tmp_path / "sft"), "--output", str(out), "--allow-different-judges"]) == 0
+    (steps[2] / "judges" / "openai-judge" / "judge.json").unlink()
+    assert main(["plot", str(tmp_path / "sft"), "--output", str(out)]) == 0  # step 3 and 2 record no spec
