@@ -102,51 +102,39 @@ def points_from_run(
         chosen = choose_judge(run_dir, task, judge or (body.get("judge") if latest_judge else None))
         if chosen is not None:
             body = chosen.task_summary(task)
+        # what scored every point of the task: the judge, the task's version, what that judge was
+        scored_by = (
+            chosen.name if chosen else "",
+            str(body.get("version") or ""),
+            chosen.spec if chosen else "",
+        )
         for metric, m in (body.get("metrics") or {}).items():
             low, high = (v if v is not None else math.nan for v in m.get("ci95", [None, None]))
             points.append(
                 CurvePoint(series, step, task, metric, _num(m.get("mean")), _num(m.get("sem")), low, high,
                            _num(m.get("std_across_runs")), int(m.get("n", 1)), int(m.get("questions", 0)),
-                           chosen.name if chosen else "", str(body.get("version") or ""),
-                           chosen.spec if chosen else "")
+                           *scored_by)
             )  # fmt: skip
-        points += _other_points(
-            series, step, task, body, chosen.name if chosen else "", chosen.spec if chosen else ""
-        )
+        points += _other_points(series, step, task, body, scored_by)
     return points
 
 
 def _other_points(
-    series: str, step: int, task: str, body: dict, judge: str, judge_spec: str
+    series: str, step: int, task: str, body: dict, scored_by: tuple[str, str, str]
 ) -> list[CurvePoint]:
     """A task's numbers beside its mean metrics: lm-eval's aggregates other than a mean (perplexity, a
     group's accuracy) and a judged task's statistics (bootstraps, the LC win rate)."""
     questions, runs, nan = int(body.get("num_questions") or 0), int(body.get("num_runs") or 1), math.nan
-    version = str(body.get("version") or "")
     points = [
         CurvePoint(
-            series,
-            step,
-            task,
-            key,
-            _num(value),
-            _num(stderr),
-            nan,
-            nan,
-            nan,
-            1,
-            questions,
-            judge,
-            version,
-            judge_spec,
-        )  # fmt: skip
+            series, step, task, key, _num(value), _num(stderr), nan, nan, nan, 1, questions, *scored_by
+        )
         for key, (value, stderr) in (body.get("aggregate_only") or {}).items()
     ]
     for key, stat in (body.get("statistics") or {}).items():
         low, high = (_num(v) for v in stat.get("ci95") or [None, None])
         points.append(CurvePoint(series, step, task, f"{key} (bootstrap)", _num(stat.get("value")),
-                                 _num(stat.get("std")), low, high, nan, runs, questions, judge, version,
-                                 judge_spec))  # fmt: skip
+                                 _num(stat.get("std")), low, high, nan, runs, questions, *scored_by))  # fmt: skip
     return points
 
 

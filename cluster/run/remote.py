@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from cluster.config import RunConfig
 from cluster.errors import ClusterError
 from cluster.forwarded_env import ForwardedEnv, api_key_names, collect, names_for
-from cluster.head_node import HEAD_RESOURCE
+from cluster.head_node import head_node_id
 from cluster.progress import Stage, progress_bar, snapshot
 from cluster.run.paths import StoredConfigOverrides
 from cluster.run.result import RunResult, load_records
@@ -219,9 +219,10 @@ def check_paths_for_the_cluster(config: RunConfig) -> None:
 def coordinator_node(wanted: str | None) -> str:
     """The node id of the head node, or of the node `wanted` names (its IP address, hostname or node id)."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if wanted is None and (head := head_node_id(nodes)) is not None:
+        return head
     for node in nodes:
-        names = (node["NodeID"], node.get("NodeManagerAddress"), node.get("NodeManagerHostname"))
-        if (wanted is None and HEAD_RESOURCE in node.get("Resources", {})) or wanted in names:
+        if wanted in (node["NodeID"], node.get("NodeManagerAddress"), node.get("NodeManagerHostname")):
             return str(node["NodeID"])
     known = ", ".join(f"{n.get('NodeManagerAddress')} ({n.get('NodeManagerHostname')})" for n in nodes)
     raise EvalInputError(
