@@ -181,8 +181,9 @@ def merge_plan(config: dict[str, Any], tensors: dict[str, Any], adapter: Path) -
 
 
 def _in_module_saved_whole(name: str, modules: tuple[str, ...]) -> bool:
-    """Whether tensor `name` is a parameter of a module peft saved whole: peft wraps every module whose name
-    ends with an entry of `modules_to_save` (a plain suffix: `norm` takes `input_layernorm` too)."""
+    """Whether tensor `name` (one the adapter holds) is a parameter of a module peft saved whole: one whose name
+    ends with an entry of `modules_to_save`. peft's own rule changed between releases (a plain suffix, where
+    `norm` took `input_layernorm` too; later at a dot); the file holds only what it wrapped, so either reads."""
     module = name.rpartition(".")[0]
     return ".lora_" not in name and any(module.endswith(m) for m in modules)
 
