@@ -556,14 +556,13 @@ def registry(create: bool = True, same_version: bool = True) -> Any:
 
 
 def _on_the_head() -> dict[str, Any]:
-    """The registry's placement: the head node (soft, so a cluster whose head reports no head resource still
-    gets one). Anywhere else the loss of that worker node restarts it while runs on the others call it."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    """The registry's placement: the head node, by a sliver of Ray's head resource (as Ray Serve places its
+    controller; soft node affinity to the head was seen placing it on a worker). Anywhere else the loss of that
+    worker node restarts it while runs on the others call it. A cluster whose head reports no head resource
+    places it anywhere."""
+    from cluster.head_node import HEAD_RESOURCE, head_node_id
 
-    from cluster.head_node import head_node_id
-
-    head = head_node_id(ray.nodes())
-    return {} if head is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(head, soft=True)}
+    return {} if head_node_id(ray.nodes()) is None else {"resources": {HEAD_RESOURCE: 0.001}}
 
 
 def registry_version(found: Any) -> int:
