@@ -380,15 +380,15 @@ def draw_curves(root: Path, series: str, errorbar: ErrorBar) -> list[Path]:
     samples (`complete_steps`) is left off, with a warning: a point drawn as any other would read as that
     checkpoint's score."""
     steps = complete_steps(root)
-    _warn_of_mixed_settings(steps)
+    _warn_of_mixed_settings(root, steps)
     points = [
         point for step, folder in steps for point in points_from_run(folder, series, step, latest_judge=True)
     ]
     if not points:
         return []
     for task, seen in mixed_versions(points):
-        log.warning("%s: the steps scored it with different versions of the task (%s): its curve mixes scoring "
-                    "rules; run the sweep again over every step", task, seen)  # fmt: skip
+        _warn_once(root, f"{task}: the steps scored it with different versions of the task ({seen}): its curve "
+                   "mixes scoring rules; run the sweep again over every step")  # fmt: skip
     csv_path, md_path = write_tables(points, root)
     return [csv_path, md_path, *plot_curves(points, root, errorbar)]
 
@@ -403,7 +403,7 @@ def finished_steps(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _warn_of_mixed_settings(steps: list[tuple[int, Path]]) -> None:
+def _warn_of_mixed_settings(root: Path, steps: list[tuple[int, Path]]) -> None:
     """A warning where the steps on the curves ran with other settings than the last one (a --limit or -n
     changed between sweeps of some steps): their points do not answer the same questions the same way."""
     ran = {step: step_settings(folder) for step, folder in steps}
@@ -414,8 +414,19 @@ def _warn_of_mixed_settings(steps: list[tuple[int, Path]]) -> None:
     for step, settings in sorted(known.items()):
         if settings != known[last]:
             said = "; ".join(settings_differences(settings, known[last]))
-            log.warning("step %d ran with other settings than step %d (%s): its points on the curves are not "
-                        "comparable; run the sweep again over every step", step, last, said)  # fmt: skip
+            _warn_once(root, f"step {step} ran with other settings than step {last} ({said}): its points on the "
+                       "curves are not comparable; run the sweep again over every step")  # fmt: skip
+
+
+# what `_warn_once` said, by sweep folder: a watch draws the curves after every batch and says each once
+_said: set[tuple[Path, str]] = set()
+
+
+def _warn_once(root: Path, message: str) -> None:
+    """Log `message` about the sweep in `root` unless this process already did (as Python's warnings do)."""
+    if (root, message) not in _said:
+        _said.add((root, message))
+        log.warning("%s", message)
 
 
 def complete_steps(root: Path, warned: set[tuple[int, str]] | None = None) -> list[tuple[int, Path]]:
