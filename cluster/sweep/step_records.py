@@ -57,12 +57,24 @@ SCORING_MODEL_SETTINGS = ("dtype", "max_model_len", "chat_template", "think_end_
 
 def scoring_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """The part of a run's settings (its config.yaml, or a config's `model_dump(mode="json")`) that its
-    numbers depend on besides the checkpoint."""
+    numbers depend on besides the checkpoint. A setting left unset is left out, as one that did not exist yet
+    when an earlier rayeval wrote the file (a new field's default is unset): neither is a difference."""
     model = settings.get("model") or {}
-    return {
-        **{key: settings.get(key) for key in SCORING_SETTINGS},
-        "model": {key: model.get(key) for key in SCORING_MODEL_SETTINGS},
-    }
+    return _set_only(
+        {
+            **{key: settings.get(key) for key in SCORING_SETTINGS},
+            "model": {key: model.get(key) for key in SCORING_MODEL_SETTINGS},
+        }
+    )
+
+
+def _set_only(value: Any) -> Any:
+    """`value` with every mapping's None entries left out, at any depth (in lists too)."""
+    if isinstance(value, dict):
+        return {key: _set_only(inner) for key, inner in value.items() if inner is not None}
+    if isinstance(value, list):
+        return [_set_only(inner) for inner in value]
+    return value
 
 
 def step_settings(run_dir: Path) -> dict[str, Any] | None:

@@ -283,6 +283,34 @@ def test_steps_run_with_other_settings_are_evaluated_again_by_a_watch_and_flagge
     assert caplog.text.count("step 100 ran with other settings than step 200 (limit 50 (now 100))") == 1
 
 
+def test_a_step_an_earlier_rayeval_ran_before_a_setting_existed_is_not_evaluated_again(
+    tmp_path: Path, caplog
+):
+    """Step 100's config.yaml lacks settings added since (sampling.top_k, a task's top_k): unset then and
+    unset now are the same settings, so a watch after an upgrade does not evaluate every old step again.
+    A setting given a value is a difference still."""
+    import yaml
+
+    from cluster.config import build_config
+    from cluster.sweep.step_records import scoring_settings
+    from cluster.sweep.watch import _ran_otherwise
+
+    config = build_config({"limit": 10}, {}, "t").model_dump(mode="json")
+    older = {**config, "run_id": "step_100", "sampling": dict(config["sampling"])}
+    del older["sampling"]["top_k"]
+    older["tasks"] = [{k: v for k, v in task.items() if k != "top_k"} for task in config["tasks"]]
+    assert older["tasks"] and older["tasks"] != config["tasks"]
+    (tmp_path / "step_100").mkdir()
+    (tmp_path / "step_100" / "config.yaml").write_text(yaml.safe_dump(older))
+    now = scoring_settings(config)
+    assert _ran_otherwise({100}, tmp_path, now, set()) == set()
+    topped = scoring_settings(
+        build_config({"limit": 10, "sampling": {"top_k": 5}}, {}, "t").model_dump(mode="json")
+    )
+    assert _ran_otherwise({100}, tmp_path, topped, set()) == {100}
+    assert "sampling.top_k null (now 5)" in caplog.text
+
+
 def test_a_sweeps_curves_warn_where_its_steps_were_scored_by_different_versions_of_a_task(
     tmp_path: Path, caplog
 ):
