@@ -143,6 +143,7 @@ class RunPlan:
             lines.append(
                 f"task      {t.task.name:<10} samples={len(t.samples):<6} of {t.available:<6} requests={len(t.samples) * draws:<7}"
                 f" fewshot={t.num_fewshot} max_tokens={t.sampling.max_tokens} temperature={t.sampling.temperature}"
+                + "".join(f" {name}={value}" for name, value in t.sampling.engine_options)
                 + (one_draw if draws < c.num_samples else "")
             )
         for t in self.lm_eval_tasks:
@@ -230,7 +231,7 @@ def build_plan(config: RunConfig, materialise_model: bool = True, device: str | 
                 if v is not None
             ),
             stop=engine_stops(task.defaults.stop, config.model.think_end_token),
-            engine_options=_top_k(options, config),
+            engine_options=_engine_options(options, config),
         )
         plans.append(TaskPlan(task, options, samples, pool, num_fewshot, sampling, available))
     if lm_eval_plans and config.lm_eval.fewshot_as_multiturn and not config.lm_eval.apply_chat_template:
@@ -270,11 +271,16 @@ def _selected_samples(
     return (samples[:limit] if limit is not None else samples), available
 
 
-def _top_k(options: TaskOptions, config: RunConfig) -> tuple[tuple[str, int], ...]:
-    """vLLM's top_k as an engine option where one is set (none: every token, and the request ids of runs
-    made before the setting existed)."""
+def _engine_options(options: TaskOptions, config: RunConfig) -> tuple[tuple[str, int | float], ...]:
+    """vLLM's top_k and repetition_penalty as engine options where set (the task's over the run's), and
+    only where they change sampling: unset (every token; a penalty of 1) keeps the request ids of runs made
+    before the settings existed, so their completions are read back."""
     top_k = options.top_k if options.top_k is not None else config.sampling.top_k
-    return (("top_k", top_k),) if top_k is not None else ()
+    penalty = next(
+        (v for v in (options.repetition_penalty, config.sampling.repetition_penalty) if v is not None), 1.0
+    )
+    return (*((("top_k", top_k),) if top_k is not None else ()),
+            *((("repetition_penalty", penalty),) if penalty != 1.0 else ()))  # fmt: skip
 
 
 def _device_of(config: RunConfig, model: ResolvedModel) -> str:

@@ -142,6 +142,7 @@ class TaskOptions(Strict):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=1)
+    repetition_penalty: float | None = Field(None, gt=0)
     max_tokens: int | None = Field(None, ge=1)
 
     _range = field_validator("test_range")(_check_test_range)
@@ -289,6 +290,13 @@ class SamplingOptions(Strict):
         ge=1,
         description="sample from the K most likely tokens only (vLLM's top_k; default: all)",
         json_schema_extra=cli("--top-k", "K"),
+    )
+    repetition_penalty: float | None = Field(
+        None,
+        gt=0,
+        description="vLLM's repetition_penalty: above 1 makes tokens already in the prompt or reply less likely, "
+        "below 1 more (default: 1, none)",
+        json_schema_extra=cli("--repetition-penalty", "R"),
     )
     max_tokens: int | None = Field(
         None,

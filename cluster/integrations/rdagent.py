@@ -56,8 +56,6 @@ RDAGENT_DEFAULT_INFERENCE = {
 }
 RDAGENT_BENCHMARK_MODULE = "rdagent.scenarios.finetune.benchmark.benchmark"
 RDAGENT_SETTINGS_MODULE = "rdagent.app.finetune.llm.conf"  # FT_RD_SETTING, its file_path fixed at import
-# RD-Agent's settings rayeval's sampling has no field for, and the values at which leaving them out changes nothing
-UNAPPLIED_NEUTRAL = {"repetition_penalty": (1.0, None)}
 # where the thinking of an output ends, for OpenCompass's extract-non-reasoning-content that RD-Agent applies
 THINK_END_TOKEN = "</think>"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
@@ -199,7 +197,7 @@ def benchmark_config(
     per_task = {key: value for key, value in chosen.items() if key in TaskOptions.model_fields}
     engine = rdagent_model(inference, model)
     asked = ((settings.get("config") or {}).get("model") or {}).get("max_model_len")  # the caller's wins
-    entry |= rdagent_sampling(inference, model_name, int(asked or engine["max_model_len"])) | per_task
+    entry |= rdagent_sampling(inference, int(asked or engine["max_model_len"])) | per_task
     values: dict[str, Any] = {
         "model": {"path": model, "lora": lora, "tensor_parallel_size": 1} | engine,
         "tasks": [entry],
@@ -392,23 +390,14 @@ def rdagent_inference(model_name: str, gpu_count: int) -> dict[str, Any]:
     return RDAGENT_DEFAULT_INFERENCE | found
 
 
-def rdagent_sampling(inference: Mapping[str, Any], model_name: str, context: int) -> dict[str, Any]:
-    """RD-Agent's inference settings as rayeval's sampling (temperature, top_p, top_k, and max_out_len as
-    max_tokens). Settings rayeval's sampling lacks are named in a warning where they would matter. Where the
-    engines' `context` is cut below RD-Agent's max_seq_len (`rdagent_model`) and max_out_len would fill it,
-    replies get half of it: lm-eval's tasks keep a prompt's last max_model_len - max_tokens tokens, none
-    at all otherwise."""
-    unapplied = {
-        key: inference[key]
-        for key, neutral in UNAPPLIED_NEUTRAL.items()
-        if key in inference and inference[key] not in neutral
-    }
-    if unapplied:
-        log.warning(
-            "RD-Agent's settings for %s that rayeval does not apply: %s (its sampling has no such field)",
-            model_name, ", ".join(f"{k}={v}" for k, v in sorted(unapplied.items())),
-        )  # fmt: skip
+def rdagent_sampling(inference: Mapping[str, Any], context: int) -> dict[str, Any]:
+    """RD-Agent's inference settings as rayeval's sampling (temperature, top_p, top_k, repetition_penalty,
+    and max_out_len as max_tokens; top_k and the penalty where they change sampling). Where the engines'
+    `context` is cut below RD-Agent's max_seq_len (`rdagent_model`) and max_out_len would fill it, replies
+    get half of it: lm-eval's tasks keep a prompt's last max_model_len - max_tokens tokens, none at all
+    otherwise."""
     top_k = inference.get("top_k")
+    penalty = inference.get("repetition_penalty")
     max_tokens = int(inference["max_out_len"])
     if max_tokens >= context:
         log.warning(
@@ -421,6 +410,7 @@ def rdagent_sampling(inference: Mapping[str, Any], model_name: str, context: int
         "top_p": float(inference["top_p"]),
         "max_tokens": max_tokens,
         **({"top_k": int(top_k)} if top_k is not None and int(top_k) > 0 else {}),
+        **({"repetition_penalty": float(penalty)} if penalty is not None and float(penalty) != 1.0 else {}),
     }
 
 

@@ -275,6 +275,8 @@ def _apply_task_overrides(leaf: Any, plan: LmEvalTaskPlan, global_gen_kwargs: di
         per_task["top_p"] = plan.options.top_p
     if plan.options.top_k is not None:
         per_task["top_k"] = plan.options.top_k
+    if plan.options.repetition_penalty is not None:
+        per_task["repetition_penalty"] = plan.options.repetition_penalty
     if plan.options.max_tokens is not None:
         per_task["max_gen_toks"] = plan.options.max_tokens
     for overrides in (global_gen_kwargs, per_task):

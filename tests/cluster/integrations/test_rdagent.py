@@ -307,14 +307,16 @@ def test_rdagents_sampling_for_each_base_model_comes_from_its_own_models_yaml(tm
     }
     engines = {name: (entries[name]["max_model_len"], entries[name]["think_end_token"]) for name in names}
     assert engines == {"Qwen/Qwen2.5-7B-Instruct": (32768, None), "Qwen/Qwen3-1.7B": (40960, "</think>")}
-    assert "does not apply" not in done.stderr  # repetition_penalty 1.0 everywhere: nothing left unapplied
+    # repetition_penalty is 1.0, vLLM's none, in each entry: left out, as where no penalty is set
+    assert not any("repetition_penalty" in entries[name] for name in names)
 
 
 def test_rdagents_context_is_cut_to_what_the_model_declares_and_replies_fit_in_it(tmp_path, monkeypatch):
     """Without RD-Agent imported its `default` holds: max_seq_len 32,768 on the embedded model, which declares
     8,192, runs at 8,192 (RD-Agent's vLLM would refuse to start); its 8,192-token replies would fill that and
-    leave lm-eval's tasks no prompt, so they get half. A caller's sampling reaches the task, lm-eval's too."""
-    from cluster.integrations.rdagent import benchmark_config
+    leave lm-eval's tasks no prompt, so they get half. A caller's sampling reaches the task, lm-eval's too, and
+    a repetition_penalty RD-Agent sets."""
+    from cluster.integrations.rdagent import RDAGENT_DEFAULT_INFERENCE, benchmark_config, rdagent_sampling
     from cluster.models import ensure_default_model
 
     monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
@@ -336,3 +338,5 @@ def test_rdagents_context_is_cut_to_what_the_model_declares_and_replies_fit_in_i
     monkeypatch.setenv("FT_FORCE_THINK_TOKEN", "true")  # RD-Agent's setting: its CoT postprocessor applies
     config = benchmark_config(model, "any/base", "gsm8k", 0, "[:4]", 1, None, tmp_path, {})
     assert config.model.think_end_token == "</think>"
+    penalised = RDAGENT_DEFAULT_INFERENCE | {"repetition_penalty": 1.05}  # a models.yaml entry that sets one
+    assert rdagent_sampling(penalised, 8192)["repetition_penalty"] == 1.05

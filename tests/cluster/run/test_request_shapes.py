@@ -83,3 +83,36 @@ def test_a_sampling_seed_draws_new_samples_of_the_same_prompts():
     assert [r.seed for r in default] == [plan.config.sampling.seed + i for i in (0, 1)] * 3
     assert [r.seed for r in fresh] == [1000, 1001] * 3
     assert not {r.request_id for r in fresh} & {r.request_id for r in default}
+
+
+def test_top_k_and_a_repetition_penalty_reach_vllms_sampling_only_where_they_change_it():
+    """--top-k and --repetition-penalty (a task's own over the run's) go to vLLM's SamplingParams; a penalty
+    of 1, vLLM's none, is left out, so the requests keep the ids of runs made without the setting (their
+    completions are read back). `--dry-run` names both on the task's line."""
+    from cluster.config import RunConfig, TaskOptions
+    from cluster.engines.actor import sampling_params
+    from cluster.models import PromptRenderer
+    from cluster.plan import build_plan
+    from cluster.run import build_requests
+
+    def requests(sampling: dict, **task: object) -> tuple[list, str]:
+        config = RunConfig(
+            tasks=[TaskOptions(name="ifeval", limit=2, **task)], sampling=sampling, cluster={"device": "cpu"}
+        )
+        plan = build_plan(config)
+        renderer = PromptRenderer(plan.model, plan.config.model.chat_template, plan.config.model.revision)
+        return [p.request for p in build_requests(plan, renderer)], plan.describe()
+
+    plain, _ = requests({})
+    neutral, _ = requests({"repetition_penalty": 1.0})
+    assert [r.request_id for r in neutral] == [r.request_id for r in plain]
+    # sampled: vLLM drops top_k from a greedy request
+    penalised, described = requests(
+        {"repetition_penalty": 1.3, "top_k": 5, "temperature": 0.7}, repetition_penalty=1.1
+    )
+    assert penalised[0].sampling.engine_options == (("top_k", 5), ("repetition_penalty", 1.1))
+    assert not {r.request_id for r in penalised} & {r.request_id for r in plain}
+    params = sampling_params(penalised[0])
+    assert (params.repetition_penalty, params.top_k) == (1.1, 5)
+    assert sampling_params(plain[0]).repetition_penalty == 1.0
+    assert "top_k=5 repetition_penalty=1.1" in described
