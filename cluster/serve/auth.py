@@ -58,14 +58,15 @@ def key_digest_from_env(name: str) -> str:
 class BearerKeyCheck:
     """ASGI middleware: every HTTP request (and WebSocket) must carry `Authorization: Bearer <key>` whose
     SHA-256 digest is `sha256`; any other gets a 401 with an OpenAI-style error body, and never reaches the
-    app. Lifespan events pass through."""
+    app. Lifespan events pass through, and so do GET requests for `open_paths` (a health probe's)."""
 
-    def __init__(self, app: Asgi, *, sha256: str) -> None:
+    def __init__(self, app: Asgi, *, sha256: str, open_paths: tuple[str, ...] = ()) -> None:
         self.app = app
         self._digest = bytes.fromhex(sha256)
+        self._open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan" or self._carries_key(scope):
+        if scope["type"] == "lifespan" or self._is_open(scope) or self._carries_key(scope):
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": POLICY_VIOLATION})
@@ -73,6 +74,11 @@ class BearerKeyCheck:
             headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
             await send({"type": "http.response.start", "status": 401, "headers": headers})
             await send({"type": "http.response.body", "body": REFUSED})
+
+    def _is_open(self, scope: Scope) -> bool:
+        return (
+            scope["type"] == "http" and scope.get("method") == "GET" and scope.get("path") in self._open_paths
+        )
 
     def _carries_key(self, scope: Scope) -> bool:
         presented = b""

@@ -199,6 +199,31 @@ def test_requests_without_the_key_get_a_401_and_requests_with_it_an_answer(serve
     assert rejected.value.status_code == 401
 
 
+def test_health_answers_200_without_the_key_while_the_engine_is_up(served: Served) -> None:
+    """vLLM's GET /health, open as vLLM's is (a probe carries no key): 200 and no body once the engine passes
+    its health check; the server's other paths still want the key (the test above)."""
+    with urllib.request.urlopen(served.url.removesuffix("/v1") + "/health", timeout=60) as answer:  # noqa: S310
+        assert (answer.status, answer.read()) == (200, b"")
+
+
+def test_health_answers_503_naming_the_model_whose_engine_fails_its_check() -> None:
+    """A dead engine, injected: a stand-in for the model server's handle whose health check raises, as
+    LLMServer.check_health does for a dead engine (a real one dies and is restarted between two probes)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from cluster.serve.ingress import ServeIngress
+
+    async def failing() -> None:
+        raise RuntimeError("EngineDeadError: the engine process died")
+
+    dead = SimpleNamespace(check_health=SimpleNamespace(remote=failing))
+    answer = asyncio.run(ServeIngress.health(SimpleNamespace(_servers={SERVED_NAME: dead})))
+    assert answer.status_code == 503
+    message = json.loads(answer.body)["error"]["message"]
+    assert message == f"{SERVED_NAME}: RuntimeError: EngineDeadError: the engine process died"
+
+
 def test_a_lora_adapter_answers_under_its_own_name_streamed_too(served: Served) -> None:
     api = client(served)
     messages = [{"role": "user", "content": "Name three colours."}]

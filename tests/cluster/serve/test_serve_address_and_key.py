@@ -50,9 +50,9 @@ def test_a_running_serve_on_another_host_refuses_the_deploy_and_another_port_is_
     )
 
 
-def call(scope: dict) -> tuple[list[dict], list[str]]:
-    """Drive the key check of KEY, in front of an app, with one ASGI event: what it sent back, and the scope
-    types the app behind it was given."""
+def call(scope: dict, open_paths: tuple[str, ...] = ()) -> tuple[list[dict], list[str]]:
+    """Drive the key check of KEY (and `open_paths`), in front of an app, with one ASGI event: what it sent
+    back, and the scope types the app behind it was given."""
     sent: list[dict] = []
     reached: list[str] = []
 
@@ -65,7 +65,7 @@ def call(scope: dict) -> tuple[list[dict], list[str]]:
     async def send(message: dict) -> None:
         sent.append(message)
 
-    asyncio.run(BearerKeyCheck(app, sha256=key_digest(KEY))(scope, receive, send))
+    asyncio.run(BearerKeyCheck(app, sha256=key_digest(KEY), open_paths=open_paths)(scope, receive, send))
     return sent, reached
 
 
@@ -107,3 +107,18 @@ def test_a_websocket_without_the_key_is_closed_as_a_policy_violation() -> None:
     scope = {"type": "websocket", "path": "/v1/x", "headers": []}
     sent, reached = call(scope)
     assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
+
+
+def test_a_health_probe_needs_no_key_and_opens_nothing_else() -> None:
+    """GET /health passes without the key (a load balancer's probe carries none, as vLLM leaves its /health
+    open); another method on it, another path, and the API's own paths are refused as before."""
+    probe = {"type": "http", "method": "GET", "path": "/health", "headers": []}
+    assert call(probe, ("/health",)) == ([], ["http"])
+    for refused in (
+        {**probe, "method": "POST"},
+        {**probe, "path": "/healthz"},
+        {**probe, "path": "/v1/models"},
+    ):
+        sent, reached = call(refused, ("/health",))
+        assert reached == [] and sent[0]["status"] == 401, refused
+    assert call(probe)[0][0]["status"] == 401  # a check with no open path opens none
