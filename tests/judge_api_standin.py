@@ -16,7 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -52,6 +52,7 @@ class Served:
     model: str
     replica: str  # the client's X-Rayeval-Replica header, "" when absent
     in_flight: int  # requests being handled at arrival, this one included
+    settings: dict[str, Any] = field(default_factory=dict)  # the body's other fields (sampling, seed...)
 
 
 def message_key(messages: Messages) -> str:
@@ -183,7 +184,9 @@ class JudgeApiStandin:
         with self._lock:
             return list(self.served)
 
-    def _arrive(self, messages: Messages, model: str, replica: str) -> Served:
+    def _arrive(
+        self, messages: Messages, model: str, replica: str, settings: dict[str, Any] | None = None
+    ) -> Served:
         key = message_key(messages)
         with self._lock:
             attempt = self._attempts.get(key, 0) + 1
@@ -193,7 +196,9 @@ class JudgeApiStandin:
             action = (self.route(messages) if self.route is not None else None) or self.schedule(key, attempt)
             if action not in ACTIONS:
                 raise ValueError(f"schedule returned {action!r}, not one of {ACTIONS}")
-            served = Served(time.time(), key, attempt, action, model, replica, self._in_flight)
+            served = Served(
+                time.time(), key, attempt, action, model, replica, self._in_flight, settings or {}
+            )
             self.served.append(served)
         return served
 
@@ -312,7 +317,8 @@ def _handler_for(standin: JudgeApiStandin) -> type[BaseHTTPRequestHandler]:
             request = json.loads(body)
             messages = request.get("messages", [])
             model = str(request.get("model", ""))
-            served = standin._arrive(messages, model, self.headers.get(REPLICA_HEADER, ""))
+            settings = {k: v for k, v in request.items() if k not in ("messages", "model")}
+            served = standin._arrive(messages, model, self.headers.get(REPLICA_HEADER, ""), settings)
             try:
                 reply = _fault(standin, served.action, authorization) or _answer(
                     standin, served, messages, model

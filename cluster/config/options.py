@@ -98,6 +98,12 @@ def _check_test_range(value: str | None) -> str | None:
     return value
 
 
+def _no_penalty_is_unset(value: float | None) -> float | None:
+    """A repetition_penalty of 1 is vLLM's none: kept as unset, so a run, a watch's step settings and an
+    lm-eval task's generation kwargs see it as a run without the setting."""
+    return None if value == 1.0 else value
+
+
 class Strict(BaseModel):
     # no setting takes inf or nan (a temperature of inf passed, and failed in the engine)
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -147,6 +153,7 @@ class TaskOptions(Strict):
 
     _range = field_validator("test_range")(_check_test_range)
     _paths = field_validator("data_path", "fewshot_path")(_no_credentials)
+    _penalty = field_validator("repetition_penalty")(_no_penalty_is_unset)
 
 
 class ModelOptions(Strict):
@@ -326,6 +333,8 @@ class SamplingOptions(Strict):
         description="adaptive N: the most samples any question gets",
         json_schema_extra=cli("--max-samples", "K"),
     )
+
+    _penalty = field_validator("repetition_penalty")(_no_penalty_is_unset)
 
 
 class ClusterOptions(Strict):

@@ -131,9 +131,13 @@ def parse_messages(prompt: str) -> list[dict[str, str]]:
 
 
 def chat_arguments(model: str, messages: list[dict[str, str]], request: GenerationRequest) -> dict[str, Any]:
-    """The chat.completions.create arguments of one request. `engine_options` name vLLM sampling fields
-    that chat APIs do not take, so they are left out."""
-    return {**sampling_arguments(model, request), "messages": messages}
+    """The chat.completions.create arguments of one request. Its `engine_options` (a run's --top-k or
+    --repetition-penalty) go in the body as vLLM's chat API takes them; a server that knows no such field
+    answers with its error rather than the setting being dropped unsaid."""
+    arguments = {**sampling_arguments(model, request), "messages": messages}
+    if request.sampling.engine_options:
+        arguments["extra_body"] = dict(request.sampling.engine_options)
+    return arguments
 
 
 def completion_arguments(model: str, request: GenerationRequest) -> dict[str, Any]:

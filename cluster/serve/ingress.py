@@ -12,6 +12,7 @@ given, so neither the app Ray ships nor anything Ray records holds more than the
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from fastapi import Response
@@ -20,6 +21,7 @@ from fastapi.responses import JSONResponse
 from cluster.serve.auth import BearerKeyCheck
 from cluster.serve.lora import LoraIngress
 
+log = logging.getLogger(__name__)
 HEALTH_PATH = "/health"
 HEALTH_TIMEOUT_S = 10.0  # an engine that has not answered its health check by then counts as down
 
@@ -40,14 +42,21 @@ class ServeIngress(LoraIngress):
 
     async def health(self) -> Response:
         """200 with no body (as vLLM answers) once a replica of every served model passes its engine's health
-        check; 503 naming the model and the error otherwise (a dead engine, or none answering in time)."""
+        check; 503 naming the model and the kind of failure otherwise (a dead engine, or none answering in
+        time). The probe needs no key, so the error's text (a remote traceback, paths, addresses) goes to the
+        replica's log only."""
         for model, server in self._servers.items():
             try:
                 await asyncio.wait_for(server.check_health.remote(), HEALTH_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - any failure is the answer, reported as such
-                error = {
-                    "message": f"{model}: {type(exc).__name__}: {exc}"[:2000],
-                    "type": "ServiceUnavailable",
-                }
-                return JSONResponse({"error": error}, status_code=503)
+            except TimeoutError:
+                return _unavailable(
+                    f"{model}: its engine did not answer its health check in {HEALTH_TIMEOUT_S:g} s"
+                )
+            except Exception as exc:  # noqa: BLE001 - any failure is the answer
+                log.warning("GET %s: %s failed its health check: %r", HEALTH_PATH, model, exc)
+                return _unavailable(f"{model}: its engine failed its health check ({type(exc).__name__})")
         return Response(status_code=200)
+
+
+def _unavailable(message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "ServiceUnavailable"}}, status_code=503)

@@ -379,7 +379,7 @@ def draw_curves(root: Path, series: str, errorbar: ErrorBar) -> list[Path]:
     tables and one PNG per task, written in that folder. A finished step whose numbers stand on part of its
     samples (`complete_steps`) is left off, with a warning: a point drawn as any other would read as that
     checkpoint's score."""
-    steps = complete_steps(root)
+    steps = complete_steps(root, _left_off_said.setdefault(root, set()))
     _warn_of_mixed_settings(root, steps)
     points = [
         point for step, folder in steps for point in points_from_run(folder, series, step, latest_judge=True)
@@ -418,8 +418,10 @@ def _warn_of_mixed_settings(root: Path, steps: list[tuple[int, Path]]) -> None:
                        "curves are not comparable; run the sweep again over every step")  # fmt: skip
 
 
-# what `_warn_once` said, by sweep folder: a watch draws the curves after every batch and says each once
+# what `_warn_once` said, by sweep folder, and the steps left off the curves said so (`complete_steps`): a
+# watch draws the curves after every batch, and says each once
 _said: set[tuple[Path, str]] = set()
+_left_off_said: dict[Path, set[tuple[int, str]]] = {}
 
 
 def _warn_once(root: Path, message: str) -> None:

@@ -118,3 +118,20 @@ def test_an_endpoint_that_answers_429_and_500_first_costs_no_sample_and_a_resume
     assert calls["requests"] == 9 and calls["failures"] == 0
     assert calls["retries_by_reason"] == {"429": 3, "5xx": 3}
     assert "9 of 9 requests reused" in again.stdout
+
+
+def test_top_k_and_a_repetition_penalty_reach_the_endpoint_in_each_chat_request(tmp_path: Path) -> None:
+    """A run's --top-k and --repetition-penalty go in the body of every chat request to an endpoint, as vLLM's
+    chat API takes them (they were dropped unsaid); a server that knows no such field would answer its error."""
+    with JudgeApiStandin(answer=lambda _messages: ANSWER) as standin:
+        argv = [
+            "run", "--model", "openai:standin", "--base-url", standin.base_url, "--tasks", "ifeval", "--limit", "3",
+            "--temperature", "0.5", "--top-k", "5", "--repetition-penalty", "1.2", "--no-progress",
+            "--output-dir", str(tmp_path), "--run-id", "sampled",
+        ]  # fmt: skip
+        done = rayeval(*argv)
+        assert done.returncode == 0, done.stderr[-3000:]
+        served = standin.log()
+    assert len(served) == 3
+    sent = [{k: s.settings.get(k) for k in ("temperature", "top_k", "repetition_penalty")} for s in served]
+    assert sent == [{"temperature": 0.5, "top_k": 5, "repetition_penalty": 1.2}] * 3

@@ -104,15 +104,16 @@ def test_top_k_and_a_repetition_penalty_reach_vllms_sampling_only_where_they_cha
         return [p.request for p in build_requests(plan, renderer)], plan.describe()
 
     plain, _ = requests({})
-    neutral, _ = requests({"repetition_penalty": 1.0})
+    neutral, _ = requests({"repetition_penalty": 1.0}, repetition_penalty=1.0)
     assert [r.request_id for r in neutral] == [r.request_id for r in plain]
+    assert RunConfig(sampling={"repetition_penalty": 1.0}).sampling.repetition_penalty is None  # unset: none
     # sampled: vLLM drops top_k from a greedy request
     penalised, described = requests(
         {"repetition_penalty": 1.3, "top_k": 5, "temperature": 0.7}, repetition_penalty=1.1
     )
-    assert penalised[0].sampling.engine_options == (("top_k", 5), ("repetition_penalty", 1.1))
+    assert penalised[0].sampling.engine_options == (("repetition_penalty", 1.1), ("top_k", 5))
     assert not {r.request_id for r in penalised} & {r.request_id for r in plain}
     params = sampling_params(penalised[0])
     assert (params.repetition_penalty, params.top_k) == (1.1, 5)
     assert sampling_params(plain[0]).repetition_penalty == 1.0
-    assert "top_k=5 repetition_penalty=1.1" in described
+    assert "repetition_penalty=1.1 top_k=5" in described

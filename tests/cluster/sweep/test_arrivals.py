@@ -142,8 +142,8 @@ def test_a_finished_step_whose_task_could_not_run_or_whose_replicas_died_is_left
     asks it again; one whose failures are the model's own (an over-long prompt) stands."""
     import json
 
-    from cluster.sweep import complete_steps
-    from evaluators.curves import partial_because
+    from cluster.sweep import complete_steps, draw_curves
+    from evaluators.curves import ErrorBar, partial_because
 
     steps = {
         "step_100": ({}, {"EmptyOutput": 1, "VLLMValidationError": 2}),
@@ -169,6 +169,10 @@ def test_a_finished_step_whose_task_could_not_run_or_whose_replicas_died_is_left
     caplog.clear()
     complete_steps(tmp_path, warned)
     complete_steps(tmp_path, warned)
+    assert caplog.text.count("step 300 is left off the curves") == 1
+    caplog.clear()
+    for _ in range(2):  # the curves a watch draws after each batch say it once too
+        draw_curves(tmp_path, "s", ErrorBar.CI95)
     assert caplog.text.count("step 300 is left off the curves") == 1
 
 
