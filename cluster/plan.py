@@ -272,16 +272,15 @@ def _selected_samples(
 
 
 def _engine_options(options: TaskOptions, config: RunConfig) -> tuple[tuple[str, int | float], ...]:
-    """vLLM's top_k and repetition_penalty as engine options where set (the task's over the run's; a
-    penalty of 1, none, is unset in the config), sorted by name as `SamplingSpec` keeps them. Unset, they are
-    left out: the requests keep the ids of runs made before the settings existed, whose completions are read
-    back."""
+    """vLLM's top_k and repetition_penalty as engine options where they change sampling (the task's over
+    the run's), sorted by name as `SamplingSpec` keeps them. Unset, or a penalty of 1 (none), they are left
+    out: the requests keep the ids of runs made before the settings existed, whose completions are read back."""
+    penalty = next(
+        (v for v in (options.repetition_penalty, config.sampling.repetition_penalty) if v is not None), None
+    )
     chosen = {
         "top_k": options.top_k if options.top_k is not None else config.sampling.top_k,
-        "repetition_penalty": next(
-            (v for v in (options.repetition_penalty, config.sampling.repetition_penalty) if v is not None),
-            None,
-        ),
+        "repetition_penalty": None if penalty == 1.0 else penalty,
     }
     return tuple(sorted((name, value) for name, value in chosen.items() if value is not None))
 

@@ -99,8 +99,8 @@ def _check_test_range(value: str | None) -> str | None:
 
 
 def _no_penalty_is_unset(value: float | None) -> float | None:
-    """A repetition_penalty of 1 is vLLM's none: kept as unset, so a run, a watch's step settings and an
-    lm-eval task's generation kwargs see it as a run without the setting."""
+    """A run's repetition_penalty of 1 is vLLM's none: kept as unset, so a watch's step settings see a run
+    without the setting. (A task's own 1 stays: it overrides the run's penalty with none.)"""
     return None if value == 1.0 else value
 
 
@@ -153,7 +153,6 @@ class TaskOptions(Strict):
 
     _range = field_validator("test_range")(_check_test_range)
     _paths = field_validator("data_path", "fewshot_path")(_no_credentials)
-    _penalty = field_validator("repetition_penalty")(_no_penalty_is_unset)
 
 
 class ModelOptions(Strict):

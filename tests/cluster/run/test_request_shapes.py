@@ -104,9 +104,11 @@ def test_top_k_and_a_repetition_penalty_reach_vllms_sampling_only_where_they_cha
         return [p.request for p in build_requests(plan, renderer)], plan.describe()
 
     plain, _ = requests({})
-    neutral, _ = requests({"repetition_penalty": 1.0}, repetition_penalty=1.0)
+    neutral, _ = requests({"repetition_penalty": 1.0})
     assert [r.request_id for r in neutral] == [r.request_id for r in plain]
     assert RunConfig(sampling={"repetition_penalty": 1.0}).sampling.repetition_penalty is None  # unset: none
+    overridden, _ = requests({"repetition_penalty": 1.3}, repetition_penalty=1.0)  # the task's own: none
+    assert [r.request_id for r in overridden] == [r.request_id for r in plain]
     # sampled: vLLM drops top_k from a greedy request
     penalised, described = requests(
         {"repetition_penalty": 1.3, "top_k": 5, "temperature": 0.7}, repetition_penalty=1.1
