@@ -379,16 +379,17 @@ def draw_curves(root: Path, series: str, errorbar: ErrorBar) -> list[Path]:
     tables and one PNG per task, written in that folder. A finished step whose numbers stand on part of its
     samples (`complete_steps`) is left off, with a warning: a point drawn as any other would read as that
     checkpoint's score."""
-    steps = complete_steps(root, _left_off_said.setdefault(root, set()))
-    _warn_of_mixed_settings(root, steps)
+    said = _said.setdefault(root, set())
+    steps = complete_steps(root, said)
+    _warn_of_mixed_settings(said, steps)
     points = [
         point for step, folder in steps for point in points_from_run(folder, series, step, latest_judge=True)
     ]
     if not points:
         return []
     for task, seen in mixed_versions(points):
-        _warn_once(root, f"{task}: the steps scored it with different versions of the task ({seen}): its curve "
-                   "mixes scoring rules; run the sweep again over every step")  # fmt: skip
+        warn_once(said, f"{task}: the steps scored it with different versions of the task ({seen}): its curve "
+                  "mixes scoring rules; run the sweep again over every step")  # fmt: skip
     csv_path, md_path = write_tables(points, root)
     return [csv_path, md_path, *plot_curves(points, root, errorbar)]
 
@@ -403,7 +404,7 @@ def finished_steps(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _warn_of_mixed_settings(root: Path, steps: list[tuple[int, Path]]) -> None:
+def _warn_of_mixed_settings(said: set[str], steps: list[tuple[int, Path]]) -> None:
     """A warning where the steps on the curves ran with other settings than the last one (a --limit or -n
     changed between sweeps of some steps): their points do not answer the same questions the same way."""
     ran = {step: step_settings(folder) for step, folder in steps}
@@ -413,39 +414,35 @@ def _warn_of_mixed_settings(root: Path, steps: list[tuple[int, Path]]) -> None:
     last = max(known)
     for step, settings in sorted(known.items()):
         if settings != known[last]:
-            said = "; ".join(settings_differences(settings, known[last]))
-            _warn_once(root, f"step {step} ran with other settings than step {last} ({said}): its points on the "
-                       "curves are not comparable; run the sweep again over every step")  # fmt: skip
+            differences = "; ".join(settings_differences(settings, known[last]))
+            warn_once(said, f"step {step} ran with other settings than step {last} ({differences}): its points "
+                      "on the curves are not comparable; run the sweep again over every step")  # fmt: skip
 
 
-# what `_warn_once` said, by sweep folder, and the steps left off the curves said so (`complete_steps`): a
-# watch draws the curves after every batch, and says each once
-_said: set[tuple[Path, str]] = set()
-_left_off_said: dict[Path, set[tuple[int, str]]] = {}
+# what the curves said of each sweep folder in this process: a watch draws them after every batch, and says
+# each warning once (as Python's warnings do)
+_said: dict[Path, set[str]] = {}
 
 
-def _warn_once(root: Path, message: str) -> None:
-    """Log `message` about the sweep in `root` unless this process already did (as Python's warnings do)."""
-    if (root, message) not in _said:
-        _said.add((root, message))
+def warn_once(said: set[str], message: str) -> None:
+    """Log `message` unless it is in `said` (a caller's record of what it said), and record it."""
+    if message not in said:
+        said.add(message)
         log.warning("%s", message)
 
 
-def complete_steps(root: Path, warned: set[tuple[int, str]] | None = None) -> list[tuple[int, Path]]:
+def complete_steps(root: Path, said: set[str] | None = None) -> list[tuple[int, Path]]:
     """The finished steps whose every sample was answered and scored (`curves.partial_because`); the others
     are logged with why, for a later run of the sweep (or watch) to ask what failed again: once per step and
-    reason where the caller keeps `warned` (a watch, which looks every few seconds)."""
+    reason where the caller keeps what it `said` (a watch, which looks every few seconds)."""
     complete = []
     for step, folder in finished_steps(root):
         partial = partial_because(folder)
         if partial is None:
             complete.append((step, folder))
-        elif warned is None or (step, partial) not in warned:
-            log.warning(
-                "step %d is left off the curves: %s; run the sweep again to ask them again", step, partial
-            )
-            if warned is not None:
-                warned.add((step, partial))
+        else:
+            message = f"step {step} is left off the curves: {partial}; run the sweep again to ask them again"
+            warn_once(set() if said is None else said, message)
     return complete
 
 

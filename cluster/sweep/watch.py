@@ -25,7 +25,14 @@ from cluster.preflight import check_lora_loglikelihoods
 from cluster.session import ray_session
 from cluster.sweep.arrivals import ArrivalWatcher, FilesState, files_state
 from cluster.sweep.plan import MAX_LORAS, SweepPlan, build_sweep_plan, check_sweep_judge, sweep_folder
-from cluster.sweep.runner import SweepEngines, SweepResult, check_sweep, complete_steps, sweep_steps
+from cluster.sweep.runner import (
+    SweepEngines,
+    SweepResult,
+    check_sweep,
+    complete_steps,
+    sweep_steps,
+    warn_once,
+)
 from cluster.sweep.step_records import (
     scoring_settings,
     settings_differences,
@@ -80,15 +87,15 @@ def watch_checkpoints(
         int, FilesState
     ] = {}  # step -> its files when planned (a skipped one is retried once changed)
     result = WatchResult(root)
-    warned: set[tuple[int, str]] = set()  # partial steps said once each, not at every poll
+    said: set[str] = set()  # what it warned of (partial steps, other settings): once each, not every poll
     idle_since = time.monotonic()
     with ExitStack() as stack:
         engines: SweepEngines | None = None
         while True:
             complete = watcher.complete()
-            finished = {step for step, _ in complete_steps(root, warned)}
+            finished = {step for step, _ in complete_steps(root, said)}
             finished -= _saved_again(complete, finished, root) | _ran_otherwise(
-                finished, root, settings, warned
+                finished, root, settings, said
             )
             states = {c.step: files_state(c.path) for c in complete if c.step not in finished}
             new = sorted(step for step, state in states.items() if attempted.get(step) != state)
@@ -129,9 +136,7 @@ def _saved_again(complete: list[Checkpoint], finished: set[int], root: Path) -> 
     }
 
 
-def _ran_otherwise(
-    finished: set[int], root: Path, settings: dict[str, Any], warned: set[tuple[int, str]]
-) -> set[int]:
+def _ran_otherwise(finished: set[int], root: Path, settings: dict[str, Any], said: set[str]) -> set[int]:
     """The finished steps whose run had other settings than the watch's (another --limit, --tasks, -n...):
     evaluated again with these, so that every point of the curves answers the same questions the same way
     (said once per step)."""
@@ -140,10 +145,10 @@ def _ran_otherwise(
         ran = step_settings(root / f"step_{step}")
         if ran is not None and ran != settings:
             otherwise.add(step)
-            said = "; ".join(settings_differences(ran, settings))
-            if (step, said) not in warned:
-                warned.add((step, said))
-                log.warning("watch: step %d ran with other settings (%s): it is evaluated again", step, said)
+            differences = "; ".join(settings_differences(ran, settings))
+            warn_once(
+                said, f"watch: step {step} ran with other settings ({differences}): it is evaluated again"
+            )
     return otherwise
 
 

@@ -165,7 +165,7 @@ def test_a_finished_step_whose_task_could_not_run_or_whose_replicas_died_is_left
     )
     assert complete_steps(tmp_path) == [(100, tmp_path / "step_100")]
     assert "step 300 is left off the curves: 97 sample(s) failed outside the model" in caplog.text
-    warned: set[tuple[int, str]] = set()  # a watch's: each partial step said once, not at every poll
+    warned: set[str] = set()  # a watch's: each partial step said once, not at every poll
     caplog.clear()
     complete_steps(tmp_path, warned)
     complete_steps(tmp_path, warned)
@@ -278,12 +278,12 @@ def test_steps_run_with_other_settings_are_evaluated_again_by_a_watch_and_flagge
         saved = {**build_config({"limit": limit}, {}, "t").model_dump(mode="json"), "run_id": f"step_{step}"}
         (tmp_path / f"step_{step}" / "config.yaml").write_text(yaml.safe_dump(saved))
     now = scoring_settings(build_config({"limit": 100}, {}, "t").model_dump(mode="json"))
-    warned: set[tuple[int, str]] = set()
+    warned: set[str] = set()
     assert _ran_otherwise({100, 200}, tmp_path, now, warned) == {100}
     assert _ran_otherwise({100, 200}, tmp_path, now, warned) == {100}
     assert caplog.text.count("watch: step 100 ran with other settings (limit 50 (now 100))") == 1
     for _ in range(2):  # the curves of two batches of a watch: said once
-        _warn_of_mixed_settings(tmp_path, [(100, tmp_path / "step_100"), (200, tmp_path / "step_200")])
+        _warn_of_mixed_settings(warned, [(100, tmp_path / "step_100"), (200, tmp_path / "step_200")])
     assert caplog.text.count("step 100 ran with other settings than step 200 (limit 50 (now 100))") == 1
 
 
